@@ -1,0 +1,101 @@
+"""The typed interface of each stage's components (typing.Protocol), with their contracts.
+
+Errors: every component raises ``ditto_core.errors.DittoError`` (or a subclass) with a message
+naming the offending file or tensor and the problem; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+import attrs
+
+from .types import Checkpoint, IRModule, PassReport, QuantizedModel
+
+
+@runtime_checkable
+class Exporter(Protocol):
+    name: str
+
+    def can_load(self, path: Path) -> bool:
+        """True if ``path`` looks like this exporter's format (cheap: no weights read)."""
+
+    def load(self, path: Path) -> Checkpoint:
+        """Read config and tokenizer, and index tensors lazily. Raises DittoError naming the
+        file for a missing/truncated/unsupported input or a shape that does not match config."""
+
+
+@attrs.frozen
+class QuantOptions:
+    """Options of the quantize stage. ``bits`` b in 1..8, ``group_size`` G ≥ 2, ``keep_fp32``
+    glob patterns over tensor names kept in fp32 (norms always are), ``method`` a quantizer
+    specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32"."""
+
+    bits: int = 4
+    group_size: int = 256
+    keep_fp32: tuple[str, ...] = ()
+    method: str | None = None
+    codebook_type: str = "f16"
+    seed: int = 0
+
+
+@runtime_checkable
+class Quantizer(Protocol):
+    name: str
+
+    def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
+        """Plan and (lazily) quantize every tensor. Raises DittoError for bad options or
+        non-finite weights (naming tensor and position)."""
+
+
+@runtime_checkable
+class Packer(Protocol):
+    name: str
+
+    def pack(self, model: QuantizedModel, out: Path) -> dict:
+        """Write the model file atomically (temp file + rename); return a summary dict
+        (bytes, bpw, per-tensor info). Nothing is left at ``out`` on failure."""
+
+
+@runtime_checkable
+class IREmitter(Protocol):
+    name: str
+
+    def emit(self, sources: Sequence[Path], *, include_dirs: Sequence[Path] = (),
+             defines: Sequence[str] = (), flags: Sequence[str] = (), workdir: Path) -> IRModule:
+        """Compile C sources to one LLVM IR module (text)."""
+
+
+@runtime_checkable
+class BlasTarget(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(True, "") if usable here, else (False, a message saying how to get it)."""
+
+    def symbol(self, routine: str) -> str:
+        """Linker symbol for a CBLAS routine, e.g. "cblas_sgemv" → "scipy_cblas_sgemv"."""
+
+    def compile_flags(self) -> list[str]:
+        """Flags for compiling C that includes the BLAS header (-I...)."""
+
+    def link_flags(self) -> list[str]:
+        """Flags for linking an executable against the library, with an rpath."""
+
+
+@runtime_checkable
+class IRPass(Protocol):
+    name: str
+
+    def run(self, module: IRModule, blas: BlasTarget) -> tuple[IRModule, PassReport]:
+        """Rewrite the module; the result must parse and verify in llvmlite."""
+
+
+@runtime_checkable
+class Linker(Protocol):
+    name: str
+
+    def link(self, module: IRModule, blas: BlasTarget | None, out: Path, *,
+             extra_flags: Sequence[str] = ()) -> Path:
+        """Optimise (O3, host CPU), emit an object, link an executable at ``out`` atomically."""

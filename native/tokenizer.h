@@ -1,0 +1,55 @@
+/* tokenizer.h: text <-> token ids for the two tokenizer kinds of docs/FORMAT.md.
+ *
+ * Byte-level BPE (GPT-2 style, with the model's pre-tokenizer and merges in rank order) and
+ * SentencePiece BPE (merge the adjacent pair whose merged piece has the highest score; bytes
+ * without a piece fall back to <0xXX> tokens).
+ */
+#ifndef DITTO_TOKENIZER_H
+#define DITTO_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ditto_format.h"
+
+typedef struct Tokenizer Tokenizer; /* opaque; defined in tokenizer.c */
+
+/* Build a tokenizer from the tokenizer block of a model file (block points at the
+ * DittoTokenizerHeader, block_len bytes are readable). n_vocab is config.vocab_size.
+ * Returns NULL and writes a message to err (errlen bytes) on a malformed block. */
+Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_vocab, char *err,
+                         size_t errlen);
+void tokenizer_free(Tokenizer *t);
+
+/* Encode len bytes of UTF-8 text. parse_special: control/user-defined token texts
+ * (e.g. "<|im_start|>") become single tokens; otherwise they are plain text. add_bos:
+ * prepend the BOS id. Writes at most max_ids ids; returns the number of ids the text needs
+ * (which may exceed max_ids: call again with a larger buffer), or -1 on invalid UTF-8 with a
+ * message in err. */
+long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
+                      int add_bos, int32_t *ids, size_t max_ids, char *err, size_t errlen);
+
+/* Streaming decoder: bytes of a token sequence, emitted so that a UTF-8 character split over
+ * several tokens comes out whole. */
+typedef struct {
+    uint8_t pending[8];
+    int n_pending;
+    int at_start; /* SentencePiece: drop the leading space of the first piece */
+} TokenDecoder;
+
+void token_decoder_init(TokenDecoder *d);
+/* Append the bytes of token id to out (capacity cap, >= 64 is always enough for one token's
+ * complete characters plus pending bytes); returns bytes written. Control tokens (BOS/EOS...)
+ * produce no bytes unless show_special. */
+size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_special, char *out,
+                    size_t cap);
+/* Flush bytes still pending at the end (an incomplete character is written as U+FFFD). */
+size_t token_decoder_flush(TokenDecoder *d, char *out, size_t cap);
+
+int32_t tokenizer_bos(const Tokenizer *t);
+int32_t tokenizer_eos(const Tokenizer *t);
+uint32_t tokenizer_chat_format(const Tokenizer *t);
+/* id of a token with exactly this text (used for chat markers), or -1 */
+int32_t tokenizer_find(const Tokenizer *t, const char *text);
+
+#endif

@@ -1,0 +1,1 @@
+"""Ditto default plugin blas_openblas (not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Ditto default plugin emit_clang (not yet implemented)."""

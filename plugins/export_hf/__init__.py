@@ -1,0 +1,1 @@
+"""Ditto default plugin export_hf (not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Ditto default plugin link_llvm (not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Ditto default plugin pack_bits (not yet implemented)."""

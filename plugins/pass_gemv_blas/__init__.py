@@ -1,0 +1,1 @@
+"""Ditto default plugin pass_gemv_blas (not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Ditto default plugin quant_none (not yet implemented)."""

@@ -1,0 +1,5 @@
+"""Shared pytest fixtures. Each area keeps its fixtures in its own module, listed here."""
+
+pytest_plugins = [
+    "tests.fixtures_models",
+]
