@@ -1,0 +1,134 @@
+"""Constants and binary struct layouts of the Ditto model file, format version 1.
+
+This module mirrors ``native/ditto_format.h`` (C) for Python; the single source of truth is
+docs/FORMAT.md. ``tests/test_format_agree.py`` parses the C header's ``#define`` lines and the
+``sizeof``/``offsetof`` values a clang-22 build prints, and checks they equal the values here.
+
+All numbers are little-endian (the ``<`` in every struct format). Each ``*_FIELDS`` tuple names
+the fields of a struct in declaration order; reserved fields are named ``reserved`` and are
+written as zeros.
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"DITTOMDL"  # DITTO_MAGIC, 8 bytes, no terminator
+VERSION = 1  # DITTO_VERSION
+HEADER_BYTES = 64  # DITTO_HEADER_BYTES
+ALIGN = 64  # DITTO_ALIGN: every tensor payload starts at a multiple of this
+NAME_BYTES = 64  # DITTO_NAME_BYTES
+
+ARCH_LLAMA = 1  # DITTO_ARCH_LLAMA
+
+ENC_F32 = 0  # DITTO_ENC_F32
+ENC_CODEBOOK = 1  # DITTO_ENC_CODEBOOK
+
+CB_F32 = 0  # DITTO_CB_F32
+CB_F16 = 1  # DITTO_CB_F16
+
+TOK_BPE_BYTES = 1  # DITTO_TOK_BPE_BYTES
+TOK_SPM_BPE = 2  # DITTO_TOK_SPM_BPE
+
+PRE_NONE = 0  # DITTO_PRE_NONE
+PRE_GPT2 = 1  # DITTO_PRE_GPT2
+PRE_GPT2_DIGITS = 2  # DITTO_PRE_GPT2_DIGITS
+
+TT_NORMAL = 1  # DITTO_TT_NORMAL
+TT_UNKNOWN = 2  # DITTO_TT_UNKNOWN
+TT_CONTROL = 3  # DITTO_TT_CONTROL
+TT_USER_DEFINED = 4  # DITTO_TT_USER_DEFINED
+TT_UNUSED = 5  # DITTO_TT_UNUSED
+TT_BYTE = 6  # DITTO_TT_BYTE
+
+CHAT_NONE = 0  # DITTO_CHAT_NONE
+CHAT_CHATML = 1  # DITTO_CHAT_CHATML
+
+# Python-side names of the enums (the strings used by ditto_core.types / TensorInfo).
+ENCODINGS = {"f32": ENC_F32, "codebook": ENC_CODEBOOK}
+CODEBOOK_TYPES = {"f32": CB_F32, "f16": CB_F16}
+CODEBOOK_ITEMSIZE = {"f32": 4, "f16": 2}
+TOKENIZER_KINDS = {"bpe_bytes": TOK_BPE_BYTES, "spm_bpe": TOK_SPM_BPE}
+PRE_TOKENIZERS = {"none": PRE_NONE, "gpt2": PRE_GPT2, "gpt2_digits": PRE_GPT2_DIGITS}
+CHAT_FORMATS = {"none": CHAT_NONE, "chatml": CHAT_CHATML}
+
+#: DittoHeader (64 bytes)
+HEADER = struct.Struct("<8sIIQQ32s")
+HEADER_FIELDS = ("magic", "version", "crc32", "file_size", "meta_size", "reserved")
+
+#: DittoConfig (64 bytes)
+CONFIG = struct.Struct("<9I2f2I12s")
+CONFIG_FIELDS = ("arch", "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                 "vocab_size", "max_seq_len", "rope_theta", "norm_eps", "tied_embeddings",
+                 "n_tensors", "reserved")
+
+#: DittoTensorEntry (128 bytes)
+TENSOR_ENTRY = struct.Struct("<64s4I4QI12s")
+TENSOR_ENTRY_FIELDS = ("name", "encoding", "codebook_type", "bits", "group_size", "rows", "cols",
+                       "offset", "nbytes", "ndim", "reserved")
+
+#: DittoTokenizerHeader (64 bytes)
+TOKENIZER_HEADER = struct.Struct("<4I4i5I12s")
+TOKENIZER_HEADER_FIELDS = ("kind", "pre", "n_tokens", "n_merges", "bos_id", "eos_id", "unk_id",
+                           "pad_id", "add_bos", "add_space_prefix", "chat_format", "blob_bytes",
+                           "template_bytes", "reserved")
+
+#: struct name in the C header -> (struct.Struct, field names)
+STRUCTS = {
+    "DittoHeader": (HEADER, HEADER_FIELDS),
+    "DittoConfig": (CONFIG, CONFIG_FIELDS),
+    "DittoTensorEntry": (TENSOR_ENTRY, TENSOR_ENTRY_FIELDS),
+    "DittoTokenizerHeader": (TOKENIZER_HEADER, TOKENIZER_HEADER_FIELDS),
+}
+
+assert HEADER.size == HEADER_BYTES
+assert CONFIG.size == 64
+assert TENSOR_ENTRY.size == 128
+assert TOKENIZER_HEADER.size == 64
+
+
+def field_offsets(st: struct.Struct, fields: tuple[str, ...]) -> dict[str, int]:
+    """Byte offset of each field of a struct layout (the C ``offsetof``), from its format."""
+    codes = _split_format(st.format)
+    assert len(codes) == len(fields), (st.format, fields)
+    out, pos = {}, 0
+    for name, code in zip(fields, codes):
+        out[name] = pos
+        pos += struct.calcsize("<" + code)
+    return out
+
+
+def _split_format(fmt: str) -> list[str]:
+    """``"<9I2f12s"`` -> one code per field: ``["I"] * 9 + ["f", "f", "12s"]``."""
+    codes, num = [], ""
+    for ch in fmt.lstrip("<"):
+        if ch.isdigit():
+            num += ch
+        elif ch == "s":
+            codes.append(f"{num or 1}s")
+            num = ""
+        else:
+            codes.extend([ch] * int(num or 1))
+            num = ""
+    return codes
+
+
+def pack(st: struct.Struct, fields: tuple[str, ...], **values) -> bytes:
+    """Pack a struct from keyword values; a missing ``reserved`` field is zeros."""
+    args = []
+    for name, code in zip(fields, _split_format(st.format)):
+        if name == "reserved" and name not in values:
+            args.append(b"" if code.endswith("s") else 0)
+        else:
+            args.append(values[name])
+    return st.pack(*args)
+
+
+def unpack(st: struct.Struct, fields: tuple[str, ...], buf, offset: int = 0) -> dict:
+    """Unpack a struct into a dict of field name -> value."""
+    return dict(zip(fields, st.unpack_from(buf, offset)))
+
+
+def round_up(n: int, align: int = ALIGN) -> int:
+    """Smallest multiple of ``align`` that is ≥ n."""
+    return (n + align - 1) // align * align

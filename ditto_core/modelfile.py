@@ -1,0 +1,609 @@
+"""Reader and writer of the Ditto model file (``.ditto``, docs/FORMAT.md, format version 1).
+
+``write_model`` computes the whole layout (tensor table, offsets aligned to 64 bytes, byte
+lengths from the FORMAT.md formulas) before any payload is written, then streams payloads in
+table order into a temporary file in the destination directory, computing the CRC-32 on the way,
+and renames it into place: a failure (including KeyboardInterrupt) leaves nothing behind.
+
+``ModelFile`` maps a file read-only and gives zero-copy numpy views of the payloads after
+checking magic, version, size, CRC-32, the tensor table and that config and tensors agree.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import attrs
+import numpy as np
+
+from . import format as F
+from .errors import DittoError
+from .types import ModelConfig, TokenizerSpec
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor descriptions and payload sizes
+# --------------------------------------------------------------------------------------------
+
+@attrs.frozen
+class TensorInfo:
+    """One entry of the tensor table.
+
+    ``encoding``: ``"f32"`` (row-major float32) or ``"codebook"`` (sub-block codebooks of
+    ``2**bits`` centroids per ``group_size`` consecutive weights of a row, FORMAT.md "CODEBOOK").
+    ``shape``: ``(rows, cols)`` = ``(out_features, in_features)`` for a matrix, ``(n,)`` for a
+    vector. ``offset``/``nbytes``: payload position and length in bytes (filled in by
+    ``write_model``/``ModelFile``; 0 in a plan).
+    """
+
+    name: str
+    encoding: str
+    shape: tuple[int, ...] = attrs.field(converter=lambda s: tuple(int(x) for x in s))
+    bits: int = 0
+    group_size: int = 0
+    codebook_type: str | None = None
+    offset: int = 0
+    nbytes: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Output channels; 1 for a vector."""
+        return 1 if len(self.shape) == 1 else self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        """Input channels (row length), or the vector's length."""
+        return self.shape[-1]
+
+    @property
+    def n_sub_blocks(self) -> int:
+        """S = ceil(cols / G) sub-blocks per row (0 for an f32 tensor)."""
+        return math.ceil(self.cols / self.group_size) if self.encoding == "codebook" else 0
+
+    @property
+    def n_weights(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def bpw(self) -> float:
+        """Bits per weight, ``8 · nbytes / (rows · cols)`` (FORMAT.md)."""
+        return 8.0 * self.expected_nbytes() / self.n_weights
+
+    def expected_nbytes(self) -> int:
+        """Payload bytes this tensor must have, from the FORMAT.md formulas."""
+        if self.encoding == "f32":
+            return f32_nbytes(self.shape)
+        return codebook_nbytes(self.rows, self.cols, self.bits, self.group_size,
+                               self.codebook_type)
+
+
+def f32_nbytes(shape: Sequence[int]) -> int:
+    """Bytes of a row-major float32 tensor of ``shape`` (4 per element)."""
+    return 4 * math.prod(int(x) for x in shape)
+
+
+def codebook_bytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
+    """Bytes of the codebook part of a CODEBOOK payload, padded to 64 (FORMAT.md):
+    ``roundup(rows · S · 2^b · sizeof(codebook_type), 64)`` with ``S = ceil(cols / G)``."""
+    _check_codebook_params(bits, group_size, codebook_type)
+    s = math.ceil(cols / group_size)
+    return F.round_up(rows * s * (1 << bits) * F.CODEBOOK_ITEMSIZE[codebook_type], F.ALIGN)
+
+
+def codebook_nbytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
+    """Payload bytes of a CODEBOOK tensor (FORMAT.md): ``codebook_bytes + rows · row_bytes``
+    with ``row_bytes = ceil(cols / 8) · b`` (indices bit-packed in groups of 8)."""
+    row_bytes = math.ceil(cols / 8) * bits
+    return codebook_bytes(rows, cols, bits, group_size, codebook_type) + rows * row_bytes
+
+
+def _check_codebook_params(bits, group_size, codebook_type):
+    if not 1 <= bits <= 8:
+        raise DittoError(f"codebook bit width b must be in 1..8, got {bits}")
+    if group_size < 2:
+        raise DittoError(f"codebook group size G must be >= 2, got {group_size}")
+    if codebook_type not in F.CODEBOOK_ITEMSIZE:
+        raise DittoError(f"codebook type must be 'f16' or 'f32', got {codebook_type!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Config <-> tensors
+# --------------------------------------------------------------------------------------------
+
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The Ditto tensor names of a Llama model (FORMAT.md "Tensor names") and their shapes,
+    in the canonical file order."""
+    c = config
+    q = c.n_heads * c.head_dim
+    kv = c.n_kv_heads * c.head_dim
+    out = {"token_embd.weight": (c.vocab_size, c.dim)}
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        out[p + "attn_norm.weight"] = (c.dim,)
+        out[p + "attn_q.weight"] = (q, c.dim)
+        out[p + "attn_k.weight"] = (kv, c.dim)
+        out[p + "attn_v.weight"] = (kv, c.dim)
+        out[p + "attn_output.weight"] = (c.dim, q)
+        out[p + "ffn_norm.weight"] = (c.dim,)
+        out[p + "ffn_gate.weight"] = (c.hidden_dim, c.dim)
+        out[p + "ffn_up.weight"] = (c.hidden_dim, c.dim)
+        out[p + "ffn_down.weight"] = (c.dim, c.hidden_dim)
+    out["output_norm.weight"] = (c.dim,)
+    if not c.tied_embeddings:
+        out["output.weight"] = (c.vocab_size, c.dim)
+    return out
+
+
+def check_config(config: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """Raise DittoError (prefixed with ``where``, a file name) unless ``shapes`` holds exactly
+    the tensors ``config`` implies, with their shapes."""
+    c = config
+    for field in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                  "vocab_size", "max_seq_len"):
+        v = getattr(c, field)
+        if not isinstance(v, (int, np.integer)) or v <= 0 or v >= 2**32:
+            raise DittoError(f"{where}: config {field} = {v!r} must be a positive integer")
+    if c.n_heads % c.n_kv_heads:
+        raise DittoError(f"{where}: n_heads {c.n_heads} is not a multiple of "
+                         f"n_kv_heads {c.n_kv_heads} (GQA)")
+    if c.head_dim % 2:
+        raise DittoError(f"{where}: head_dim {c.head_dim} must be even for RoPE")
+    if not (c.rope_theta > 0 and c.norm_eps > 0):
+        raise DittoError(f"{where}: rope_theta {c.rope_theta} and norm_eps {c.norm_eps} "
+                         f"must be positive")
+    want = expected_shapes(c)
+    for name, shape in shapes.items():
+        if name not in want:
+            raise DittoError(f"{where}: unexpected tensor {name!r} for a {c.n_layers}-layer "
+                             f"Llama model" + (" with tied embeddings" if name == "output.weight"
+                                               else ""))
+        if tuple(shape) != want[name]:
+            raise DittoError(f"{where}: tensor {name!r} has shape {tuple(shape)}, the config "
+                             f"implies {want[name]}")
+    missing = [n for n in want if n not in shapes]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise DittoError(f"{where}: missing tensor(s) {', '.join(missing[:3])}{more}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer block
+# --------------------------------------------------------------------------------------------
+
+def _pad4(b: bytes) -> bytes:
+    return b + b"\0" * (-len(b) % 4)
+
+
+def _enum(table: dict, value, what: str) -> int:
+    if value not in table:
+        raise DittoError(f"tokenizer {what} must be one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+def serialize_tokenizer(tok: TokenizerSpec) -> bytes:
+    """The tokenizer block (FORMAT.md "Tokenizer block"): a 64-byte DittoTokenizerHeader, then
+    scores f32[n], types u32[n], offsets u32[n+1], blob, merges (u32, u32)[n_merges] and the
+    chat template, each zero-padded to a multiple of 4 bytes. Raises DittoError for an
+    inconsistent spec (array lengths, ids out of range, unknown kind/pre/chat format)."""
+    n = len(tok.tokens)
+    scores = np.asarray(tok.scores, dtype="<f4")
+    types = np.asarray(tok.token_types, dtype="<u4")
+    if scores.shape != (n,) or types.shape != (n,):
+        raise DittoError(f"tokenizer: {n} tokens but {scores.shape} scores and {types.shape} "
+                         f"token types")
+    kind = _enum(F.TOKENIZER_KINDS, tok.kind, "kind")
+    pre = _enum(F.PRE_TOKENIZERS, tok.pre, "pre-tokenizer")
+    chat = _enum(F.CHAT_FORMATS, tok.chat_format, "chat format")
+    for what in ("bos_id", "eos_id", "unk_id", "pad_id"):
+        v = getattr(tok, what)
+        if not -1 <= v < n:
+            raise DittoError(f"tokenizer: {what} {v} is outside the vocabulary of {n} tokens")
+    lengths = np.fromiter((len(t) for t in tok.tokens), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**32:
+        raise DittoError("tokenizer: token text exceeds 4 GiB")
+    offsets = offsets.astype("<u4")
+    blob = b"".join(bytes(t) for t in tok.tokens)
+    merges = np.asarray(tok.merges, dtype="<u4").reshape(-1, 2)
+    if merges.size and merges.max() >= n:
+        raise DittoError(f"tokenizer: a merge refers to token id {int(merges.max())} >= {n}")
+    template = tok.chat_template.encode("utf-8")
+    head = F.pack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, kind=kind, pre=pre,
+                  n_tokens=n, n_merges=len(merges), bos_id=tok.bos_id, eos_id=tok.eos_id,
+                  unk_id=tok.unk_id, pad_id=tok.pad_id, add_bos=int(tok.add_bos),
+                  add_space_prefix=int(tok.add_space_prefix), chat_format=chat,
+                  blob_bytes=len(blob), template_bytes=len(template))
+    return b"".join([head, scores.tobytes(), types.tobytes(), offsets.tobytes(), _pad4(blob),
+                     merges.tobytes(), _pad4(template)])
+
+
+def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
+    """Inverse of ``serialize_tokenizer``: read a tokenizer block from a bytes-like ``buf``.
+    Raises DittoError (prefixed with ``where``) if the block is truncated or malformed."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < F.TOKENIZER_HEADER.size:
+        raise DittoError(f"{where}: truncated tokenizer header")
+    h = F.unpack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, mv)
+    n, m = h["n_tokens"], h["n_merges"]
+    sizes = [4 * n, 4 * n, 4 * (n + 1), F.round_up(h["blob_bytes"], 4), 8 * m,
+             F.round_up(h["template_bytes"], 4)]
+    if F.TOKENIZER_HEADER.size + sum(sizes) > len(mv):
+        raise DittoError(f"{where}: tokenizer block needs {F.TOKENIZER_HEADER.size + sum(sizes)}"
+                         f" bytes, only {len(mv)} present")
+    pos = F.TOKENIZER_HEADER.size
+    parts = []
+    for size in sizes:
+        parts.append(mv[pos:pos + size])
+        pos += size
+    scores = np.frombuffer(parts[0], dtype="<f4").astype(np.float32)
+    types = np.frombuffer(parts[1], dtype="<u4").astype(np.uint32)
+    offsets = np.frombuffer(parts[2], dtype="<u4").astype(np.int64)
+    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != h["blob_bytes"]:
+        raise DittoError(f"{where}: token offsets are not increasing within the text blob")
+    blob = bytes(parts[3][:h["blob_bytes"]])
+    tokens = tuple(blob[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    merges_arr = np.frombuffer(parts[4], dtype="<u4").reshape(-1, 2)
+    if merges_arr.size and merges_arr.max() >= n:
+        raise DittoError(f"{where}: a merge refers to token id {int(merges_arr.max())} >= {n}")
+    merges = tuple(map(tuple, merges_arr.tolist()))
+    try:
+        template = bytes(parts[5][:h["template_bytes"]]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DittoError(f"{where}: chat template is not UTF-8: {exc}") from None
+
+    def name_of(table, value, what):
+        for k, v in table.items():
+            if v == value:
+                return k
+        raise DittoError(f"{where}: unknown tokenizer {what} {value}")
+
+    return TokenizerSpec(
+        kind=name_of(F.TOKENIZER_KINDS, h["kind"], "kind"), tokens=tokens, scores=scores,
+        token_types=types, merges=merges, pre=name_of(F.PRE_TOKENIZERS, h["pre"], "pre"),
+        bos_id=h["bos_id"], eos_id=h["eos_id"], unk_id=h["unk_id"], pad_id=h["pad_id"],
+        add_bos=bool(h["add_bos"]), add_space_prefix=bool(h["add_space_prefix"]),
+        chat_format=name_of(F.CHAT_FORMATS, h["chat_format"], "chat format"),
+        chat_template=template)
+
+
+def tokenizer_block_size(buf) -> int:
+    """Length in bytes of the tokenizer block at the start of ``buf`` (from its header)."""
+    h = F.unpack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, buf)
+    n = h["n_tokens"]
+    return (F.TOKENIZER_HEADER.size + 12 * n + 4 + F.round_up(h["blob_bytes"], 4)
+            + 8 * h["n_merges"] + F.round_up(h["template_bytes"], 4))
+
+
+def tokenizers_equal(a: TokenizerSpec, b: TokenizerSpec) -> bool:
+    """True if two specs are equal field by field, including the score and type arrays."""
+    return (a == b and np.array_equal(np.asarray(a.scores, np.float32),
+                                      np.asarray(b.scores, np.float32))
+            and np.array_equal(np.asarray(a.token_types, np.uint32),
+                               np.asarray(b.token_types, np.uint32)))
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------------
+
+def _config_bytes(config: ModelConfig, n_tensors: int) -> bytes:
+    return F.pack(F.CONFIG, F.CONFIG_FIELDS, arch=F.ARCH_LLAMA, dim=config.dim,
+                  hidden_dim=config.hidden_dim, n_layers=config.n_layers,
+                  n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
+                  head_dim=config.head_dim, vocab_size=config.vocab_size,
+                  max_seq_len=config.max_seq_len, rope_theta=float(config.rope_theta),
+                  norm_eps=float(config.norm_eps),
+                  tied_embeddings=int(bool(config.tied_embeddings)), n_tensors=n_tensors)
+
+
+def _entry_bytes(t: TensorInfo) -> bytes:
+    name = t.name.encode("utf-8")
+    return F.pack(F.TENSOR_ENTRY, F.TENSOR_ENTRY_FIELDS, name=name,
+                  encoding=F.ENCODINGS[t.encoding],
+                  codebook_type=F.CODEBOOK_TYPES[t.codebook_type] if t.codebook_type else 0,
+                  bits=t.bits, group_size=t.group_size, rows=t.rows, cols=t.cols,
+                  offset=t.offset, nbytes=t.nbytes, ndim=len(t.shape))
+
+
+def _check_tensor_info(t: TensorInfo, where: str) -> None:
+    raw = t.name.encode("utf-8")
+    if not raw or len(raw) >= F.NAME_BYTES or b"\0" in raw:
+        raise DittoError(f"{where}: tensor name {t.name!r} must be 1..{F.NAME_BYTES - 1} bytes "
+                         f"of UTF-8 without NUL")
+    if len(t.shape) not in (1, 2) or min(t.shape) <= 0:
+        raise DittoError(f"{where}: tensor {t.name!r} has shape {t.shape}; 1-D or 2-D, "
+                         f"positive sizes")
+    if t.encoding == "f32":
+        if t.bits or t.group_size or t.codebook_type:
+            raise DittoError(f"{where}: f32 tensor {t.name!r} must have bits = group_size = 0 "
+                             f"and no codebook type")
+    elif t.encoding == "codebook":
+        try:
+            _check_codebook_params(t.bits, t.group_size, t.codebook_type)
+        except DittoError as exc:
+            raise DittoError(f"{where}: tensor {t.name!r}: {exc}") from None
+    else:
+        raise DittoError(f"{where}: tensor {t.name!r} has unknown encoding {t.encoding!r}")
+
+
+def plan_layout(config: ModelConfig, tokenizer: TokenizerSpec, tensors: Sequence[TensorInfo],
+                where: str = "model") -> tuple[bytes, int, list[TensorInfo], int]:
+    """Lay out a model file: returns (bytes [64, payload start) i.e. config + tensor table +
+    tokenizer block + zero padding, ``meta_size`` (the same without padding), the tensors with
+    ``offset``/``nbytes`` filled in, file size).
+    Raises DittoError for a config not matching the tensors or a bad tensor description."""
+    for t in tensors:
+        _check_tensor_info(t, where)
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DittoError(f"{where}: tensor {dup!r} appears twice")
+    check_config(config, {t.name: t.shape for t in tensors}, where)
+    if len(tokenizer.tokens) != config.vocab_size:
+        raise DittoError(f"{where}: tokenizer has {len(tokenizer.tokens)} tokens, config "
+                         f"vocab_size is {config.vocab_size}")
+    tok = serialize_tokenizer(tokenizer)
+    meta_size = F.CONFIG.size + F.TENSOR_ENTRY.size * len(tensors) + len(tok)
+    pos = F.round_up(F.HEADER_BYTES + meta_size)
+    laid = []
+    for t in tensors:
+        nbytes = t.expected_nbytes()
+        laid.append(attrs.evolve(t, offset=pos, nbytes=nbytes))
+        pos = F.round_up(pos + nbytes)
+    end = laid[-1].offset + laid[-1].nbytes if laid else pos
+    meta = (_config_bytes(config, len(laid)) + b"".join(_entry_bytes(t) for t in laid) + tok)
+    meta += b"\0" * (F.round_up(F.HEADER_BYTES + len(meta)) - F.HEADER_BYTES - len(meta))
+    return meta, meta_size, laid, end
+
+
+def _as_bytes(name: str, info: TensorInfo, payload, where: str) -> memoryview:
+    if isinstance(payload, np.ndarray):
+        if info.encoding == "f32":
+            if payload.dtype != np.float32 or tuple(payload.shape) != info.shape:
+                raise DittoError(f"{where}: tensor {name!r} payload is {payload.dtype} "
+                                 f"{tuple(payload.shape)}, expected float32 {info.shape}")
+            payload = payload.astype("<f4", copy=False)
+        payload = np.ascontiguousarray(payload)
+        return memoryview(payload).cast("B")
+    return memoryview(payload).cast("B")
+
+
+def write_model(path, config: ModelConfig, tokenizer: TokenizerSpec,
+                tensors: Sequence[TensorInfo],
+                payloads: Iterable[tuple[str, bytes | np.ndarray]],
+                progress: Callable[[TensorInfo], None] | None = None) -> list[TensorInfo]:
+    """Write a Ditto model file at ``path`` atomically; return the tensor table written.
+
+    ``tensors`` fixes the file order and encodings (offset/nbytes are computed here from the
+    FORMAT.md formulas). ``payloads`` yields ``(name, data)`` in the same order; ``data`` is
+    bytes or an array whose raw bytes are the payload (a float32 array of ``info.shape`` for an
+    f32 tensor). ``progress(info)`` is called after each payload is written.
+
+    Raises DittoError naming the file (and tensor) when the config does not match the tensors,
+    a payload comes out of order, has the wrong byte length or is missing, or the destination
+    cannot be written. Nothing is left at ``path`` (or in its directory) on any failure.
+    """
+    path = Path(path)
+    where = str(path)
+    meta, meta_size, laid, file_size = plan_layout(config, tokenizer, tensors, where)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise DittoError(f"{path}: cannot write the model file: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * F.HEADER_BYTES)
+            crc = zlib.crc32(meta)
+            f.write(meta)
+            pos = F.HEADER_BYTES + len(meta)
+            it = iter(payloads)
+            for info in laid:
+                try:
+                    name, data = next(it)
+                except StopIteration:
+                    raise DittoError(f"{where}: no payload for tensor {info.name!r}") from None
+                if name != info.name:
+                    raise DittoError(f"{where}: payload for tensor {name!r} arrived where "
+                                     f"{info.name!r} was expected (payloads must follow the "
+                                     f"tensor order)")
+                buf = _as_bytes(name, info, data, where)
+                if len(buf) != info.nbytes:
+                    raise DittoError(f"{where}: tensor {name!r} payload is {len(buf)} bytes, "
+                                     f"its {info.encoding} layout needs {info.nbytes}")
+                pad = b"\0" * (info.offset - pos)
+                crc = zlib.crc32(buf, zlib.crc32(pad, crc))
+                f.write(pad)
+                f.write(buf)
+                pos = info.offset + info.nbytes
+                if progress is not None:
+                    progress(info)
+            extra = next(it, None)
+            if extra is not None:
+                raise DittoError(f"{where}: payload for unknown tensor {extra[0]!r}")
+            assert pos == file_size
+            f.seek(0)
+            f.write(F.pack(F.HEADER, F.HEADER_FIELDS, magic=F.MAGIC, version=F.VERSION,
+                           crc32=crc & 0xFFFFFFFF, file_size=file_size,
+                           meta_size=meta_size))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise DittoError(f"{path}: cannot write the model file: {exc.strerror or exc}") \
+                from None
+        raise
+    return laid
+
+
+# --------------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------------
+
+class ModelFile:
+    """A Ditto model file opened read-only with mmap.
+
+    Attributes: ``path``, ``version``, ``crc32``, ``file_size``, ``meta_size``, ``config``
+    (ModelConfig; ``rope_theta``/``norm_eps`` as stored, float32-rounded), ``tokenizer``
+    (TokenizerSpec), ``tensors`` (name -> TensorInfo, in file order).
+
+    Opening raises DittoError naming the file for: bad magic, unknown version, a size different
+    from the header's ``file_size`` (truncated), a CRC-32 mismatch (unless ``verify=False``), a
+    tensor payload outside the file or not 64-byte aligned or of the wrong length, or a config
+    that does not match the tensors.
+    """
+
+    def __init__(self, path, verify: bool = True):
+        self.path = Path(path)
+        where = str(self.path)
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            raise DittoError(f"{where}: cannot open model file: {exc.strerror or exc}") from None
+        if size < F.HEADER_BYTES:
+            raise DittoError(f"{where}: not a Ditto model file (only {size} bytes)")
+        try:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as exc:
+            raise DittoError(f"{where}: cannot map model file: {exc}") from None
+        mm = self._mm
+        h = F.unpack(F.HEADER, F.HEADER_FIELDS, mm)
+        if h["magic"] != F.MAGIC:
+            raise DittoError(f"{where}: not a Ditto model file (magic {h['magic']!r}, "
+                             f"expected {F.MAGIC!r})")
+        if h["version"] != F.VERSION:
+            raise DittoError(f"{where}: unsupported Ditto format version {h['version']} "
+                             f"(this Ditto reads version {F.VERSION})")
+        if h["file_size"] != size:
+            raise DittoError(f"{where}: file is {size} bytes but its header says "
+                             f"{h['file_size']}: truncated or damaged")
+        if F.HEADER_BYTES + h["meta_size"] > size or h["meta_size"] < F.CONFIG.size:
+            raise DittoError(f"{where}: metadata size {h['meta_size']} does not fit the file")
+        if verify:
+            crc = 0
+            step = 1 << 26
+            for a in range(F.HEADER_BYTES, size, step):
+                crc = zlib.crc32(mm[a:min(a + step, size)], crc)
+            if crc != h["crc32"]:
+                raise DittoError(f"{where}: checksum mismatch (CRC-32 {crc:08x}, header says "
+                                 f"{h['crc32']:08x}): the file is damaged")
+        self.version, self.crc32 = h["version"], h["crc32"]
+        self.file_size, self.meta_size = h["file_size"], h["meta_size"]
+        meta_end = F.HEADER_BYTES + self.meta_size
+
+        c = F.unpack(F.CONFIG, F.CONFIG_FIELDS, mm, F.HEADER_BYTES)
+        if c["arch"] != F.ARCH_LLAMA:
+            raise DittoError(f"{where}: unknown architecture id {c['arch']}")
+        self.config = ModelConfig(
+            dim=c["dim"], hidden_dim=c["hidden_dim"], n_layers=c["n_layers"],
+            n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"],
+            vocab_size=c["vocab_size"], max_seq_len=c["max_seq_len"],
+            rope_theta=c["rope_theta"], norm_eps=c["norm_eps"],
+            tied_embeddings=bool(c["tied_embeddings"]))
+        n_t = c["n_tensors"]
+        table_at = F.HEADER_BYTES + F.CONFIG.size
+        tok_at = table_at + F.TENSOR_ENTRY.size * n_t
+        if tok_at + F.TOKENIZER_HEADER.size > meta_end:
+            raise DittoError(f"{where}: tensor table of {n_t} entries does not fit the metadata")
+        payload_start = F.round_up(meta_end)
+        enc_names = {v: k for k, v in F.ENCODINGS.items()}
+        cb_names = {v: k for k, v in F.CODEBOOK_TYPES.items()}
+        self.tensors: dict[str, TensorInfo] = {}
+        for i in range(n_t):
+            e = F.unpack(F.TENSOR_ENTRY, F.TENSOR_ENTRY_FIELDS, mm, table_at + i * 128)
+            try:
+                name = e["name"].rstrip(b"\0").decode("utf-8")
+            except UnicodeDecodeError:
+                raise DittoError(f"{where}: tensor entry {i} has a name that is not UTF-8") \
+                    from None
+            if e["encoding"] not in enc_names:
+                raise DittoError(f"{where}: tensor {name!r} has unknown encoding "
+                                 f"{e['encoding']}")
+            enc = enc_names[e["encoding"]]
+            if e["ndim"] not in (1, 2) or (e["ndim"] == 1 and e["rows"] != 1):
+                raise DittoError(f"{where}: tensor {name!r} has bad ndim {e['ndim']} / rows "
+                                 f"{e['rows']}")
+            shape = (e["cols"],) if e["ndim"] == 1 else (e["rows"], e["cols"])
+            if enc == "codebook":
+                if e["codebook_type"] not in cb_names:
+                    raise DittoError(f"{where}: tensor {name!r} has unknown codebook type "
+                                     f"{e['codebook_type']}")
+                info = TensorInfo(name, enc, shape, e["bits"], e["group_size"],
+                                  cb_names[e["codebook_type"]], e["offset"], e["nbytes"])
+            else:
+                info = TensorInfo(name, enc, shape, e["bits"], e["group_size"], None,
+                                  e["offset"], e["nbytes"])
+            _check_tensor_info(info, where)
+            if info.nbytes != info.expected_nbytes():
+                raise DittoError(f"{where}: tensor {name!r} has {info.nbytes} payload bytes, "
+                                 f"its layout needs {info.expected_nbytes()}")
+            if info.offset % F.ALIGN or info.offset < payload_start:
+                raise DittoError(f"{where}: tensor {name!r} payload offset {info.offset} is "
+                                 f"misaligned or inside the metadata")
+            if info.offset + info.nbytes > size:
+                raise DittoError(f"{where}: tensor {name!r} payload [{info.offset}, "
+                                 f"{info.offset + info.nbytes}) runs past the end ({size})")
+            if name in self.tensors:
+                raise DittoError(f"{where}: tensor {name!r} appears twice")
+            self.tensors[name] = info
+        self.tokenizer = parse_tokenizer(mm[tok_at:meta_end], where)
+        if len(self.tokenizer.tokens) != self.config.vocab_size:
+            raise DittoError(f"{where}: tokenizer has {len(self.tokenizer.tokens)} tokens, "
+                             f"config vocab_size is {self.config.vocab_size}")
+        check_config(self.config, {n: t.shape for n, t in self.tensors.items()}, where)
+
+    @classmethod
+    def open(cls, path, verify: bool = True) -> "ModelFile":
+        """Same as ``ModelFile(path, verify)``."""
+        return cls(path, verify)
+
+    def __enter__(self) -> "ModelFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop this object's mapping (views already handed out keep it alive)."""
+        self._mm = None
+
+    def _info(self, name: str) -> TensorInfo:
+        if self._mm is None:
+            raise DittoError(f"{self.path}: model file is closed")
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise DittoError(f"{self.path}: no tensor named {name!r}") from None
+
+    def payload(self, name: str) -> np.ndarray:
+        """uint8 [nbytes] zero-copy view of tensor ``name``'s payload (read-only mmap)."""
+        info = self._info(name)
+        return self._mm[info.offset:info.offset + info.nbytes].view(np.ndarray)
+
+    def f32(self, name: str) -> np.ndarray:
+        """float32 view of an f32 tensor, shape ``info.shape``. DittoError for other
+        encodings."""
+        info = self._info(name)
+        if info.encoding != "f32":
+            raise DittoError(f"{self.path}: tensor {name!r} is {info.encoding}, not f32")
+        return self.payload(name).view("<f4").reshape(info.shape)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Sum of the tensor payload sizes (no padding, no metadata)."""
+        return sum(t.nbytes for t in self.tensors.values())
