@@ -1,1 +1,211 @@
-"""Ditto default plugin blas_openblas (not yet implemented)."""
+"""Ditto default plugin blas_openblas: the BLAS targets ``openblas`` and ``mkl``.
+
+``openblas`` links the OpenBLAS shipped by PyPI ``scipy-openblas32`` (a dependency of Ditto, so
+it is always there); its symbols carry the prefix ``scipy_`` (``scipy_cblas_sgemv``). Setting
+``DITTO_OPENBLAS=system`` (or building ``OpenBlasTarget(system=True)``) uses the distribution's
+``libopenblas`` in ``/usr/lib/x86_64-linux-gnu`` instead, whose symbols have no prefix.
+
+``mkl`` links Intel oneMKL's single dynamic library ``mkl_rt`` from PyPI ``mkl``/``mkl-devel``
+when installed in this Python environment (no prefix: ``cblas_sgemv``).
+
+Each target also says how to make BLAS single-threaded inside an OpenMP region
+(``thread_control()``), which the GEMV→BLAS pass needs to avoid oversubscription.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import sys
+from pathlib import Path
+
+from ditto_core.errors import DittoError
+from ditto_core.hookspecs import hookimpl
+
+SYSTEM_LIB_DIR = Path("/usr/lib/x86_64-linux-gnu")
+SYSTEM_INCLUDE_DIRS = (Path("/usr/include/x86_64-linux-gnu/openblas-pthread"),
+                       Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/openblas"),
+                       Path("/usr/include"))
+
+
+def _rpath_link_flags(lib_dir: Path, lib: str) -> list[str]:
+    """``-L<dir> -l<lib> -Wl,-rpath,<dir>``: link and find the library at run time without
+    LD_LIBRARY_PATH."""
+    return [f"-L{lib_dir}", f"-l{lib}", f"-Wl,-rpath,{lib_dir}"]
+
+
+class OpenBlasTarget:
+    """BLAS target ``openblas``: scipy-openblas32 by default, the system libopenblas when
+    ``system=True`` or the environment variable ``DITTO_OPENBLAS=system`` is set.
+
+    Symbols: ``symbol("cblas_sgemv")`` is ``"scipy_cblas_sgemv"`` (PyPI) or ``"cblas_sgemv"``
+    (system). Raises DittoError from the flag methods when the library is missing.
+    """
+
+    name = "openblas"
+    header = "cblas.h"
+
+    def __init__(self, system: bool | None = None):
+        self._system = system
+
+    @property
+    def system(self) -> bool:
+        if self._system is not None:
+            return self._system
+        return os.environ.get("DITTO_OPENBLAS", "").strip().lower() == "system"
+
+    # -- where the library is ------------------------------------------------------------
+    def _pypi(self):
+        try:
+            import scipy_openblas32 as so
+        except ImportError:
+            return None
+        return so
+
+    def _system_lib(self) -> Path | None:
+        for name in ("libopenblas.so", "libopenblas.so.0"):
+            if (SYSTEM_LIB_DIR / name).exists():
+                return SYSTEM_LIB_DIR / name
+        return None
+
+    def available(self) -> tuple[bool, str]:
+        """(True, "") if the library this target would link is present, else how to get it."""
+        if self.system:
+            if self._system_lib() is None:
+                return (False, f"system libopenblas not found in {SYSTEM_LIB_DIR}: "
+                               "apt-get install libopenblas-dev (or unset DITTO_OPENBLAS)")
+            return (True, "")
+        so = self._pypi()
+        if so is None:
+            return (False, "not installed: pip install scipy-openblas32")
+        lib_dir = Path(so.get_lib_dir())
+        if not any(lib_dir.glob(f"lib{so.get_library()}.*")):
+            return (False, f"{lib_dir}: lib{so.get_library()} missing: "
+                           "pip install --force-reinstall scipy-openblas32")
+        return (True, "")
+
+    def _require(self) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise DittoError(f"BLAS target {self.name!r} is not available: {why}")
+
+    def prefix(self) -> str:
+        """Symbol prefix of the library: ``"scipy_"`` (PyPI) or ``""`` (system)."""
+        return "" if self.system else "scipy_"
+
+    def symbol(self, routine: str) -> str:
+        """Linker symbol of a CBLAS/OpenBLAS routine: "cblas_sgemv" → "scipy_cblas_sgemv"."""
+        return self.prefix() + routine
+
+    def include_dir(self) -> Path:
+        self._require()
+        if self.system:
+            for d in SYSTEM_INCLUDE_DIRS:
+                if (d / "cblas.h").exists():
+                    return d
+            raise DittoError("system libopenblas: cblas.h not found in "
+                             + ", ".join(map(str, SYSTEM_INCLUDE_DIRS))
+                             + ": apt-get install libopenblas-dev")
+        return Path(self._pypi().get_include_dir())
+
+    def compile_flags(self) -> list[str]:
+        """``-I<dir of cblas.h>``. Raises DittoError when the library is not available."""
+        return [f"-I{self.include_dir()}"]
+
+    def link_flags(self) -> list[str]:
+        """``-L<dir> -l<lib> -Wl,-rpath,<dir>``. Raises DittoError when not available."""
+        self._require()
+        if self.system:
+            return _rpath_link_flags(SYSTEM_LIB_DIR, "openblas")
+        so = self._pypi()
+        return _rpath_link_flags(Path(so.get_lib_dir()), so.get_library())
+
+    def thread_control(self) -> dict:
+        """How to set BLAS's thread count from C, all symbols ``void f(int)``/``int f(int)``:
+        ``set_num_threads`` (process-wide) and ``set_num_threads_local`` (calling thread only,
+        OpenBLAS ≥ 0.3.27; what a BLAS call inside an OpenMP region wants: 1)."""
+        return {"set_num_threads": self.symbol("openblas_set_num_threads"),
+                "set_num_threads_local": self.symbol("openblas_set_num_threads_local"),
+                "get_num_threads": self.symbol("openblas_get_num_threads")}
+
+    def describe(self) -> str:
+        return ("system libopenblas" if self.system else "scipy-openblas32 (PyPI)")
+
+
+def _mkl_dist() -> md.Distribution | None:
+    for name in ("mkl-devel", "mkl"):
+        try:
+            return md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+class MklTarget:
+    """BLAS target ``mkl``: Intel oneMKL's ``mkl_rt`` from PyPI ``mkl``/``mkl-devel``.
+
+    The wheels put the libraries in ``<prefix>/lib`` and (mkl-include, pulled in by mkl-devel)
+    the headers in ``<prefix>/include``. ``available()`` is (False, "not installed: pip install
+    mkl-devel") when absent; the flag methods then raise DittoError with that message.
+    """
+
+    name = "mkl"
+    header = "mkl_cblas.h"
+
+    def __init__(self, prefix: Path | None = None):
+        self._prefix = prefix
+
+    def _where(self) -> tuple[Path, Path, str] | None:
+        """(lib dir, include dir, library file name) or None."""
+        if self._prefix is None and _mkl_dist() is None:
+            return None
+        prefixes = [self._prefix] if self._prefix else [Path(sys.prefix), Path(sys.base_prefix)]
+        for p in prefixes:
+            lib = Path(p) / "lib"
+            libs = sorted(lib.glob("libmkl_rt.so*"))
+            if libs:
+                return lib, Path(p) / "include", libs[0].name
+        return None
+
+    def available(self) -> tuple[bool, str]:
+        found = self._where()
+        if found is None:
+            return (False, "not installed: pip install mkl-devel")
+        lib, inc, _ = found
+        if not (inc / "mkl_cblas.h").exists():
+            return (False, f"{inc}: mkl_cblas.h missing: pip install mkl-devel (brings mkl-include)")
+        return (True, "")
+
+    def _require(self) -> tuple[Path, Path, str]:
+        ok, why = self.available()
+        if not ok:
+            raise DittoError(f"BLAS target 'mkl' is not available: {why}")
+        return self._where()
+
+    def symbol(self, routine: str) -> str:
+        return routine
+
+    def compile_flags(self) -> list[str]:
+        _, inc, _ = self._require()
+        return [f"-I{inc}"]
+
+    def link_flags(self) -> list[str]:
+        lib, _, fname = self._require()
+        if fname == "libmkl_rt.so":
+            return _rpath_link_flags(lib, "mkl_rt")
+        # the plain wheel ships only libmkl_rt.so.N: link the file itself
+        return [str(lib / fname), f"-Wl,-rpath,{lib}"]
+
+    def thread_control(self) -> dict:
+        return {"set_num_threads": "MKL_Set_Num_Threads",
+                "set_num_threads_local": "MKL_Set_Num_Threads_Local",
+                "get_num_threads": "MKL_Get_Max_Threads"}
+
+    def describe(self) -> str:
+        return "Intel oneMKL mkl_rt (PyPI mkl-devel)"
+
+
+@hookimpl
+def register_blas_targets(register):
+    register(OpenBlasTarget())
+    register(MklTarget())
