@@ -120,13 +120,33 @@ class OpenBlasTarget:
         so = self._pypi()
         return _rpath_link_flags(Path(so.get_lib_dir()), so.get_library())
 
+    def library_file(self) -> Path:
+        """The shared library this target links (raises DittoError when not available)."""
+        self._require()
+        if self.system:
+            return self._system_lib()
+        so = self._pypi()
+        return sorted(Path(so.get_lib_dir()).glob(f"lib{so.get_library()}.so*"))[0]
+
+    def exports(self, symbol: str) -> bool:
+        """True if the library exports ``symbol`` (checked by loading it with ctypes)."""
+        import ctypes
+        try:
+            return hasattr(ctypes.CDLL(str(self.library_file())), symbol)
+        except OSError:
+            return False
+
     def thread_control(self) -> dict:
-        """How to set BLAS's thread count from C, all symbols ``void f(int)``/``int f(int)``:
-        ``set_num_threads`` (process-wide) and ``set_num_threads_local`` (calling thread only,
-        OpenBLAS ≥ 0.3.27; what a BLAS call inside an OpenMP region wants: 1)."""
-        return {"set_num_threads": self.symbol("openblas_set_num_threads"),
-                "set_num_threads_local": self.symbol("openblas_set_num_threads_local"),
-                "get_num_threads": self.symbol("openblas_get_num_threads")}
+        """Symbols that set BLAS's thread count from C (None when the library lacks one):
+        ``set_num_threads`` ``void f(int)``, process-wide; ``set_num_threads_local``
+        ``int f(int)``, calling thread only (OpenBLAS >= 0.3.27 with OpenMP threading; the
+        pthreads build in scipy-openblas32 does not export it); ``get_num_threads`` ``int f()``.
+        A BLAS call inside an OpenMP parallel region wants 1 thread (no oversubscription)."""
+        names = {"set_num_threads": "openblas_set_num_threads",
+                 "set_num_threads_local": "openblas_set_num_threads_local",
+                 "get_num_threads": "openblas_get_num_threads"}
+        return {k: (self.symbol(v) if self.exports(self.symbol(v)) else None)
+                for k, v in names.items()}
 
     def describe(self) -> str:
         return ("system libopenblas" if self.system else "scipy-openblas32 (PyPI)")
