@@ -1,0 +1,252 @@
+"""The ``ditto`` command line: export, inspect, plugins, build (and commands other modules add).
+
+Every command has ``--help``. A DittoError is printed as ``error: <message>`` on stderr with
+exit code 1; Ctrl-C exits with 130. Long steps show a rich progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .components import QuantOptions
+from .errors import DittoError
+
+MODEL_HELP = "MODEL is an HF directory (config.json + safetensors + tokenizer.json), a .gguf " \
+             "file, or a bundled model name (smollm2, tinycoder)."
+
+
+def _stdout() -> Console:
+    return Console(highlight=False, soft_wrap=False, width=max(120, Console().width))
+
+
+def reports_errors(func):
+    """Turn DittoError into ``error: ...`` on stderr and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except DittoError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ditto")
+def cli():
+    """Ditto compiles a Llama-family LLM checkpoint into a standalone CPU executable:
+    export → quantize → pack → emit IR → rewrite → link."""
+
+
+# --------------------------------------------------------------------------------------------
+@cli.command("export", epilog=MODEL_HELP)
+@click.argument("model")
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Model file to write (.ditto); written atomically.")
+@click.option("--exporter", default=None, help="Exporter name (default: detected).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@reports_errors
+def export_cmd(model, out, exporter, quiet):
+    """Export MODEL to a Ditto model file with every tensor in fp32."""
+    from . import pipeline
+
+    ck = pipeline.export(model, exporter)
+    laid = pipeline.write_f32(ck, out, show_progress=not quiet)
+    c = ck.config
+    click.echo(f"{out}: {c.n_layers} layers, dim {c.dim}, {len(laid)} tensors, "
+               f"{sum(t.n_weights for t in laid):,} weights, {out.stat().st_size:,} bytes")
+
+
+# --------------------------------------------------------------------------------------------
+def theoretical_bytes(t) -> int:
+    """Bytes of a tensor with no padding at all: 4 per f32 weight, or ``ceil(rows·cols·b/8)``
+    index bytes plus ``rows·S·2^b`` codebook values of ``codebook_type``."""
+    from .format import CODEBOOK_ITEMSIZE
+
+    if t.encoding == "f32":
+        return 4 * t.n_weights
+    return (math.ceil(t.n_weights * t.bits / 8)
+            + t.rows * t.n_sub_blocks * (1 << t.bits) * CODEBOOK_ITEMSIZE[t.codebook_type])
+
+
+def inspect_summary(mf) -> dict:
+    """Config, tensor table and sizes of an open ModelFile, as plain data."""
+    import attrs
+
+    tensors = []
+    for t in mf.tensors.values():
+        tensors.append({"name": t.name, "encoding": t.encoding, "shape": list(t.shape),
+                        "bits": t.bits, "group_size": t.group_size,
+                        "codebook_type": t.codebook_type, "offset": t.offset,
+                        "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
+                        "theoretical_bytes": theoretical_bytes(t)})
+    n_weights = sum(t.n_weights for t in mf.tensors.values())
+    payload = mf.payload_bytes
+    theo = sum(r["theoretical_bytes"] for r in tensors)
+    tok = mf.tokenizer
+    return {
+        "path": str(mf.path), "version": mf.version, "file_bytes": mf.file_size,
+        "meta_bytes": mf.meta_size + 64,
+        "config": attrs.asdict(mf.config),
+        "tokenizer": {"kind": tok.kind, "n_tokens": len(tok.tokens), "n_merges": len(tok.merges),
+                      "pre": tok.pre, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+                      "add_bos": tok.add_bos, "chat_format": tok.chat_format},
+        "n_tensors": len(tensors), "n_weights": n_weights,
+        "payload_bytes": payload, "theoretical_bytes": theo,
+        "overhead_percent": 100.0 * (payload - theo) / theo,
+        "bpw_file": 8.0 * mf.file_size / n_weights,
+        "bpw_payload": 8.0 * payload / n_weights,
+        "tensors": tensors,
+    }
+
+
+@cli.command("inspect")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--no-verify", is_flag=True, help="Skip the CRC-32 check (faster).")
+@reports_errors
+def inspect_cmd(file, as_json, no_verify):
+    """Show a model file's config, tokenizer, tensor table, sizes and bits per weight.
+
+    "theoretical" is the size with no padding: b-bit indices plus the codebooks (4 bytes per
+    weight for fp32 tensors); the overhead % compares the tensor payloads (without the
+    fixed header/metadata) to it."""
+    from .modelfile import ModelFile
+
+    with ModelFile.open(file, verify=not no_verify) as mf:
+        s = inspect_summary(mf)
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+        return
+    con = _stdout()
+    c = s["config"]
+    con.print(f"[bold]{file}[/]  Ditto format v{s['version']}, {s['file_bytes']:,} bytes")
+    con.print("config: " + ", ".join(f"{k}={v}" for k, v in c.items()))
+    t = s["tokenizer"]
+    con.print(f"tokenizer: {t['kind']}, {t['n_tokens']} tokens, {t['n_merges']} merges, "
+              f"pre={t['pre']}, bos={t['bos_id']}, eos={t['eos_id']}, add_bos={t['add_bos']}, "
+              f"chat={t['chat_format']}")
+    table = Table("tensor", "enc", "shape", "b", "G", "cb", "bytes", "bpw")
+    for r in s["tensors"]:
+        table.add_row(r["name"], r["encoding"], "×".join(map(str, r["shape"])),
+                      str(r["bits"] or "-"), str(r["group_size"] or "-"),
+                      r["codebook_type"] or "-", f"{r['bytes']:,}", f"{r['bpw']:.3f}")
+    con.print(table)
+    con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
+              f"bpw {s['bpw_file']:.3f} (whole file), {s['bpw_payload']:.3f} (payloads)")
+    con.print(f"payloads {s['payload_bytes']:,} bytes vs theoretical {s['theoretical_bytes']:,}"
+              f" (indices at b bits + codebooks): {s['overhead_percent']:+.2f}%; "
+              f"header+metadata {s['meta_bytes']:,} bytes")
+
+
+# --------------------------------------------------------------------------------------------
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@reports_errors
+def plugins_cmd(as_json):
+    """List installed plugins (entry-point group ``ditto``), their distribution and version,
+    and the components each registers per stage; BLAS targets say whether they are usable."""
+    from .plugins import STAGES, get_registry
+
+    reg = get_registry()
+    rows = []
+    for ep, dist, version in reg.plugins:
+        comps = {}
+        for stage in STAGES:
+            for name, r in reg.components[stage].items():
+                if r.plugin == ep:
+                    entry = {"name": name}
+                    if stage == "blas":
+                        try:
+                            ok, why = r.component.available()
+                        except Exception as exc:  # a plugin bug must not hide the others
+                            ok, why = False, f"available() raised {exc!r}"
+                        entry.update(available=ok, reason=why)
+                    comps.setdefault(stage, []).append(entry)
+        rows.append({"plugin": ep, "distribution": dist, "version": version,
+                     "components": comps})
+    failed = [{"plugin": ep, "error": err} for ep, err in reg.failed]
+    if as_json:
+        click.echo(json.dumps({"plugins": rows, "failed": failed}, indent=2))
+        return
+    con = _stdout()
+    table = Table("plugin", "distribution", "version", "components")
+    for r in rows:
+        parts = []
+        for stage, comps in r["components"].items():
+            names = []
+            for c in comps:
+                if "available" in c:
+                    names.append(f"{c['name']} ({'available' if c['available'] else 'unavailable: ' + c['reason']})")
+                else:
+                    names.append(c["name"])
+            parts.append(f"{STAGES[stage][1]}: {', '.join(names)}")
+        table.add_row(r["plugin"], r["distribution"], r["version"],
+                      "\n".join(parts) or "(none)")
+    con.print(table)
+    for f in failed:
+        con.print(f"[red]failed to load[/] {f['plugin']}: {f['error']}")
+
+
+# --------------------------------------------------------------------------------------------
+@cli.command("build", epilog=MODEL_HELP)
+@click.argument("model")
+@click.option("--quantizer", required=True, help="Quantizer name (see `ditto plugins`).")
+@click.option("--blas", required=True, help="BLAS target name (see `ditto plugins`).")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Output directory (model.ditto, build.json, the executable).")
+@click.option("--bits", type=click.IntRange(1, 8), default=4, show_default=True,
+              help="Bit width b of the codebook indices.")
+@click.option("--group-size", type=click.IntRange(min=2), default=256, show_default=True,
+              help="Group size G: weights per sub-block sharing one codebook.")
+@click.option("--keep-fp32", multiple=True, metavar="PATTERN",
+              help="Glob over tensor names kept in fp32 (repeatable); norms always are.")
+@click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
+@click.option("--codebook-type", type=click.Choice(["f16", "f32"]), default="f16",
+              show_default=True, help="Storage type of codebook centroids.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--rewrite/--no-rewrite", default=True, show_default=True,
+              help="Run the GEMV→BLAS IR rewrite stage.")
+@click.option("--exporter", default=None, help="Exporter name (default: detected).")
+@reports_errors
+def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, method,
+              codebook_type, seed, rewrite, exporter):
+    """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link."""
+    from . import pipeline
+
+    opts = pipeline.BuildOptions(
+        quantizer=quantizer, blas=blas, exporter=exporter, rewrite=rewrite,
+        quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
+                           method=method, codebook_type=codebook_type, seed=seed))
+    record = pipeline.build(model, out_dir, opts)
+    for stage, sec in record["stages"].items():
+        click.echo(f"{stage:>16}: {sec:8.2f} s", err=True)
+    click.echo(str(out_dir))
+
+
+def main(argv=None):
+    """Console-script entry point ``ditto``."""
+    try:
+        from . import cli_cc
+        cli_cc.register(cli)
+    except ImportError:
+        pass
+    return cli.main(args=argv, prog_name="ditto")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The ``gguf`` exporter: a llama.cpp GGUF file (``llama`` architecture) -> ``Checkpoint``.
+
+Config comes from the ``llama.*`` keys, the tokenizer from ``tokenizer.ggml.*``. Tensors stay in
+the mmapped file and are dequantized one at a time when loaded (``gguf.quants.dequantize``, any
+type the ``gguf`` package supports) to float32 ``[out_features, in_features]``. llama.cpp's
+converter stores q/k rows permuted for adjacent-pair RoPE; ``unpermute_qk`` restores the Hugging
+Face rotate-half order Ditto uses (docs/FORMAT.md, "Rotary layout of q and k").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ditto_core.errors import DittoError
+from ditto_core.modelfile import check_config, expected_shapes
+from ditto_core.types import Checkpoint, ModelConfig
+
+from .tokenizer import tokenizer_from_gguf
+
+GGUF_MAGIC = b"GGUF"
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: within each of ``n_heads`` heads of d rows, GGUF row
+    ``2·i + half`` holds HF row ``half·d/2 + i``. ``w``: float32 [n_heads·d, cols]; returns a new
+    C-contiguous array in HF row order (convert_hf_to_gguf.py ``LlamaModel.permute``, inverted).
+    """
+    rows, cols = w.shape
+    d = rows // n_heads
+    return np.ascontiguousarray(w.reshape(n_heads, d // 2, 2, cols).swapaxes(1, 2)
+                                .reshape(rows, cols))
+
+
+def _read_gguf(path: Path):
+    import gguf
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise DittoError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        raise DittoError(f"{path}: not a GGUF file (magic {magic!r})")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as exc:  # the gguf package raises ValueError/IndexError/... on bad files
+        raise DittoError(f"{path}: unreadable or truncated GGUF file: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def _metadata(reader) -> dict:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except Exception:  # a field type we do not use
+            continue
+    return meta
+
+
+class GGUFExporter:
+    """Exporter component ``gguf`` (see ditto_core.components.Exporter)."""
+
+    name = "gguf"
+
+    def can_load(self, path: Path) -> bool:
+        path = Path(path)
+        if not path.is_file():
+            return False
+        try:
+            with open(path, "rb") as f:
+                return f.read(4) == GGUF_MAGIC
+        except OSError:
+            return False
+
+    def load(self, path: Path) -> Checkpoint:
+        """Read config and tokenizer, index tensors lazily (float32 HF order on load).
+
+        Raises DittoError naming the file for: not a GGUF / truncated file, an architecture
+        other than ``llama``, missing hyper-parameters or tokenizer, rope scaling or partial
+        rotary (unsupported), tensor names/shapes not matching the config, or a tensor type
+        the ``gguf`` package cannot dequantize."""
+        path = Path(path)
+        where = str(path)
+        reader = _read_gguf(path)
+        meta = _metadata(reader)
+        arch = meta.get("general.architecture")
+        if arch != "llama":
+            raise DittoError(f"{where}: architecture {arch!r} is not supported "
+                             f"(Ditto exports Llama-family models: 'llama')")
+
+        def need(key):
+            if key not in meta:
+                raise DittoError(f"{where}: GGUF metadata lacks {key!r}")
+            return meta[key]
+
+        dim = int(need("llama.embedding_length"))
+        n_heads = int(need("llama.attention.head_count"))
+        n_kv = int(meta.get("llama.attention.head_count_kv", n_heads))
+        head_dim = int(meta.get("llama.attention.key_length", dim // n_heads))
+        rot = int(meta.get("llama.rope.dimension_count", head_dim))
+        if rot != head_dim:
+            raise DittoError(f"{where}: partial rotary embeddings (rope dimension {rot} of "
+                             f"head_dim {head_dim}) are not supported")
+        scaling = meta.get("llama.rope.scaling.type", "none")
+        if scaling not in ("none", None):
+            raise DittoError(f"{where}: RoPE scaling {scaling!r} is not supported")
+        tokenizer = tokenizer_from_gguf(meta, where)
+        config = ModelConfig(
+            dim=dim, hidden_dim=int(need("llama.feed_forward_length")),
+            n_layers=int(need("llama.block_count")), n_heads=n_heads, n_kv_heads=n_kv,
+            head_dim=head_dim, vocab_size=len(tokenizer.tokens),
+            max_seq_len=int(meta.get("llama.context_length", 2048)),
+            rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+            norm_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
+            tied_embeddings="output.weight" not in {t.name for t in reader.tensors})
+
+        shapes, infos = {}, {}
+        for t in reader.tensors:
+            ne = [int(x) for x in t.shape]
+            shapes[t.name] = (ne[1], ne[0]) if len(ne) == 2 else tuple(reversed(ne))
+            infos[t.name] = t
+        check_config(config, shapes, where)
+        shapes = {n: shapes[n] for n in expected_shapes(config)}  # canonical order
+
+        def loader(name):
+            return lambda: self._load_tensor(where, infos[name], shapes[name], config)
+
+        return Checkpoint(config=config, tokenizer=tokenizer,
+                          tensors={n: loader(n) for n in shapes}, shapes=shapes, source=path)
+
+    @staticmethod
+    def _load_tensor(where, t, shape, config: ModelConfig) -> np.ndarray:
+        import gguf
+
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise DittoError(f"{where}: tensor {t.name!r} has type {t.tensor_type.name}, which "
+                             f"the gguf package cannot dequantize") from None
+        except Exception as exc:
+            raise DittoError(f"{where}: tensor {t.name!r} could not be read "
+                             f"({type(exc).__name__}: {exc})") from None
+        w = np.asarray(w, dtype=np.float32).reshape(shape)
+        if t.name.endswith("attn_q.weight"):
+            return unpermute_qk(w, config.n_heads)
+        if t.name.endswith("attn_k.weight"):
+            return unpermute_qk(w, config.n_kv_heads)
+        return np.array(w, dtype=np.float32, order="C", copy=True)

@@ -1,0 +1,97 @@
+"""GGUF tokenizer metadata (``tokenizer.ggml.*``) -> ``TokenizerSpec`` (docs/FORMAT.md).
+
+- ``tokenizer.ggml.model = gpt2``: byte-level BPE. Normal tokens are stored by llama.cpp in the
+  GPT-2 byte-to-unicode form; Ditto stores their raw bytes. Control/user-defined tokens keep
+  their text. Merges ``"a b"`` become (id(a), id(b)) in rank order.
+- ``tokenizer.ggml.model = llama``: SentencePiece BPE with piece scores and ``<0xXX>`` byte
+  pieces, kept as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditto_core.bytelevel import unicode_to_bytes
+from ditto_core.errors import DittoError
+from ditto_core.types import TokenizerSpec
+
+#: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md). Others are refused.
+PRE = {"smollm": "gpt2_digits", "gpt2": "gpt2", "default": "gpt2"}
+
+TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_BYTE = 1, 3, 4, 6
+
+
+def chat_format_of(template: str) -> str:
+    """``"chatml"`` when the Jinja chat template uses ChatML markers, else ``"none"``."""
+    return "chatml" if "<|im_start|>" in template else "none"
+
+
+def tokenizer_from_gguf(meta: dict, where: str) -> TokenizerSpec:
+    """Build the TokenizerSpec from GGUF metadata ``meta`` (key -> Python value).
+
+    Raises DittoError (naming ``where``) for missing tokenizer keys, an unsupported tokenizer
+    model or pre-tokenizer, or merges that do not name vocabulary tokens."""
+    model = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if model is None or tokens is None:
+        raise DittoError(f"{where}: no tokenizer in the GGUF metadata "
+                         f"(tokenizer.ggml.model / tokenizer.ggml.tokens missing)")
+    n = len(tokens)
+    types = np.asarray(meta.get("tokenizer.ggml.token_type", [TT_NORMAL] * n), dtype=np.uint32)
+    if types.shape != (n,):
+        raise DittoError(f"{where}: {len(types)} token types for {n} tokens")
+    template = meta.get("tokenizer.chat_template", "") or ""
+
+    def tid(key):
+        v = meta.get(key)
+        return -1 if v is None or not 0 <= int(v) < n else int(v)
+
+    common = dict(bos_id=tid("tokenizer.ggml.bos_token_id"),
+                  eos_id=tid("tokenizer.ggml.eos_token_id"),
+                  unk_id=tid("tokenizer.ggml.unknown_token_id"),
+                  pad_id=tid("tokenizer.ggml.padding_token_id"),
+                  chat_format=chat_format_of(template), chat_template=template)
+
+    if model == "gpt2":
+        pre_name = meta.get("tokenizer.ggml.pre", "default")
+        if pre_name not in PRE:
+            raise DittoError(f"{where}: unsupported byte-level BPE pre-tokenizer "
+                             f"{pre_name!r} (supported: {', '.join(sorted(PRE))})")
+        raw = []
+        for i, (text, t) in enumerate(zip(tokens, types.tolist())):
+            if t in (TT_CONTROL, TT_USER_DEFINED):
+                raw.append(text.encode("utf-8"))
+            else:
+                raw.append(unicode_to_bytes(text, f"{where}: token {i}: "))
+        merges_txt = meta.get("tokenizer.ggml.merges")
+        if merges_txt is None:
+            raise DittoError(f"{where}: byte-level BPE tokenizer without "
+                             f"tokenizer.ggml.merges")
+        index = {text: i for i, text in enumerate(tokens)}
+        merges = []
+        for rank, m in enumerate(merges_txt):
+            parts = m.split(" ")
+            if len(parts) != 2 or parts[0] not in index or parts[1] not in index:
+                raise DittoError(f"{where}: merge {rank} {m!r} does not name two tokens")
+            if parts[0] + parts[1] not in index:
+                raise DittoError(f"{where}: merge {rank} {m!r} makes a token not in the vocab")
+            merges.append((index[parts[0]], index[parts[1]]))
+        return TokenizerSpec(kind="bpe_bytes", tokens=tuple(raw),
+                             scores=np.zeros(n, np.float32), token_types=types,
+                             merges=tuple(merges), pre=PRE[pre_name],
+                             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                             add_space_prefix=False, **common)
+    if model == "llama":
+        scores = meta.get("tokenizer.ggml.scores")
+        if scores is None:
+            raise DittoError(f"{where}: SentencePiece tokenizer without tokenizer.ggml.scores")
+        scores = np.asarray(scores, dtype=np.float32)
+        if scores.shape != (n,):
+            raise DittoError(f"{where}: {len(scores)} scores for {n} tokens")
+        return TokenizerSpec(kind="spm_bpe", tokens=tuple(t.encode("utf-8") for t in tokens),
+                             scores=scores, token_types=types,
+                             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+                             add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix",
+                                                            True)), **common)
+    raise DittoError(f"{where}: unsupported tokenizer model {model!r} (supported: gpt2 "
+                     f"byte-level BPE, llama SentencePiece BPE)")
