@@ -38,13 +38,17 @@ typedef struct {
 } TokenDecoder;
 
 void token_decoder_init(TokenDecoder *d);
-/* Append the bytes of token id to out (capacity cap, >= 64 is always enough for one token's
- * complete characters plus pending bytes); returns bytes written. Control tokens (BOS/EOS...)
- * produce no bytes unless show_special. */
+/* Append the bytes of token id to out (capacity cap; cap >= tokenizer_max_decode_bytes(t) is
+ * always enough, a smaller cap truncates); returns bytes written. Control tokens (BOS/EOS...)
+ * produce no bytes unless show_special. Bytes that are not valid UTF-8 come out as U+FFFD. */
 size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_special, char *out,
                     size_t cap);
 /* Flush bytes still pending at the end (an incomplete character is written as U+FFFD). */
 size_t token_decoder_flush(TokenDecoder *d, char *out, size_t cap);
+
+/* Largest number of bytes one token_decode call can write (SmolLM2 has 162-byte tokens). */
+size_t tokenizer_max_decode_bytes(const Tokenizer *t);
+uint32_t tokenizer_n_tokens(const Tokenizer *t);
 
 int32_t tokenizer_bos(const Tokenizer *t);
 int32_t tokenizer_eos(const Tokenizer *t);

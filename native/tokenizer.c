@@ -1,0 +1,823 @@
+/* tokenizer.c: text <-> token ids for the two tokenizer kinds of docs/FORMAT.md.
+ *
+ * Byte-level BPE (GPT-2, Radford et al. 2019; Sennrich et al. 2016 for BPE): the text is cut
+ * into control-token matches and plain fragments; each fragment is split into words by the
+ * GPT-2 pattern (a hand-written matcher below, no regex library), optionally after isolating
+ * every \p{N} character (SmolLM2); each word starts as one symbol per byte and the adjacent
+ * pair of lowest merge rank is merged until no pair has a rank.
+ *
+ * SentencePiece BPE (Kudo & Richardson 2018; as llama.cpp's SPM tokenizer): spaces become
+ * U+2581, U+2581 is prepended if add_space_prefix, the text starts as one symbol per UTF-8
+ * character and the adjacent pair whose concatenation is a vocabulary piece of highest score
+ * (leftmost on ties) is merged until none is left; symbols without a piece fall back to their
+ * <0xXX> byte tokens (or unk).
+ *
+ * Both merge loops use one binary heap of candidate pairs; a popped candidate is stale (and
+ * skipped) when either side has changed since it was pushed, which the symbol lengths reveal
+ * because symbols only ever grow. O(n log n) per word.
+ */
+#include "tokenizer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "unicode_tables.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* small helpers                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint32_t rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static float rd_f32(const uint8_t *p) {
+    uint32_t u = rd_u32(p);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static size_t pad4(size_t n) { return (n + 3u) & ~(size_t)3u; }
+
+static uint64_t hash_bytes(const uint8_t *s, size_t n) { /* FNV-1a, 64 bit */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t hash_pair(uint32_t a, uint32_t b) {
+    uint64_t h = ((uint64_t)a << 32 | b) * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* UTF-8: length of the sequence a lead byte starts (0 if b cannot start one), and whether byte
+ * b may be continuation number k (1..3) after lead (RFC 3629: no overlongs, no surrogates,
+ * nothing above U+10FFFF). */
+static int utf8_need(uint8_t b) {
+    if (b < 0x80) return 1;
+    if (b >= 0xC2 && b <= 0xDF) return 2;
+    if (b >= 0xE0 && b <= 0xEF) return 3;
+    if (b >= 0xF0 && b <= 0xF4) return 4;
+    return 0;
+}
+
+static int utf8_cont_ok(uint8_t lead, int k, uint8_t b) {
+    if (k == 1) {
+        if (lead == 0xE0) return b >= 0xA0 && b <= 0xBF;
+        if (lead == 0xED) return b >= 0x80 && b <= 0x9F;
+        if (lead == 0xF0) return b >= 0x90 && b <= 0xBF;
+        if (lead == 0xF4) return b >= 0x80 && b <= 0x8F;
+    }
+    return b >= 0x80 && b <= 0xBF;
+}
+
+/* Byte offset of the first invalid UTF-8 sequence in s[0..n), or n if it is all valid. */
+static size_t utf8_invalid_at(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        int need = utf8_need(s[i]);
+        if (need == 0 || i + (size_t)need > n) return i;
+        for (int k = 1; k < need; k++)
+            if (!utf8_cont_ok(s[i], k, s[i + k])) return i;
+        i += (size_t)need;
+    }
+    return n;
+}
+
+/* Decode the (valid) UTF-8 character at s; stores its length in *len. */
+static uint32_t utf8_decode(const uint8_t *s, int *len) {
+    int n = utf8_need(s[0]);
+    *len = n;
+    if (n == 1) return s[0];
+    uint32_t cp = s[0] & (0x7Fu >> n);
+    for (int k = 1; k < n; k++) cp = cp << 6 | (s[k] & 0x3Fu);
+    return cp;
+}
+
+static int char_class(uint32_t cp) {
+    if (cp < 0x80) { /* ASCII fast path, same answers as the table */
+        if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return UC_LETTER;
+        if (cp >= '0' && cp <= '9') return UC_NUMBER;
+        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return UC_SPACE;
+        return UC_OTHER;
+    }
+    return unicode_class(cp);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the tokenizer                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t left, right; /* token ids */
+    uint32_t rank;        /* position in the merge list */
+    int32_t merged;       /* id of text(left) + text(right); -1 marks an empty slot */
+} MergeSlot;
+
+struct Tokenizer {
+    uint32_t kind, pre, n_tokens, chat_format;
+    int32_t bos_id, eos_id, unk_id;
+    int add_space_prefix;
+    float *scores;     /* [n_tokens] */
+    uint32_t *types;   /* [n_tokens] */
+    uint32_t *offsets; /* [n_tokens + 1] into blob */
+    uint8_t *blob;
+    int32_t *vocab;    /* open-addressing hash: token text -> id, -1 empty */
+    size_t vocab_mask;
+    MergeSlot *merges; /* open-addressing hash: (left, right) -> rank, merged id */
+    size_t merge_mask;
+    int32_t byte_id[256]; /* bpe: token of one raw byte; spm: the <0xXX> token; -1 none
+                             (SmolLM2 has no token for 21 bytes, e.g. 0x04 and 0xC0) */
+    int32_t *specials;    /* control + user-defined ids, longest text first */
+    size_t n_specials;
+    size_t max_token_bytes;
+};
+
+static const uint8_t *tok_text(const Tokenizer *t, int32_t id, size_t *len) {
+    *len = t->offsets[id + 1] - t->offsets[id];
+    return t->blob + t->offsets[id];
+}
+
+static int32_t vocab_find(const Tokenizer *t, const uint8_t *s, size_t n) {
+    for (size_t i = hash_bytes(s, n) & t->vocab_mask;; i = (i + 1) & t->vocab_mask) {
+        int32_t id = t->vocab[i];
+        if (id < 0) return -1;
+        size_t len;
+        const uint8_t *txt = tok_text(t, id, &len);
+        if (len == n && memcmp(txt, s, n) == 0) return id;
+    }
+}
+
+static const MergeSlot *merge_find(const Tokenizer *t, int32_t left, int32_t right) {
+    if (!t->merges) return NULL;
+    for (size_t i = hash_pair((uint32_t)left, (uint32_t)right) & t->merge_mask;;
+         i = (i + 1) & t->merge_mask) {
+        const MergeSlot *m = &t->merges[i];
+        if (m->merged < 0) return NULL;
+        if (m->left == (uint32_t)left && m->right == (uint32_t)right) return m;
+    }
+}
+
+void tokenizer_free(Tokenizer *t) {
+    if (!t) return;
+    free(t->scores);
+    free(t->types);
+    free(t->offsets);
+    free(t->blob);
+    free(t->vocab);
+    free(t->merges);
+    free(t->specials);
+    free(t);
+}
+
+static const Tokenizer *g_sort_tok; /* qsort has no context argument in C11 */
+
+static int cmp_special(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    size_t lx, ly;
+    tok_text(g_sort_tok, x, &lx);
+    tok_text(g_sort_tok, y, &ly);
+    if (lx != ly) return lx > ly ? -1 : 1; /* longest first */
+    return (x > y) - (x < y);
+}
+
+/* Parse the byte hex digits of a "<0xXX>" piece; -1 if text is not of that form. */
+static int parse_byte_piece(const uint8_t *s, size_t n) {
+    if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>') return -1;
+    int v = 0;
+    for (int k = 3; k < 5; k++) {
+        int c = s[k], d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_vocab, char *err,
+                         size_t errlen) {
+    const size_t H = sizeof(DittoTokenizerHeader);
+    if (!block || block_len < H) {
+        set_err(err, errlen, "tokenizer block: %zu bytes, the header alone needs %zu",
+                block_len, H);
+        return NULL;
+    }
+    uint32_t kind = rd_u32(block + 0), pre = rd_u32(block + 4), n = rd_u32(block + 8);
+    uint32_t n_merges = rd_u32(block + 12);
+    int32_t bos = (int32_t)rd_u32(block + 16), eos = (int32_t)rd_u32(block + 20);
+    int32_t unk = (int32_t)rd_u32(block + 24);
+    uint32_t add_space_prefix = rd_u32(block + 36), chat = rd_u32(block + 40);
+    uint32_t blob_bytes = rd_u32(block + 44), template_bytes = rd_u32(block + 48);
+
+    if (kind != DITTO_TOK_BPE_BYTES && kind != DITTO_TOK_SPM_BPE) {
+        set_err(err, errlen, "tokenizer block: unknown kind %u", kind);
+        return NULL;
+    }
+    if (pre > DITTO_PRE_GPT2_DIGITS) {
+        set_err(err, errlen, "tokenizer block: unknown pre-tokenizer %u", pre);
+        return NULL;
+    }
+    if (n == 0 || n != n_vocab) {
+        set_err(err, errlen, "tokenizer block: %u tokens but the config's vocab_size is %u", n,
+                n_vocab);
+        return NULL;
+    }
+    int32_t ids[3] = {bos, eos, unk};
+    for (int k = 0; k < 3; k++) {
+        if (ids[k] < -1 || ids[k] >= (int32_t)n) {
+            set_err(err, errlen, "tokenizer block: special id %d outside [-1, %u)", ids[k], n);
+            return NULL;
+        }
+    }
+    /* section sizes in 64-bit arithmetic: no overflow for any u32 field values */
+    uint64_t need = (uint64_t)H + 4ull * n + 4ull * n + 4ull * ((uint64_t)n + 1) +
+                    pad4(blob_bytes) + 8ull * n_merges + pad4(template_bytes);
+    if (need > block_len) {
+        set_err(err, errlen, "tokenizer block: needs %llu bytes, only %zu present",
+                (unsigned long long)need, block_len);
+        return NULL;
+    }
+
+    Tokenizer *t = calloc(1, sizeof *t);
+    if (!t) goto oom;
+    t->kind = kind;
+    t->pre = pre;
+    t->n_tokens = n;
+    t->chat_format = chat;
+    t->bos_id = bos;
+    t->eos_id = eos;
+    t->unk_id = unk;
+    t->add_space_prefix = add_space_prefix != 0;
+    t->scores = malloc(sizeof(float) * n);
+    t->types = malloc(sizeof(uint32_t) * n);
+    t->offsets = malloc(sizeof(uint32_t) * ((size_t)n + 1));
+    t->blob = malloc(blob_bytes ? blob_bytes : 1);
+    if (!t->scores || !t->types || !t->offsets || !t->blob) goto oom;
+
+    const uint8_t *p = block + H;
+    for (uint32_t i = 0; i < n; i++) t->scores[i] = rd_f32(p + 4 * (size_t)i);
+    p += 4 * (size_t)n;
+    for (uint32_t i = 0; i < n; i++) {
+        t->types[i] = rd_u32(p + 4 * (size_t)i);
+        if (t->types[i] < DITTO_TT_NORMAL || t->types[i] > DITTO_TT_BYTE) {
+            set_err(err, errlen, "tokenizer block: token %u has unknown type %u", i,
+                    t->types[i]);
+            goto fail;
+        }
+    }
+    p += 4 * (size_t)n;
+    for (uint32_t i = 0; i <= n; i++) {
+        t->offsets[i] = rd_u32(p + 4 * (size_t)i);
+        if ((i == 0 && t->offsets[0] != 0) || (i > 0 && t->offsets[i] < t->offsets[i - 1]) ||
+            t->offsets[i] > blob_bytes || (i == n && t->offsets[n] != blob_bytes)) {
+            set_err(err, errlen, "tokenizer block: token offsets are not increasing within the "
+                    "%u-byte text blob (at token %u)", blob_bytes, i);
+            goto fail;
+        }
+        if (i > 0 && t->offsets[i] - t->offsets[i - 1] > t->max_token_bytes)
+            t->max_token_bytes = t->offsets[i] - t->offsets[i - 1];
+    }
+    p += 4 * ((size_t)n + 1);
+    memcpy(t->blob, p, blob_bytes);
+    p += pad4(blob_bytes);
+
+    /* vocabulary hash; on duplicate texts the lowest id wins */
+    size_t cap = pow2_at_least(2 * (size_t)n);
+    t->vocab = malloc(sizeof(int32_t) * cap);
+    if (!t->vocab) goto oom;
+    memset(t->vocab, 0xFF, sizeof(int32_t) * cap);
+    t->vocab_mask = cap - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len;
+        const uint8_t *s = tok_text(t, (int32_t)i, &len);
+        if (vocab_find(t, s, len) >= 0) continue;
+        size_t h = hash_bytes(s, len) & t->vocab_mask;
+        while (t->vocab[h] >= 0) h = (h + 1) & t->vocab_mask;
+        t->vocab[h] = (int32_t)i;
+    }
+
+    /* merges hash (byte-level BPE); a repeated pair keeps its first (lowest) rank */
+    if (n_merges > 0) {
+        size_t mcap = pow2_at_least(2 * (size_t)n_merges);
+        t->merges = malloc(sizeof(MergeSlot) * mcap);
+        if (!t->merges) goto oom;
+        for (size_t i = 0; i < mcap; i++) t->merges[i].merged = -1;
+        t->merge_mask = mcap - 1;
+        uint8_t *buf = malloc(2 * t->max_token_bytes + 1);
+        if (!buf) goto oom;
+        for (uint32_t r = 0; r < n_merges; r++) {
+            uint32_t l = rd_u32(p + 8 * (size_t)r), rt = rd_u32(p + 8 * (size_t)r + 4);
+            if (l >= n || rt >= n) {
+                set_err(err, errlen, "tokenizer block: merge %u refers to token %u >= %u", r,
+                        l >= n ? l : rt, n);
+                free(buf);
+                goto fail;
+            }
+            size_t la, lb;
+            const uint8_t *a = tok_text(t, (int32_t)l, &la), *b = tok_text(t, (int32_t)rt, &lb);
+            memcpy(buf, a, la);
+            memcpy(buf + la, b, lb);
+            int32_t merged = vocab_find(t, buf, la + lb);
+            if (merged < 0) {
+                set_err(err, errlen, "tokenizer block: merge %u (%u, %u): no token has the "
+                        "concatenated text", r, l, rt);
+                free(buf);
+                goto fail;
+            }
+            if (merge_find(t, (int32_t)l, (int32_t)rt)) continue;
+            size_t h = hash_pair(l, rt) & t->merge_mask;
+            while (t->merges[h].merged >= 0) h = (h + 1) & t->merge_mask;
+            t->merges[h] = (MergeSlot){l, rt, r, merged};
+        }
+        free(buf);
+    }
+
+    /* initial symbols: one per byte */
+    for (int b = 0; b < 256; b++) {
+        if (kind == DITTO_TOK_BPE_BYTES) {
+            uint8_t c = (uint8_t)b;
+            t->byte_id[b] = vocab_find(t, &c, 1);
+        } else {
+            t->byte_id[b] = -1;
+        }
+    }
+    if (kind == DITTO_TOK_SPM_BPE) {
+        for (uint32_t i = 0; i < n; i++) {
+            if (t->types[i] != DITTO_TT_BYTE) continue;
+            size_t len;
+            const uint8_t *s = tok_text(t, (int32_t)i, &len);
+            int v = parse_byte_piece(s, len);
+            if (v < 0) {
+                set_err(err, errlen, "tokenizer block: byte token %u is not of the form <0xXX>",
+                        i);
+                goto fail;
+            }
+            if (t->byte_id[v] < 0) t->byte_id[v] = (int32_t)i;
+        }
+    }
+
+    /* control and user-defined tokens, matched longest first when parse_special is on */
+    t->specials = malloc(sizeof(int32_t) * n);
+    if (!t->specials) goto oom;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((t->types[i] == DITTO_TT_CONTROL || t->types[i] == DITTO_TT_USER_DEFINED) &&
+            t->offsets[i + 1] > t->offsets[i])
+            t->specials[t->n_specials++] = (int32_t)i;
+    }
+    g_sort_tok = t;
+    qsort(t->specials, t->n_specials, sizeof(int32_t), cmp_special);
+    g_sort_tok = NULL;
+    return t;
+
+oom:
+    set_err(err, errlen, "tokenizer: out of memory");
+fail:
+    tokenizer_free(t);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* encoding                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t id;         /* token id of the symbol (-1: SentencePiece char without a piece) */
+    int32_t prev, next; /* neighbours in the word, -1 at the ends */
+    uint32_t start;     /* byte offset in the word */
+    uint32_t len;       /* byte length; 0 once merged into its left neighbour */
+} Symbol;
+
+typedef struct {
+    double key;       /* lower pops first: merge rank, or -score */
+    int32_t left;     /* symbol index */
+    int32_t right;    /* symbol index */
+    uint32_t size;    /* len(left) + len(right) when pushed: detects stale candidates */
+    int32_t merged;   /* id of the merged token */
+} Candidate;
+
+typedef struct { /* everything encode needs, sized for the whole input once */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    Symbol *syms;
+    Candidate *heap;
+    size_t n_heap;
+    uint32_t *cps;  /* code points of a fragment */
+    uint32_t *offs; /* byte offset of each code point, plus one past the end */
+    uint8_t *buf;   /* SentencePiece: escaped fragment */
+} Work;
+
+static int push_id(Work *w, int32_t id) {
+    if (w->n_ids == w->cap_ids) {
+        size_t cap = w->cap_ids ? 2 * w->cap_ids : 64;
+        int32_t *p = realloc(w->ids, sizeof(int32_t) * cap);
+        if (!p) return -1;
+        w->ids = p;
+        w->cap_ids = cap;
+    }
+    w->ids[w->n_ids++] = id;
+    return 0;
+}
+
+static int cand_less(const Candidate *a, const Candidate *b) {
+    if (a->key != b->key) return a->key < b->key;
+    return a->left < b->left; /* leftmost on ties */
+}
+
+static void heap_push(Work *w, Candidate c) {
+    size_t i = w->n_heap++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!cand_less(&c, &w->heap[parent])) break;
+        w->heap[i] = w->heap[parent];
+        i = parent;
+    }
+    w->heap[i] = c;
+}
+
+static Candidate heap_pop(Work *w) {
+    Candidate top = w->heap[0], last = w->heap[--w->n_heap];
+    size_t i = 0, n = w->n_heap;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && cand_less(&w->heap[c + 1], &w->heap[c])) c++;
+        if (!cand_less(&w->heap[c], &last)) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n > 0) w->heap[i] = last;
+    return top;
+}
+
+/* Push the pair (left, right) of adjacent symbols if it can merge. */
+static void try_pair(const Tokenizer *t, Work *w, const uint8_t *word, int32_t left,
+                     int32_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol *a = &w->syms[left], *b = &w->syms[right];
+    Candidate c = {0, left, right, a->len + b->len, -1};
+    if (t->kind == DITTO_TOK_BPE_BYTES) {
+        if (a->id < 0 || b->id < 0) return;
+        const MergeSlot *m = merge_find(t, a->id, b->id);
+        if (!m) return;
+        c.key = m->rank;
+        c.merged = m->merged;
+    } else {
+        /* as sentencepiece's bpe_model.cc: only normal, user-defined and unused pieces are
+         * merge results, never control, unknown or byte pieces */
+        int32_t id = vocab_find(t, word + a->start, a->len + b->len);
+        if (id < 0 || t->types[id] == DITTO_TT_CONTROL || t->types[id] == DITTO_TT_UNKNOWN ||
+            t->types[id] == DITTO_TT_BYTE)
+            return;
+        c.key = -(double)t->scores[id];
+        c.merged = id;
+    }
+    heap_push(w, c);
+}
+
+/* Merge the symbols of one word (already initialised in w->syms[0..n)) until no candidate is
+ * left. */
+static void merge_word(const Tokenizer *t, Work *w, const uint8_t *word, int32_t n) {
+    w->n_heap = 0;
+    for (int32_t i = 0; i + 1 < n; i++) try_pair(t, w, word, i, i + 1);
+    while (w->n_heap > 0) {
+        Candidate c = heap_pop(w);
+        Symbol *a = &w->syms[c.left], *b = &w->syms[c.right];
+        if (a->len == 0 || b->len == 0 || a->next != c.right || a->len + b->len != c.size)
+            continue; /* stale: one side changed since the candidate was pushed */
+        a->id = c.merged;
+        a->len += b->len;
+        b->len = 0;
+        a->next = b->next;
+        if (b->next >= 0) w->syms[b->next].prev = c.left;
+        try_pair(t, w, word, a->prev, c.left);
+        try_pair(t, w, word, c.left, a->next);
+    }
+}
+
+/* Byte-level BPE of one pre-tokenized word. */
+static int bpe_word(const Tokenizer *t, Work *w, const uint8_t *word, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        w->syms[i] = (Symbol){t->byte_id[word[i]], (int32_t)i - 1,
+                              i + 1 < n ? (int32_t)i + 1 : -1, (uint32_t)i, 1};
+    merge_word(t, w, word, (int32_t)n);
+    for (int32_t i = 0; i >= 0; i = w->syms[i].next) /* a byte without a token is dropped, */
+        if (w->syms[i].id >= 0 && push_id(w, w->syms[i].id)) return -1; /* as HF and llama.cpp */
+    return 0;
+}
+
+/* End (exclusive) of the GPT-2 pattern's match at code point i of cp[0..end):
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static size_t gpt2_match(const uint32_t *cp, size_t i, size_t end) {
+    if (cp[i] == '\'' && i + 1 < end) { /* contractions, lower case only as in GPT-2 */
+        uint32_t a = cp[i + 1], b = i + 2 < end ? cp[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+            return i + 3;
+    }
+    size_t k = i;
+    int cls = char_class(cp[i]);
+    if (cp[i] == ' ' && i + 1 < end && char_class(cp[i + 1]) != UC_SPACE) {
+        k = i + 1; /* the optional leading space of the three run alternatives */
+        cls = char_class(cp[k]);
+    }
+    if (cls != UC_SPACE) { /* ?\p{L}+ | ?\p{N}+ | ?[^\s\p{L}\p{N}]+ */
+        size_t j = k + 1;
+        while (j < end && char_class(cp[j]) == cls) j++;
+        return j;
+    }
+    size_t j = i + 1; /* whitespace run */
+    while (j < end && char_class(cp[j]) == UC_SPACE) j++;
+    if (j == end) return j;         /* \s+(?!\S) at the end */
+    if (j - i >= 2) return j - 1;   /* \s+(?!\S): leave the last space to the next word */
+    return j;                       /* \s+ */
+}
+
+/* Split cp[a..b) by the GPT-2 pattern and BPE each word. frag: the fragment's bytes. */
+static int gpt2_words(const Tokenizer *t, Work *w, const uint8_t *frag, size_t a, size_t b) {
+    for (size_t i = a; i < b;) {
+        size_t j = gpt2_match(w->cps, i, b);
+        if (bpe_word(t, w, frag + w->offs[i], w->offs[j] - w->offs[i])) return -1;
+        i = j;
+    }
+    return 0;
+}
+
+static int encode_bpe_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, size_t len) {
+    if (t->pre == DITTO_PRE_NONE) return bpe_word(t, w, frag, len);
+    size_t n = 0;
+    for (size_t i = 0; i < len; n++) {
+        int l;
+        w->offs[n] = (uint32_t)i;
+        w->cps[n] = utf8_decode(frag + i, &l);
+        i += (size_t)l;
+    }
+    w->offs[n] = (uint32_t)len;
+    if (t->pre == DITTO_PRE_GPT2) return gpt2_words(t, w, frag, 0, n);
+    /* gpt2_digits: every \p{N} character is a word of its own, the GPT-2 pattern splits the
+     * runs between them (HF Digits(individual_digits=True) then ByteLevel) */
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (char_class(w->cps[i]) != UC_NUMBER) continue;
+        if (gpt2_words(t, w, frag, run, i)) return -1;
+        if (bpe_word(t, w, frag + w->offs[i], w->offs[i + 1] - w->offs[i])) return -1;
+        run = i + 1;
+    }
+    return gpt2_words(t, w, frag, run, n);
+}
+
+static int encode_spm_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, size_t len,
+                               int prefix_space) {
+    /* escape: ' ' -> U+2581 (E2 96 81), optionally prefixed */
+    uint8_t *s = w->buf;
+    size_t n = 0;
+    for (size_t i = 0; i < len + (prefix_space ? 1 : 0); i++) {
+        uint8_t c = prefix_space ? (i == 0 ? ' ' : frag[i - 1]) : frag[i];
+        if (c == ' ') {
+            s[n++] = 0xE2;
+            s[n++] = 0x96;
+            s[n++] = 0x81;
+        } else {
+            s[n++] = c;
+        }
+    }
+    int32_t n_sym = 0;
+    for (size_t i = 0; i < n; n_sym++) {
+        int l = utf8_need(s[i]);
+        w->syms[n_sym] = (Symbol){-1, n_sym - 1, -1, (uint32_t)i, (uint32_t)l};
+        if (n_sym > 0) w->syms[n_sym - 1].next = n_sym;
+        i += (size_t)l;
+    }
+    merge_word(t, w, s, n_sym);
+    for (int32_t i = 0; i >= 0 && n_sym > 0; i = w->syms[i].next) {
+        const Symbol *y = &w->syms[i];
+        int32_t id = vocab_find(t, s + y->start, y->len);
+        if (id >= 0) {
+            if (push_id(w, id)) return -1;
+            continue;
+        }
+        for (uint32_t k = 0; k < y->len; k++) { /* byte fallback */
+            int32_t b = t->byte_id[s[y->start + k]];
+            if (b < 0) { /* no byte tokens: one unk for the character */
+                if (t->unk_id >= 0 && push_id(w, t->unk_id)) return -1;
+                break;
+            }
+            if (push_id(w, b)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int encode_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, size_t len,
+                           int after_special) {
+    if (len == 0) return 0;
+    if (t->kind == DITTO_TOK_BPE_BYTES) return encode_bpe_fragment(t, w, frag, len);
+    return encode_spm_fragment(t, w, frag, len, t->add_space_prefix && after_special);
+}
+
+/* id of the longest control/user-defined token whose text starts s[0..n), its length in *len */
+static int32_t special_at(const Tokenizer *t, const uint8_t *s, size_t n, size_t *len) {
+    for (size_t k = 0; k < t->n_specials; k++) {
+        int32_t id = t->specials[k];
+        size_t l;
+        const uint8_t *txt = tok_text(t, id, &l);
+        if (l <= n && txt[0] == s[0] && memcmp(txt, s, l) == 0) {
+            *len = l;
+            return id;
+        }
+    }
+    return -1;
+}
+
+long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
+                      int add_bos, int32_t *ids, size_t max_ids, char *err, size_t errlen) {
+    const uint8_t *s = (const uint8_t *)text;
+    if (len > 0 && !text) {
+        set_err(err, errlen, "tokenizer: NULL text");
+        return -1;
+    }
+    if (len >= UINT32_MAX / 4) {
+        set_err(err, errlen, "tokenizer: text of %zu bytes is too long", len);
+        return -1;
+    }
+    size_t bad = utf8_invalid_at(s, len);
+    if (bad < len) {
+        set_err(err, errlen, "invalid UTF-8 in the text at byte offset %zu (byte 0x%02X)", bad,
+                s[bad]);
+        return -1;
+    }
+    Work w = {0};
+    size_t cap = len + 2; /* symbols, code points: at most one per byte (+ prefix space) */
+    w.syms = malloc(sizeof(Symbol) * cap);
+    w.heap = malloc(sizeof(Candidate) * 3 * cap); /* n-1 initial pairs + 2 per merge */
+    w.cps = malloc(sizeof(uint32_t) * cap);
+    w.offs = malloc(sizeof(uint32_t) * cap);
+    w.buf = malloc(3 * cap);
+    long result = -1;
+    if (!w.syms || !w.heap || !w.cps || !w.offs || !w.buf) goto oom;
+
+    if (add_bos && t->bos_id >= 0 && push_id(&w, t->bos_id)) goto oom;
+    size_t start = 0;
+    int after_special = 1; /* SentencePiece: the prefix space goes before each plain fragment
+                              that starts the text or follows a special token (as llama.cpp) */
+    for (size_t i = 0; parse_special && i < len;) {
+        size_t l;
+        int32_t id = special_at(t, s + i, len - i, &l);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        if (i > start) {
+            if (encode_fragment(t, &w, s + start, i - start, after_special)) goto oom;
+        }
+        if (push_id(&w, id)) goto oom;
+        i += l;
+        start = i;
+        after_special = 1;
+    }
+    if (encode_fragment(t, &w, s + start, len - start, after_special)) goto oom;
+
+    for (size_t i = 0; i < w.n_ids && i < max_ids; i++) ids[i] = w.ids[i];
+    result = (long)w.n_ids;
+    goto done;
+oom:
+    set_err(err, errlen, "tokenizer: out of memory");
+done:
+    free(w.ids);
+    free(w.syms);
+    free(w.heap);
+    free(w.cps);
+    free(w.offs);
+    free(w.buf);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* decoding                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+void token_decoder_init(TokenDecoder *d) {
+    memset(d, 0, sizeof *d);
+    d->at_start = 1;
+}
+
+typedef struct {
+    char *out;
+    size_t cap, n;
+} Out;
+
+static void put_bytes(Out *o, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n && o->n < o->cap; i++) o->out[o->n++] = (char)b[i];
+}
+
+static void put_replacement(Out *o) {
+    static const uint8_t fffd[3] = {0xEF, 0xBF, 0xBD};
+    if (o->n + 3 <= o->cap) put_bytes(o, fffd, 3);
+}
+
+/* Feed one byte through the UTF-8 assembler: complete characters go to o, invalid bytes and
+ * cut-off sequences become U+FFFD. */
+static void feed_byte(TokenDecoder *d, Out *o, uint8_t b) {
+    if (d->n_pending > 0) {
+        if (utf8_cont_ok(d->pending[0], d->n_pending, b)) {
+            d->pending[d->n_pending++] = b;
+            if (d->n_pending == utf8_need(d->pending[0])) {
+                if (o->n + (size_t)d->n_pending <= o->cap)
+                    put_bytes(o, d->pending, (size_t)d->n_pending);
+                d->n_pending = 0;
+            }
+            return;
+        }
+        put_replacement(o); /* the pending character was cut off; b starts afresh */
+        d->n_pending = 0;
+    }
+    int need = utf8_need(b);
+    if (need == 1) {
+        put_bytes(o, &b, 1);
+    } else if (need == 0) {
+        put_replacement(o);
+    } else {
+        d->pending[0] = b;
+        d->n_pending = 1;
+    }
+}
+
+static void feed(TokenDecoder *d, Out *o, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++) feed_byte(d, o, b[i]);
+}
+
+size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_special, char *out,
+                    size_t cap) {
+    Out o = {out, cap, 0};
+    if (id < 0 || (uint32_t)id >= t->n_tokens) return 0;
+    size_t len;
+    const uint8_t *s = tok_text(t, id, &len);
+    uint32_t type = t->types[id];
+    if (type == DITTO_TT_CONTROL || type == DITTO_TT_UNKNOWN || type == DITTO_TT_UNUSED) {
+        if (show_special) feed(d, &o, s, len);
+        return o.n;
+    }
+    int drop_space = d->at_start && t->kind == DITTO_TOK_SPM_BPE && t->add_space_prefix;
+    d->at_start = 0;
+    if (t->kind == DITTO_TOK_BPE_BYTES) {
+        feed(d, &o, s, len);
+        return o.n;
+    }
+    if (type == DITTO_TT_BYTE) {
+        uint8_t b = (uint8_t)parse_byte_piece(s, len); /* validated in tokenizer_new */
+        if (!(drop_space && b == ' ')) feed(d, &o, &b, 1);
+        return o.n;
+    }
+    if (type == DITTO_TT_USER_DEFINED) {
+        feed(d, &o, s, len);
+        return o.n;
+    }
+    for (size_t i = 0; i < len;) { /* SentencePiece piece: U+2581 -> ' ' */
+        if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+            if (!(drop_space && i == 0)) feed_byte(d, &o, ' ');
+            i += 3;
+        } else {
+            feed_byte(d, &o, s[i++]);
+        }
+    }
+    return o.n;
+}
+
+size_t token_decoder_flush(TokenDecoder *d, char *out, size_t cap) {
+    Out o = {out, cap, 0};
+    if (d->n_pending > 0) put_replacement(&o);
+    d->n_pending = 0;
+    return o.n;
+}
+
+size_t tokenizer_max_decode_bytes(const Tokenizer *t) {
+    /* worst case: every byte of the longest token plus a pending character becomes U+FFFD */
+    return 3 * (t->max_token_bytes + 4);
+}
+
+int32_t tokenizer_bos(const Tokenizer *t) { return t->bos_id; }
+int32_t tokenizer_eos(const Tokenizer *t) { return t->eos_id; }
+uint32_t tokenizer_chat_format(const Tokenizer *t) { return t->chat_format; }
+uint32_t tokenizer_n_tokens(const Tokenizer *t) { return t->n_tokens; }
+
+int32_t tokenizer_find(const Tokenizer *t, const char *text) {
+    return vocab_find(t, (const uint8_t *)text, strlen(text));
+}
