@@ -1,0 +1,578 @@
+/* main.c: command-line inference program for Ditto model files.
+ *
+ *   ditto-run -m MODEL.ditto -p "prompt" [-n 256] [--temp 0.8] [--top-p 0.9] [--seed S]
+ *
+ * See native/README.md for every flag, the token file format and the exit codes.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "forward.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+/* exit codes (documented in native/README.md) */
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_MODEL = 2, EXIT_PROMPT = 3, EXIT_IO = 4, EXIT_OOM = 5 };
+
+static const char *prog = "ditto-run";
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: %s -m MODEL (-p PROMPT | -f FILE | --ids FILE) [options]\n"
+            "       %s -m MODEL --score TOKENS_FILE\n"
+            "  -m FILE            Ditto model file (.ditto)\n"
+            "  -p PROMPT          prompt text (UTF-8)\n"
+            "  -f FILE            read the prompt from FILE, byte-exact\n"
+            "  --ids FILE         prompt given as token ids (token file format below)\n"
+            "  -n N               generate at most N tokens (N > 0, default 256)\n"
+            "  --temp T           temperature, 0 = greedy (default 0.8)\n"
+            "  --top-p P          nucleus sampling mass in (0, 1]; 1 = off (default 0.9)\n"
+            "  --seed S           PRNG seed (default: from the clock, printed to stderr)\n"
+            "  --threads T        OpenMP threads (default: all cores)\n"
+            "  --ctx C            KV cache positions (default: prompt + N, at most max_seq_len)\n"
+            "  --chat             wrap the prompt in the model's chat template (ChatML)\n"
+            "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
+            "                     --tokens and --chat default to no BOS)\n"
+            "  --special          parse control-token texts such as <|im_start|> in the prompt\n"
+            "  --tokens           print the prompt's token ids as a JSON list and exit\n"
+            "  --score FILE       teacher-forced log-probabilities of the tokens in FILE (JSON)\n"
+            "  --dump-logits FILE write float32 logits [n_prompt_tokens, vocab] and exit\n"
+            "  --print-ids        print generated token ids as a JSON list instead of text\n"
+            "token file: token ids separated by whitespace, commas or brackets (a JSON list works)\n"
+            "exit codes: 0 ok, 1 usage, 2 bad model file, 3 bad prompt or token file,\n"
+            "            4 I/O error, 5 out of memory\n",
+            prog, prog);
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "%s: ", prog);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(run %s --help for usage)\n", prog);
+    return EXIT_USAGE;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- number parsing */
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- files */
+
+/* Read a whole file; returns NULL with errno set on failure. *len gets its size. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            errno = ENOMEM;
+        }
+        buf = nb;
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+        errno = EIO;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* Parse a token file: ids separated by whitespace, commas, '[' or ']'. Returns the count, or
+ * -1 with a message in err. *ids is malloc'd. */
+static long parse_token_file(const char *path, const char *text, size_t len, uint32_t vocab,
+                             int32_t **ids, char *err, size_t errlen) {
+    long n = 0, cap = 64;
+    int32_t *v = malloc((size_t)cap * sizeof(int32_t));
+    if (!v) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t i = 0;
+    while (i < len) {
+        char c = text[i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']') {
+            i++;
+            continue;
+        }
+        if (c < '0' || c > '9') {
+            snprintf(err, errlen, "%s: unexpected character '%c' at byte %zu (expected token ids)",
+                     path, c, i);
+            free(v);
+            return -1;
+        }
+        uint64_t id = 0;
+        while (i < len && text[i] >= '0' && text[i] <= '9') {
+            id = id * 10 + (uint64_t)(text[i] - '0');
+            if (id > vocab) id = vocab; /* saturate: reported below */
+            i++;
+        }
+        if (id >= vocab) {
+            snprintf(err, errlen, "%s: token id at byte %zu is out of range (vocab_size=%u)",
+                     path, i, vocab);
+            free(v);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int32_t));
+            if (!nv) {
+                free(v);
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = (int32_t)id;
+    }
+    *ids = v;
+    return n;
+}
+
+/* Write data atomically: a temporary file in the same directory, then rename. */
+static int write_atomic(const char *path, const void *data, size_t len) {
+    size_t plen = strlen(path) + 32;
+    char *tmp = malloc(plen);
+    if (!tmp) return -1;
+    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int ok = f != NULL;
+    if (ok) ok = fwrite(data, 1, len, f) == len;
+    if (f && fclose(f) != 0) ok = 0;
+    if (ok) ok = rename(tmp, path) == 0;
+    int saved = errno;
+    if (!ok) unlink(tmp);
+    free(tmp);
+    errno = saved;
+    return ok ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- prompt encoding */
+
+/* Append the tokens of text to *ids (growing it). Returns 0, or -1 with err filled. */
+static int encode_append(const Tokenizer *tok, const char *text, size_t len, int special,
+                         int bos, int32_t **ids, long *n, long *cap, char *err, size_t errlen) {
+    long need = tokenizer_encode(tok, text, len, special, bos, *ids + *n, (size_t)(*cap - *n),
+                                 err, errlen);
+    if (need < 0) return -1;
+    if (need > *cap - *n) {
+        long ncap = *n + need;
+        int32_t *nv = realloc(*ids, (size_t)ncap * sizeof(int32_t));
+        if (!nv) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        *ids = nv;
+        *cap = ncap;
+        need = tokenizer_encode(tok, text, len, special, bos, *ids + *n, (size_t)(*cap - *n),
+                                err, errlen);
+        if (need < 0) return -1;
+    }
+    *n += need;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- main */
+
+typedef struct {
+    const char *model_path, *prompt, *prompt_file, *ids_file, *score_file, *dump_file;
+    long n_gen, threads, ctx;
+    float temp, topp;
+    uint64_t seed;
+    int seed_given, chat, bos, special, tokens_only, print_ids; /* bos: -1 default, 0, 1 */
+} Args;
+
+static int parse_args(int argc, char **argv, Args *a) {
+    memset(a, 0, sizeof *a);
+    a->n_gen = 256;
+    a->temp = 0.8f;
+    a->topp = 0.9f;
+    a->bos = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        /* flags without a value */
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(EXIT_OK);
+        } else if (!strcmp(o, "--chat")) { a->chat = 1; continue; }
+        else if (!strcmp(o, "--bos")) { a->bos = 1; continue; }
+        else if (!strcmp(o, "--no-bos")) { a->bos = 0; continue; }
+        else if (!strcmp(o, "--special")) { a->special = 1; continue; }
+        else if (!strcmp(o, "--tokens")) { a->tokens_only = 1; continue; }
+        else if (!strcmp(o, "--print-ids")) { a->print_ids = 1; continue; }
+        /* flags with a value */
+        static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
+            "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
+            known |= !strcmp(o, with_value[k]);
+        if (!known) return usage_error("unknown flag '%s'", o);
+        if (i + 1 >= argc) return usage_error("flag '%s' needs a value", o);
+        const char *v = argv[++i];
+        if (!strcmp(o, "-m")) a->model_path = v;
+        else if (!strcmp(o, "-p")) a->prompt = v;
+        else if (!strcmp(o, "-f")) a->prompt_file = v;
+        else if (!strcmp(o, "--ids")) a->ids_file = v;
+        else if (!strcmp(o, "--score")) a->score_file = v;
+        else if (!strcmp(o, "--dump-logits")) a->dump_file = v;
+        else if (!strcmp(o, "-n")) {
+            if (parse_long(v, 1, 1L << 30, &a->n_gen))
+                return usage_error("-n must be a positive integer, got '%s'", v);
+        } else if (!strcmp(o, "--threads")) {
+            if (parse_long(v, 1, 1024, &a->threads))
+                return usage_error("--threads must be an integer in 1..1024, got '%s'", v);
+        } else if (!strcmp(o, "--ctx")) {
+            if (parse_long(v, 1, 1L << 24, &a->ctx))
+                return usage_error("--ctx must be a positive integer, got '%s'", v);
+        } else if (!strcmp(o, "--temp")) {
+            if (parse_float(v, &a->temp) || a->temp < 0.0f)
+                return usage_error("--temp must be a number >= 0, got '%s'", v);
+        } else if (!strcmp(o, "--top-p")) {
+            if (parse_float(v, &a->topp) || a->topp <= 0.0f || a->topp > 1.0f)
+                return usage_error("--top-p must be in (0, 1], got '%s'", v);
+        } else if (!strcmp(o, "--seed")) {
+            char *end;
+            errno = 0;
+            a->seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-')
+                return usage_error("--seed must be a non-negative integer, got '%s'", v);
+            a->seed_given = 1;
+        }
+    }
+    if (!a->model_path) return usage_error("%s", "missing -m MODEL");
+    int n_src = (a->prompt != NULL) + (a->prompt_file != NULL) + (a->ids_file != NULL);
+    if (n_src > 1) return usage_error("%s", "give only one of -p, -f and --ids");
+    if (a->score_file && n_src)
+        return usage_error("%s", "--score takes its tokens from its file; drop -p/-f/--ids");
+    if (!a->score_file && n_src == 0)
+        return usage_error("%s", "missing prompt: give -p PROMPT, -f FILE or --ids FILE");
+    if (a->tokens_only && a->ids_file)
+        return usage_error("%s", "--tokens needs a text prompt (-p or -f)");
+    if (a->chat && a->ids_file) return usage_error("%s", "--chat needs a text prompt (-p or -f)");
+    return -1;
+}
+
+/* Log of the stats line on stderr (machine-readable for bench/bench_runtime.py). */
+static void print_stats(double load_s, long n_prompt, double prompt_s, double ttft_s,
+                        long n_gen, double gen_s, long ctx) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    double tps = (n_gen > 1 && gen_s > 0) ? (double)(n_gen - 1) / gen_s : 0.0;
+    fprintf(stderr,
+            "%s: prompt %ld tokens, time to first token %.1f ms, %ld tokens generated, "
+            "%.2f tok/s\n",
+            prog, n_prompt, ttft_s * 1e3, n_gen, tps);
+    fprintf(stderr,
+            "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
+            "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
+            "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld}\n",
+            load_s * 1e3, n_prompt, prompt_s * 1e3, ttft_s * 1e3, n_gen, gen_s * 1e3, tps,
+            threads, ctx);
+}
+
+int main(int argc, char **argv) {
+    Args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+#ifdef _OPENMP
+    if (a.threads > 0) omp_set_num_threads((int)a.threads);
+#endif
+    char err[1024] = "";
+    double t_start = now_s();
+
+    Model model;
+    if (model_open(&model, a.model_path, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", prog, err);
+        return EXIT_MODEL;
+    }
+    const DittoConfig *cfg = &model.config;
+    Tokenizer *tok = tokenizer_new(model.tokenizer_block, model.tokenizer_block_len,
+                                   cfg->vocab_size, err, sizeof err);
+    if (!tok) {
+        fprintf(stderr, "%s: error: %s: tokenizer: %s\n", prog, a.model_path, err);
+        model_close(&model);
+        return EXIT_MODEL;
+    }
+
+    int32_t *ids = NULL;
+    long n_ids = 0, cap = 0;
+    rc = EXIT_OK;
+    RunState state;
+    memset(&state, 0, sizeof state);
+    Sampler sampler;
+    memset(&sampler, 0, sizeof sampler);
+    int32_t *gen_ids = NULL;
+    float *dump = NULL;
+
+    /* ---- the input tokens */
+    const char *token_path = a.score_file ? a.score_file : a.ids_file;
+    if (token_path) {
+        size_t len;
+        char *text = read_file(token_path, &len);
+        if (!text) {
+            fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, token_path, strerror(errno));
+            rc = EXIT_IO;
+            goto done;
+        }
+        n_ids = parse_token_file(token_path, text, len, cfg->vocab_size, &ids, err, sizeof err);
+        free(text);
+        if (n_ids < 0) {
+            fprintf(stderr, "%s: error: %s\n", prog, err);
+            rc = EXIT_PROMPT;
+            goto done;
+        }
+    } else {
+        size_t len;
+        char *text;
+        if (a.prompt_file) {
+            text = read_file(a.prompt_file, &len);
+            if (!text) {
+                fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, a.prompt_file,
+                        strerror(errno));
+                rc = EXIT_IO;
+                goto done;
+            }
+        } else {
+            len = strlen(a.prompt);
+            text = malloc(len + 1);
+            if (text) memcpy(text, a.prompt, len + 1);
+        }
+        cap = (long)len + 16;
+        ids = malloc((size_t)cap * sizeof(int32_t));
+        if (!text || !ids) {
+            free(text);
+            fprintf(stderr, "%s: error: out of memory\n", prog);
+            rc = EXIT_OOM;
+            goto done;
+        }
+        int ok;
+        if (a.chat) {
+            if (tokenizer_chat_format(tok) != DITTO_CHAT_CHATML) {
+                free(text);
+                fprintf(stderr, "%s: error: %s: --chat: the model has no chat format\n", prog,
+                        a.model_path);
+                rc = EXIT_USAGE;
+                goto done;
+            }
+            static const char pre[] = "<|im_start|>user\n";
+            static const char post[] = "<|im_end|>\n<|im_start|>assistant\n";
+            ok = !encode_append(tok, pre, strlen(pre), 1, a.bos == 1, &ids, &n_ids, &cap, err,
+                                sizeof err) &&
+                 !encode_append(tok, text, len, a.special, 0, &ids, &n_ids, &cap, err, sizeof err) &&
+                 !encode_append(tok, post, strlen(post), 1, 0, &ids, &n_ids, &cap, err, sizeof err);
+        } else {
+            int bos = a.bos >= 0 ? a.bos : (a.tokens_only ? 0 : -1);
+            if (bos < 0) { /* the model file's default */
+                const DittoTokenizerHeader *th =
+                    (const DittoTokenizerHeader *)(const void *)model.tokenizer_block;
+                bos = th->add_bos != 0;
+            }
+            ok = !encode_append(tok, text, len, a.special, bos, &ids, &n_ids, &cap, err,
+                                sizeof err);
+        }
+        free(text);
+        if (!ok) {
+            fprintf(stderr, "%s: error: %s: %s\n", prog,
+                    a.prompt_file ? a.prompt_file : "prompt", err);
+            rc = EXIT_PROMPT;
+            goto done;
+        }
+    }
+    if (a.tokens_only) {
+        printf("[");
+        for (long i = 0; i < n_ids; i++) printf(i ? ", %d" : "%d", ids[i]);
+        printf("]\n");
+        goto done;
+    }
+    if (n_ids == 0 || (a.score_file && n_ids < 2)) {
+        fprintf(stderr, "%s: error: %s: %s\n", prog,
+                token_path ? token_path : a.prompt_file ? a.prompt_file : "prompt",
+                a.score_file ? "needs at least 2 tokens to score" : "prompt is empty (0 tokens)");
+        rc = EXIT_PROMPT;
+        goto done;
+    }
+
+    /* ---- context: only as many KV positions as this run uses */
+    long max_seq = (long)cfg->max_seq_len;
+    long ctx = a.ctx;
+    if (ctx > max_seq) {
+        fprintf(stderr, "%s: error: --ctx %ld exceeds the model's max_seq_len %ld\n", prog, ctx,
+                max_seq);
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    int eval_only = a.score_file || a.dump_file;
+    if (ctx == 0) {
+        ctx = eval_only ? n_ids : n_ids + a.n_gen - 1;
+        if (ctx > max_seq) ctx = max_seq;
+    }
+    if (n_ids > ctx) {
+        fprintf(stderr,
+                "%s: error: the prompt has %ld tokens but the context holds %ld "
+                "(max_seq_len %ld)\n",
+                prog, n_ids, ctx, max_seq);
+        rc = EXIT_PROMPT;
+        goto done;
+    }
+    if (runstate_init(&state, cfg, (int)ctx) ||
+        sampler_init(&sampler, (int)cfg->vocab_size, a.temp, a.topp, a.seed)) {
+        fprintf(stderr, "%s: error: out of memory for a context of %ld positions (%.1f MiB)\n",
+                prog, ctx, runstate_bytes(cfg, (int)ctx) / 1048576.0);
+        rc = EXIT_OOM;
+        goto done;
+    }
+    double t_loaded = now_s();
+    int vocab = (int)cfg->vocab_size;
+
+    /* ---- teacher-forced scoring */
+    if (a.score_file) {
+        printf("{\"n_tokens\": %ld, \"logprobs\": [", n_ids);
+        double sum = 0.0;
+        for (long pos = 0; pos + 1 < n_ids; pos++) {
+            float *logits = forward(&model, &state, ids[pos], (int)pos);
+            float max = logits[0];
+            for (int i = 1; i < vocab; i++)
+                if (logits[i] > max) max = logits[i];
+            double z = 0.0;
+            for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - max));
+            double lp = (double)(logits[ids[pos + 1]] - max) - log(z);
+            sum += lp;
+            printf(pos ? ", %.6f" : "%.6f", lp);
+        }
+        long n_scored = n_ids - 1;
+        printf("], \"n_scored\": %ld, \"sum_logprob\": %.6f, \"mean_nll\": %.6f, "
+               "\"perplexity\": %.6f}\n",
+               n_scored, sum, -sum / n_scored, exp(-sum / n_scored));
+        double t_end = now_s();
+        print_stats(t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0, ctx);
+        goto done;
+    }
+
+    /* ---- logits of every prompt position */
+    if (a.dump_file) {
+        dump = malloc((size_t)n_ids * (size_t)vocab * sizeof(float));
+        if (!dump) {
+            fprintf(stderr, "%s: error: out of memory for %ld x %d logits\n", prog, n_ids, vocab);
+            rc = EXIT_OOM;
+            goto done;
+        }
+        for (long pos = 0; pos < n_ids; pos++) {
+            float *logits = forward(&model, &state, ids[pos], (int)pos);
+            memcpy(dump + (size_t)pos * vocab, logits, (size_t)vocab * sizeof(float));
+        }
+        if (write_atomic(a.dump_file, dump, (size_t)n_ids * (size_t)vocab * sizeof(float))) {
+            fprintf(stderr, "%s: error: %s: cannot write: %s\n", prog, a.dump_file,
+                    strerror(errno));
+            rc = EXIT_IO;
+            goto done;
+        }
+        double t_end = now_s();
+        print_stats(t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0, ctx);
+        goto done;
+    }
+
+    /* ---- generation */
+    if (!a.seed_given) {
+        a.seed = (uint64_t)time(NULL);
+        sampler.rng = a.seed;
+        if (a.temp > 0.0f) fprintf(stderr, "%s: seed %llu\n", prog, (unsigned long long)a.seed);
+    }
+    gen_ids = malloc((size_t)a.n_gen * sizeof(int32_t));
+    if (!gen_ids) {
+        fprintf(stderr, "%s: error: out of memory\n", prog);
+        rc = EXIT_OOM;
+        goto done;
+    }
+    float *logits = NULL;
+    for (long pos = 0; pos < n_ids; pos++) logits = forward(&model, &state, ids[pos], (int)pos);
+    double t_prompt = now_s(), t_first = 0.0;
+    int32_t eos = tokenizer_eos(tok);
+    TokenDecoder dec;
+    token_decoder_init(&dec);
+    char out[256];
+    long n_gen = 0, pos = n_ids;
+    for (;;) {
+        int next = sampler_sample(&sampler, logits);
+        gen_ids[n_gen++] = next;
+        if (n_gen == 1) t_first = now_s();
+        if (next == eos) break;
+        if (!a.print_ids) {
+            size_t nb = token_decode(tok, &dec, next, 0, out, sizeof out);
+            fwrite(out, 1, nb, stdout);
+            fflush(stdout);
+        }
+        if (n_gen >= a.n_gen) break;
+        if (pos >= ctx) {
+            fprintf(stderr, "\n%s: context full (%ld positions): stopping\n", prog, ctx);
+            break;
+        }
+        logits = forward(&model, &state, next, (int)pos);
+        pos++;
+    }
+    double t_end = now_s();
+    if (a.print_ids) {
+        printf("[");
+        for (long i = 0; i < n_gen; i++) printf(i ? ", %d" : "%d", gen_ids[i]);
+        printf("]\n");
+    } else {
+        size_t nb = token_decoder_flush(&dec, out, sizeof out);
+        fwrite(out, 1, nb, stdout);
+        printf("\n");
+    }
+    print_stats(t_loaded - t_start, n_ids, t_prompt - t_loaded, t_first - t_loaded, n_gen,
+                t_end - t_first, ctx);
+
+done:
+    if (fflush(stdout) != 0 && rc == EXIT_OK) {
+        fprintf(stderr, "%s: error: cannot write to stdout\n", prog);
+        rc = EXIT_IO;
+    }
+    free(dump);
+    free(gen_ids);
+    sampler_free(&sampler);
+    runstate_free(&state);
+    free(ids);
+    tokenizer_free(tok);
+    model_close(&model);
+    return rc;
+}

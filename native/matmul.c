@@ -1,0 +1,157 @@
+/* matmul.c: GEMV kernels and the dispatcher by tensor encoding (docs/FORMAT.md "Encodings"). */
+#include "matmul.h"
+
+#include <string.h>
+
+/* y[d] = W[d, n] x[n]. Kept naive on purpose: the rewrite stage turns this nest into
+ * cblas_sgemv, so it must stay the canonical form (one accumulator per row, i*n + k indexing). */
+void matmul(float *y, const float *x, const float *W, int n, int d) {
+    int i;
+#pragma omp parallel for private(i)
+    for (i = 0; i < d; i++) {
+        float acc = 0.0f;
+        for (int k = 0; k < n; k++) {
+            acc += W[i * n + k] * x[k];
+        }
+        y[i] = acc;
+    }
+}
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign; /* +-0 */
+        } else { /* subnormal: normalise the mantissa */
+            int e = -1;
+            do {
+                man <<= 1;
+                e++;
+            } while (!(man & 0x400));
+            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13; /* inf / NaN */
+    } else {
+        bits = sign | (exp - 15 + 127) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Layout of one codebook tensor payload (FORMAT.md). */
+typedef struct {
+    const uint8_t *codebooks; /* [rows][n_sub][K] of f16 or f32 */
+    const uint8_t *indices;   /* [rows][row_bytes] */
+    int is_f16;
+    int bits, group_size, n_sub, k;
+    size_t row_bytes;
+} CodebookLayout;
+
+static CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, int bits,
+                                      int group_size, int rows, int cols) {
+    CodebookLayout L;
+    L.is_f16 = codebook_type == DITTO_CB_F16;
+    L.bits = bits;
+    L.group_size = group_size;
+    L.n_sub = (cols + group_size - 1) / group_size;
+    L.k = 1 << bits;
+    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
+    size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * (size_t)L.k * (L.is_f16 ? 2u : 4u);
+    cb_bytes = (cb_bytes + 63u) & ~(size_t)63u;
+    L.codebooks = payload;
+    L.indices = payload + cb_bytes;
+    return L;
+}
+
+/* Centroid k of sub-block s of row r. */
+static float centroid(const CodebookLayout *L, int r, int s, int k) {
+    size_t i = ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + (size_t)k;
+    if (L->is_f16) {
+        uint16_t h;
+        memcpy(&h, L->codebooks + 2 * i, 2);
+        return f16_to_f32(h);
+    }
+    float f;
+    memcpy(&f, L->codebooks + 4 * i, 4);
+    return f;
+}
+
+/* Unpack the 8 indices of one group: its b bytes are one little-endian integer of 8*b bits,
+ * index j is bits [j*b, (j+1)*b). */
+static void unpack_group(const uint8_t *p, int bits, int idx[8]) {
+    uint64_t v = 0;
+    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    uint64_t mask = (1u << bits) - 1u;
+    for (int j = 0; j < 8; j++) idx[j] = (int)((v >> (j * bits)) & mask);
+}
+
+/* Dot product of row r with x, decoding sub-block by sub-block. */
+static float codebook_row_dot(const CodebookLayout *L, int r, const float *x, int cols) {
+    const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+    float acc = 0.0f;
+    for (int s = 0; s < L->n_sub; s++) {
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols; /* tail sub-block */
+        float cb[256];
+        for (int k = 0; k < L->k; k++) cb[k] = centroid(L, r, s, k);
+        float sub = 0.0f;
+        int idx[8], group = -1;
+        for (int c = c0; c < c1; c++) {
+            if (c / 8 != group) { /* entering a new group of 8 indices */
+                group = c / 8;
+                unpack_group(row + (size_t)group * (size_t)L->bits, L->bits, idx);
+            }
+            sub += cb[idx[c % 8]] * x[c];
+        }
+        acc += sub;
+    }
+    return acc;
+}
+
+void codebook_gemv_ref(float *y, const float *x, const uint8_t *payload, uint32_t codebook_type,
+                       int bits, int group_size, int rows, int cols) {
+    CodebookLayout L = codebook_layout(payload, codebook_type, bits, group_size, rows, cols);
+    int r;
+#pragma omp parallel for private(r)
+    for (r = 0; r < rows; r++) y[r] = codebook_row_dot(&L, r, x, cols);
+}
+
+void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type, int bits,
+                      int group_size, int rows, int cols, int r) {
+    CodebookLayout L = codebook_layout(payload, codebook_type, bits, group_size, rows, cols);
+    const uint8_t *row = L.indices + (size_t)r * L.row_bytes;
+    for (int c = 0; c < cols; c++) {
+        int idx[8];
+        unpack_group(row + (size_t)(c / 8) * (size_t)bits, bits, idx);
+        out[c] = centroid(&L, r, c / group_size, idx[c % 8]);
+    }
+}
+
+void gemv(float *y, const float *x, const Tensor *W) {
+    switch (W->encoding) {
+    case DITTO_ENC_F32:
+        matmul(y, x, (const float *)(const void *)W->data, (int)W->cols, (int)W->rows);
+        break;
+    case DITTO_ENC_CODEBOOK:
+        codebook_gemv_ref(y, x, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
+                          (int)W->rows, (int)W->cols);
+        break;
+    default: /* model_open() rejects other encodings */
+        memset(y, 0, W->rows * sizeof(float));
+        break;
+    }
+}
+
+void tensor_row(float *out, const Tensor *W, uint64_t r) {
+    if (W->encoding == DITTO_ENC_F32) {
+        memcpy(out, W->data + r * W->cols * sizeof(float), W->cols * sizeof(float));
+    } else {
+        codebook_row_ref(out, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
+                         (int)W->rows, (int)W->cols, (int)r);
+    }
+}

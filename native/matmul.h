@@ -1,0 +1,38 @@
+/* matmul.h: matrix-vector products (GEMV) y = W x for every tensor encoding.
+ *
+ * fp32 weights go through matmul(), a deliberately naive loop nest that the IR rewrite stage
+ * (plugins/pass_gemv_blas) recognises and replaces with cblas_sgemv. Codebook tensors
+ * (docs/FORMAT.md, encoding CODEBOOK) go through gemv(), which dispatches on the encoding to a
+ * scalar reference kernel. SIMD kernels live elsewhere and are checked against these.
+ */
+#ifndef DITTO_MATMUL_H
+#define DITTO_MATMUL_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+/* y[d] = W[d, n] x[n]; W row-major float32. The canonical GEMV nest, OpenMP over rows. */
+void matmul(float *y, const float *x, const float *W, int n, int d);
+
+/* y[rows] = W x[cols] for a codebook tensor (FORMAT.md "encoding = 1") given as its raw payload:
+ * codebooks [rows][S][2^b] of codebook_type (DITTO_CB_F16 / DITTO_CB_F32), padded to 64 bytes,
+ * then rows x ceil(cols/8)*b bytes of bit-packed indices. b in 1..8, G >= 2, S = ceil(cols/G).
+ * Scalar reference kernel: decode each sub-block's indices, look up its codebook, dot with x. */
+void codebook_gemv_ref(float *y, const float *x, const uint8_t *payload, uint32_t codebook_type,
+                       int bits, int group_size, int rows, int cols);
+
+/* Decode row r of a codebook tensor payload (parameters as above) into out[cols]. */
+void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type, int bits,
+                      int group_size, int rows, int cols, int r);
+
+/* Dispatcher: y[W->rows] = W x[W->cols] for any encoding. */
+void gemv(float *y, const float *x, const Tensor *W);
+
+/* Row r of W decoded to float32 into out[W->cols] (embedding lookup). */
+void tensor_row(float *out, const Tensor *W, uint64_t r);
+
+/* IEEE half -> float (handles subnormals, inf, NaN). */
+float f16_to_f32(uint16_t h);
+
+#endif

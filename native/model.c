@@ -1,0 +1,350 @@
+/* model.c: map a Ditto model file and validate everything before use (docs/FORMAT.md). */
+#define _POSIX_C_SOURCE 200809L
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- CRC-32 (slice-by-8) */
+
+static uint32_t crc_table[8][256];
+static int crc_table_ready = 0;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+    crc_table_ready = 1;
+}
+
+static uint32_t load_u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t len) {
+    if (!crc_table_ready) crc_init();
+    crc = ~crc;
+    while (len >= 8) { /* eight bytes per step: one lookup per byte in eight tables */
+        uint32_t a = load_u32le(p) ^ crc, b = load_u32le(p + 4);
+        crc = crc_table[7][a & 0xff] ^ crc_table[6][(a >> 8) & 0xff] ^
+              crc_table[5][(a >> 16) & 0xff] ^ crc_table[4][a >> 24] ^
+              crc_table[3][b & 0xff] ^ crc_table[2][(b >> 8) & 0xff] ^
+              crc_table[1][(b >> 16) & 0xff] ^ crc_table[0][b >> 24];
+        p += 8;
+        len -= 8;
+    }
+    while (len--) crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* ---------------------------------------------------------------- sizes */
+
+static uint64_t roundup64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
+
+uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint32_t bits,
+                                uint32_t group_size, uint64_t rows, uint64_t cols) {
+    if (rows == 0 || cols == 0 || rows > (1ull << 31) || cols > (1ull << 31)) return 0;
+    if (encoding == DITTO_ENC_F32) return rows * cols * 4u;
+    if (encoding != DITTO_ENC_CODEBOOK) return 0;
+    if (bits < 1 || bits > 8 || group_size < 2) return 0;
+    uint64_t elem = codebook_type == DITTO_CB_F16 ? 2 : codebook_type == DITTO_CB_F32 ? 4 : 0;
+    if (elem == 0) return 0;
+    uint64_t n_sub = (cols + group_size - 1) / group_size;
+    uint64_t codebook_bytes = roundup64(rows * n_sub * (1ull << bits) * elem);
+    uint64_t row_bytes = (cols + 7) / 8 * bits;
+    return codebook_bytes + rows * row_bytes;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static int fail(const Model *m, char *err, size_t errlen, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(err, errlen, "%s: %s", m->path, msg);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- tensor lookup */
+
+static const Tensor *find_tensor(const Model *m, const char *name) {
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+/* Look up a required tensor and check its shape; vectors must be f32 (norm weights). */
+static const Tensor *need(const Model *m, const char *name, uint64_t rows, uint64_t cols,
+                          int is_vector, int *n_found, char *err, size_t errlen) {
+    const Tensor *t = find_tensor(m, name);
+    if (!t) {
+        fail(m, err, errlen, "tensor %s is missing (config: n_layers=%u, tied_embeddings=%u)",
+             name, m->config.n_layers, m->config.tied_embeddings);
+        return NULL;
+    }
+    if (t->rows != rows || t->cols != cols) {
+        fail(m, err, errlen,
+             "tensor %s has shape [%llu, %llu] but the config needs [%llu, %llu]", name,
+             (unsigned long long)t->rows, (unsigned long long)t->cols,
+             (unsigned long long)rows, (unsigned long long)cols);
+        return NULL;
+    }
+    if (is_vector && t->encoding != DITTO_ENC_F32) {
+        fail(m, err, errlen, "tensor %s is a vector and must be f32 (encoding %u)", name,
+             t->encoding);
+        return NULL;
+    }
+    (*n_found)++;
+    return t;
+}
+
+/* ---------------------------------------------------------------- validation steps */
+
+static int check_config(const Model *m, char *err, size_t errlen) {
+    const DittoConfig *c = &m->config;
+    if (c->arch != DITTO_ARCH_LLAMA)
+        return fail(m, err, errlen, "config: unknown architecture %u (1 = Llama)", c->arch);
+    if (!c->dim || !c->hidden_dim || !c->n_layers || !c->n_heads || !c->n_kv_heads ||
+        !c->head_dim || !c->vocab_size || !c->max_seq_len)
+        return fail(m, err, errlen,
+                    "config: a size is zero (dim=%u hidden_dim=%u n_layers=%u n_heads=%u "
+                    "n_kv_heads=%u head_dim=%u vocab_size=%u max_seq_len=%u)",
+                    c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
+                    c->vocab_size, c->max_seq_len);
+    if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+        return fail(m, err, errlen, "config: n_heads=%u is not a multiple of n_kv_heads=%u",
+                    c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 != 0)
+        return fail(m, err, errlen, "config: head_dim=%u must be even for RoPE", c->head_dim);
+    if (c->n_layers > 4096 || c->max_seq_len > (1u << 24) || c->dim > (1u << 20) ||
+        c->hidden_dim > (1u << 22) || (uint64_t)c->n_heads * c->head_dim > (1u << 20))
+        return fail(m, err, errlen, "config: implausibly large sizes");
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 1.0f)
+        return fail(m, err, errlen, "config: rope_theta=%g must be finite and > 1",
+                    (double)c->rope_theta);
+    if (!isfinite(c->norm_eps) || c->norm_eps <= 0.0f || c->norm_eps >= 1.0f)
+        return fail(m, err, errlen, "config: norm_eps=%g must be in (0, 1)", (double)c->norm_eps);
+    if (c->tied_embeddings > 1)
+        return fail(m, err, errlen, "config: tied_embeddings=%u must be 0 or 1",
+                    c->tied_embeddings);
+    return 0;
+}
+
+static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t data_start,
+                              char *err, size_t errlen) {
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        const DittoTensorEntry *e = &table[i];
+        Tensor *t = &m->tensors[i];
+        if (memchr(e->name, 0, DITTO_NAME_BYTES) == NULL || e->name[0] == 0)
+            return fail(m, err, errlen, "tensor table entry %u has no NUL-terminated name", i);
+        t->name = e->name;
+        if (e->ndim != 1 && e->ndim != 2)
+            return fail(m, err, errlen, "tensor %s: ndim=%u must be 1 or 2", e->name, e->ndim);
+        if (e->ndim == 1 && e->rows != 1)
+            return fail(m, err, errlen, "tensor %s: a vector must have rows=1 (has %llu)",
+                        e->name, (unsigned long long)e->rows);
+        uint64_t want = tensor_expected_nbytes(e->encoding, e->codebook_type, e->bits,
+                                               e->group_size, e->rows, e->cols);
+        if (want == 0)
+            return fail(m, err, errlen,
+                        "tensor %s: invalid encoding parameters (encoding=%u codebook_type=%u "
+                        "bits=%u group_size=%u rows=%llu cols=%llu)",
+                        e->name, e->encoding, e->codebook_type, e->bits, e->group_size,
+                        (unsigned long long)e->rows, (unsigned long long)e->cols);
+        if (e->encoding == DITTO_ENC_F32 && e->rows * e->cols > 0x7fffffffull)
+            return fail(m, err, errlen, "tensor %s: more than 2^31-1 f32 elements", e->name);
+        if (e->nbytes != want)
+            return fail(m, err, errlen,
+                        "tensor %s: nbytes=%llu but encoding %u with shape [%llu, %llu] needs %llu",
+                        e->name, (unsigned long long)e->nbytes, e->encoding,
+                        (unsigned long long)e->rows, (unsigned long long)e->cols,
+                        (unsigned long long)want);
+        if (e->offset % DITTO_ALIGN != 0)
+            return fail(m, err, errlen, "tensor %s: offset %llu is not a multiple of %u",
+                        e->name, (unsigned long long)e->offset, DITTO_ALIGN);
+        if (e->offset < data_start)
+            return fail(m, err, errlen, "tensor %s: offset %llu overlaps the metadata (data starts at %llu)",
+                        e->name, (unsigned long long)e->offset, (unsigned long long)data_start);
+        if (e->offset > m->size || e->nbytes > m->size - e->offset)
+            return fail(m, err, errlen,
+                        "tensor %s: payload [%llu, %llu) extends past the end of the file (%zu bytes)",
+                        e->name, (unsigned long long)e->offset,
+                        (unsigned long long)(e->offset + e->nbytes), m->size);
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(m->tensors[j].name, e->name) == 0)
+                return fail(m, err, errlen, "tensor %s appears twice in the table", e->name);
+        t->encoding = e->encoding;
+        t->codebook_type = e->codebook_type;
+        t->bits = e->bits;
+        t->group_size = e->group_size;
+        t->rows = e->rows;
+        t->cols = e->cols;
+        t->data = m->map + e->offset;
+        t->nbytes = e->nbytes;
+    }
+    return 0;
+}
+
+static int bind_weights(Model *m, char *err, size_t errlen) {
+    const DittoConfig *c = &m->config;
+    uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim, kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
+    int found = 0;
+    char name[DITTO_NAME_BYTES + 32];
+    if (!(m->token_embd = need(m, "token_embd.weight", c->vocab_size, c->dim, 0, &found, err, errlen)))
+        return -1;
+    if (!(m->output_norm = need(m, "output_norm.weight", 1, c->dim, 1, &found, err, errlen)))
+        return -1;
+    if (c->tied_embeddings) {
+        if (find_tensor(m, "output.weight"))
+            return fail(m, err, errlen, "config says tied_embeddings=1 but the file has output.weight");
+        m->output = m->token_embd;
+    } else if (!(m->output = need(m, "output.weight", c->vocab_size, c->dim, 0, &found, err, errlen))) {
+        return -1;
+    }
+    m->layers = calloc(c->n_layers, sizeof(LayerWeights));
+    if (!m->layers) return fail(m, err, errlen, "out of memory");
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        LayerWeights *w = &m->layers[l];
+#define NEED(field, suffix, r, cc, vec)                                                     \
+    snprintf(name, sizeof name, "blk.%u." suffix, l);                                       \
+    if (!(w->field = need(m, name, (r), (cc), (vec), &found, err, errlen))) return -1;
+        NEED(attn_norm, "attn_norm.weight", 1, c->dim, 1)
+        NEED(wq, "attn_q.weight", q_dim, c->dim, 0)
+        NEED(wk, "attn_k.weight", kv_dim, c->dim, 0)
+        NEED(wv, "attn_v.weight", kv_dim, c->dim, 0)
+        NEED(wo, "attn_output.weight", c->dim, q_dim, 0)
+        NEED(ffn_norm, "ffn_norm.weight", 1, c->dim, 1)
+        NEED(w_gate, "ffn_gate.weight", c->hidden_dim, c->dim, 0)
+        NEED(w_up, "ffn_up.weight", c->hidden_dim, c->dim, 0)
+        NEED(w_down, "ffn_down.weight", c->dim, c->hidden_dim, 0)
+#undef NEED
+    }
+    if ((uint32_t)found != m->n_tensors) {
+        /* name the first tensor the config does not account for */
+        for (uint32_t i = 0; i < m->n_tensors; i++) {
+            const char *n = m->tensors[i].name;
+            unsigned l;
+            int used = 0;
+            if (sscanf(n, "blk.%u.", &l) == 1) used = l < c->n_layers;
+            else used = !strcmp(n, "token_embd.weight") || !strcmp(n, "output_norm.weight") ||
+                        !strcmp(n, "output.weight");
+            if (!used)
+                return fail(m, err, errlen,
+                            "tensor %s does not belong to the model the config describes "
+                            "(n_layers=%u)", n, c->n_layers);
+        }
+        return fail(m, err, errlen, "%u tensors in the file, the config accounts for %d",
+                    m->n_tensors, found);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- open / close */
+
+int model_open(Model *m, const char *path, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(m, err, errlen, "cannot open: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return fail(m, err, errlen, "cannot stat: %s", strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(m, err, errlen, "not a regular file");
+    }
+    m->size = (size_t)st.st_size;
+    if (m->size < DITTO_HEADER_BYTES) {
+        close(fd);
+        return fail(m, err, errlen, "too small to be a Ditto model file (%zu bytes)", m->size);
+    }
+    void *p = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return fail(m, err, errlen, "cannot mmap: %s", strerror(errno));
+    m->map = p;
+
+    DittoHeader h;
+    memcpy(&h, m->map, sizeof h);
+    if (memcmp(h.magic, DITTO_MAGIC, 8) != 0) {
+        fail(m, err, errlen, "not a Ditto model file (bad magic, expected \"%s\")", DITTO_MAGIC);
+        goto bad;
+    }
+    if (h.version != DITTO_VERSION) {
+        fail(m, err, errlen, "unsupported format version %u (this program reads version %u)",
+             h.version, DITTO_VERSION);
+        goto bad;
+    }
+    if (h.file_size > m->size) {
+        fail(m, err, errlen, "file is truncated: header says %llu bytes, file has %zu",
+             (unsigned long long)h.file_size, m->size);
+        goto bad;
+    }
+    if (h.file_size < m->size) {
+        fail(m, err, errlen, "file has %zu bytes but the header says %llu (trailing data)",
+             m->size, (unsigned long long)h.file_size);
+        goto bad;
+    }
+    uint32_t crc = crc32_update(0, m->map + DITTO_HEADER_BYTES, m->size - DITTO_HEADER_BYTES);
+    if (crc != h.crc32) {
+        fail(m, err, errlen, "checksum mismatch: CRC-32 of the file is %08x, header says %08x "
+             "(file corrupted)", crc, h.crc32);
+        goto bad;
+    }
+    if (h.meta_size < sizeof(DittoConfig) || h.meta_size > m->size - DITTO_HEADER_BYTES) {
+        fail(m, err, errlen, "meta_size=%llu does not fit in the file",
+             (unsigned long long)h.meta_size);
+        goto bad;
+    }
+    memcpy(&m->config, m->map + DITTO_HEADER_BYTES, sizeof m->config);
+    if (check_config(m, err, errlen)) goto bad;
+    uint64_t table_start = DITTO_HEADER_BYTES + sizeof(DittoConfig);
+    uint64_t meta_end = DITTO_HEADER_BYTES + h.meta_size;
+    m->n_tensors = m->config.n_tensors;
+    uint64_t tok_start = table_start + (uint64_t)m->n_tensors * sizeof(DittoTensorEntry);
+    if (m->n_tensors == 0 || tok_start + sizeof(DittoTokenizerHeader) > meta_end) {
+        fail(m, err, errlen, "config: n_tensors=%u does not fit in meta_size=%llu",
+             m->n_tensors, (unsigned long long)h.meta_size);
+        goto bad;
+    }
+    m->tensors = calloc(m->n_tensors, sizeof(Tensor));
+    if (!m->tensors) {
+        fail(m, err, errlen, "out of memory");
+        goto bad;
+    }
+    /* the table starts at byte 128 of a page-aligned mapping: 8-byte aligned */
+    const DittoTensorEntry *table = (const DittoTensorEntry *)(const void *)(m->map + table_start);
+    if (check_tensor_table(m, table, roundup64(meta_end), err, errlen)) goto bad;
+    if (bind_weights(m, err, errlen)) goto bad;
+    m->tokenizer_block = m->map + tok_start;
+    m->tokenizer_block_len = (size_t)(meta_end - tok_start);
+    return 0;
+bad:
+    model_close(m);
+    return -1;
+}
+
+void model_close(Model *m) {
+    if (m->map) munmap(m->map, m->size);
+    free(m->tensors);
+    free(m->layers);
+    m->map = NULL;
+    m->tensors = NULL;
+    m->layers = NULL;
+}

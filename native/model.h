@@ -1,0 +1,72 @@
+/* model.h: open a Ditto model file (docs/FORMAT.md), validate it, and give typed access to its
+ * tensors.
+ *
+ * The file is mmapped read-only; f32 payloads are used in place (every payload is 64-byte
+ * aligned), codebook payloads are decoded on the fly by the kernels in matmul.c. Nothing in the
+ * file is trusted before model_open() has checked it: magic, version, size, CRC-32, config, and
+ * every tensor's offset, length, alignment, encoding and shape.
+ */
+#ifndef DITTO_MODEL_H
+#define DITTO_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ditto_format.h"
+
+/* One tensor of the file, as the kernels see it. */
+typedef struct {
+    const char *name;      /* points into the tensor table (NUL-terminated after validation) */
+    uint32_t encoding;     /* DITTO_ENC_F32 or DITTO_ENC_CODEBOOK */
+    uint32_t codebook_type;/* DITTO_CB_F16 / DITTO_CB_F32 (codebook tensors) */
+    uint32_t bits;         /* b, 1..8 (codebook tensors) */
+    uint32_t group_size;   /* G, >= 2 (codebook tensors) */
+    uint64_t rows, cols;   /* [out_features, in_features]; a vector is rows = 1 */
+    const uint8_t *data;   /* payload start (mmapped) */
+    uint64_t nbytes;
+} Tensor;
+
+/* The tensors of one transformer block (FORMAT.md "Tensor names"). */
+typedef struct {
+    const Tensor *attn_norm; /* [dim] f32 */
+    const Tensor *wq;        /* attn_q      [n_heads*head_dim, dim] */
+    const Tensor *wk;        /* attn_k      [n_kv_heads*head_dim, dim] */
+    const Tensor *wv;        /* attn_v      [n_kv_heads*head_dim, dim] */
+    const Tensor *wo;        /* attn_output [dim, n_heads*head_dim] */
+    const Tensor *ffn_norm;  /* [dim] f32 */
+    const Tensor *w_gate;    /* ffn_gate [hidden_dim, dim] */
+    const Tensor *w_up;      /* ffn_up   [hidden_dim, dim] */
+    const Tensor *w_down;    /* ffn_down [dim, hidden_dim] */
+} LayerWeights;
+
+typedef struct {
+    char path[1024];         /* for messages */
+    uint8_t *map;            /* whole file, read-only */
+    size_t size;
+    DittoConfig config;      /* copied out of the file */
+    Tensor *tensors;         /* n_tensors entries, file order */
+    uint32_t n_tensors;
+    const Tensor *token_embd;  /* [vocab, dim] */
+    const Tensor *output_norm; /* [dim] f32 */
+    const Tensor *output;      /* classifier [vocab, dim]: token_embd when tied */
+    LayerWeights *layers;      /* n_layers entries */
+    const uint8_t *tokenizer_block; /* DittoTokenizerHeader + arrays */
+    size_t tokenizer_block_len;
+} Model;
+
+/* Expected payload bytes of a tensor with this encoding and shape (FORMAT.md "Encodings"),
+ * or 0 if the parameters are invalid. */
+uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint32_t bits,
+                                uint32_t group_size, uint64_t rows, uint64_t cols);
+
+/* CRC-32 (IEEE 802.3 polynomial, reflected, as zlib.crc32) of len bytes, continuing from crc
+ * (start with 0). Slice-by-8 table method. */
+uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t len);
+
+/* Map and validate the file at path. On success returns 0 and fills m. On failure returns -1
+ * with a message naming the file and the problem in err (errlen bytes); m holds nothing that
+ * needs freeing. */
+int model_open(Model *m, const char *path, char *err, size_t errlen);
+void model_close(Model *m);
+
+#endif

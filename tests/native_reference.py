@@ -1,0 +1,58 @@
+"""NumPy reference forward pass of a Llama decoder, in float64, over a whole token sequence.
+
+Written from the definitions (transformers' LlamaModel): RMSNorm (Zhang & Sennrich 2019),
+rotate-half RoPE (Su et al. 2021; HF q/k order, docs/FORMAT.md), causal grouped-query
+attention (Ainslie et al. 2023), SwiGLU feed-forward (Shazeer 2020), final RMSNorm and classifier.
+Used to check the C runtime on quantized models (weights given already dequantized).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, dim] -> w * x / sqrt(mean(x^2) + eps)."""
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE. x [T, heads, d]; cos/sin [T, d/2]."""
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def reference_logits(cfg: dict, w: dict, ids) -> np.ndarray:
+    """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
+
+    ``cfg``: DittoConfig fields by name; ``w``: float64 weights by FORMAT.md tensor name
+    (matrices [out, in]; "output.weight" present, the embedding itself when tied)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    T, d = len(ids), cfg["head_dim"]
+    H, KV = cfg["n_heads"], cfg["n_kv_heads"]
+    eps = float(np.float32(cfg["norm_eps"]))
+    theta = float(np.float32(cfg["rope_theta"]))
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    ang = np.arange(T)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(ang), np.sin(ang)
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    x = w["token_embd.weight"][ids]
+    for l in range(cfg["n_layers"]):
+        p = f"blk.{l}."
+        h = rmsnorm(x, w[p + "attn_norm.weight"], eps)
+        q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, H, d), cos, sin)
+        k = rope((h @ w[p + "attn_k.weight"].T).reshape(T, KV, d), cos, sin)
+        v = (h @ w[p + "attn_v.weight"].T).reshape(T, KV, d)
+        k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        att = scores / scores.sum(axis=-1, keepdims=True)
+        out = np.einsum("hts,shd->thd", att, v).reshape(T, H * d)
+        x = x + out @ w[p + "attn_output.weight"].T
+        h = rmsnorm(x, w[p + "ffn_norm.weight"], eps)
+        g = h @ w[p + "ffn_gate.weight"].T
+        x = x + (g / (1.0 + np.exp(-g)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    x = rmsnorm(x, w["output_norm.weight"], eps)
+    return x @ w["output.weight"].T
