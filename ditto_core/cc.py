@@ -68,15 +68,26 @@ def merge_reports(results: list[dict]) -> PassReport:
 
 
 def summary_lines(results: list[dict], rewrite: bool = True) -> list[str]:
-    """Human summary, one line per pass: ``"gemv-blas: rewrote 7/7 GEMV nests"``."""
+    """Human summary, one line per pass, e.g. ``"gemv-blas: rewrote 1/1 GEMV nests (21 other
+    loop nests left alone)"``. A candidate counts as a GEMV nest when its report says
+    ``"gemv": true`` (it matched the pattern, whether or not it could be rewritten); a pass
+    that does not classify its candidates is summarised as ``rewrote N/M candidate nests``."""
     if not rewrite:
         return ["rewrite: disabled (--no-rewrite), naive loops kept"]
     if not results:
         return ["rewrite: no IR pass registered, module left unchanged"]
     lines = []
     for r in results:
-        what = "GEMV nests" if "gemv" in r["name"] else "candidates"
-        lines.append(f"{r['name']}: rewrote {r['rewritten']}/{r['total']} {what}")
+        cands = r.get("candidates", [])
+        n_rw = sum(1 for c in cands if c.get("status") == "rewritten")
+        if cands and all("gemv" in c for c in cands):
+            n_gemv = sum(1 for c in cands if c["gemv"] or c.get("status") == "rewritten")
+            line = f"{r['name']}: rewrote {n_rw}/{n_gemv} GEMV nests"
+            if len(cands) > n_gemv:
+                line += f" ({len(cands) - n_gemv} other loop nests left alone)"
+        else:
+            line = f"{r['name']}: rewrote {n_rw}/{len(cands)} candidate nests"
+        lines.append(line)
     return lines
 
 

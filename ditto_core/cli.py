@@ -222,19 +222,35 @@ def plugins_cmd(as_json):
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the GEMV→BLAS IR rewrite stage.")
 @click.option("--exporter", default=None, help="Exporter name (default: detected).")
+@click.option("--openmp/--no-openmp", default=True, show_default=True,
+              help="Compile the runtime with OpenMP (threads over GEMV rows).")
+@click.option("--cache/--no-cache", default=True, show_default=True,
+              help="Reuse cached stage outputs ($DITTO_CACHE_DIR or ~/.cache/ditto).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
 def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, method,
-              codebook_type, seed, rewrite, exporter):
-    """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link."""
+              codebook_type, seed, rewrite, exporter, openmp, cache, quiet):
+    """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
+
+    DIR gets ditto-run (the executable), model.ditto and build.json (docs/BUILD.md); run it
+    with `ditto run DIR -p "def fib(n):"`. The build is atomic: a failure leaves no DIR."""
     from . import pipeline
 
     opts = pipeline.BuildOptions(
-        quantizer=quantizer, blas=blas, exporter=exporter, rewrite=rewrite,
+        quantizer=quantizer, blas=blas, exporter=exporter, rewrite=rewrite, openmp=openmp,
+        cache=cache,
         quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
                            method=method, codebook_type=codebook_type, seed=seed))
-    record = pipeline.build(model, out_dir, opts)
-    for stage, sec in record["stages"].items():
-        click.echo(f"{stage:>16}: {sec:8.2f} s", err=True)
+    record = pipeline.build(model, out_dir, opts, show_progress=not quiet)
+    if not quiet:
+        cached = [k for k, v in record["cached"].items() if v]
+        for stage, sec in record["stages"].items():
+            click.echo(f"{stage:>10}: {sec:8.2f} s", err=True)
+        click.echo(f"{'total':>10}: {record['total_seconds']:8.2f} s"
+                   + (f" (cached: {', '.join(cached)})" if cached else ""), err=True)
+        click.echo(f"bpw {record['bpw']:.3f}, {record['pack']['file_bytes']:,} bytes", err=True)
+    for line in record["pass_summary"]:
+        click.echo(line, err=True)
     click.echo(str(out_dir))
 
 
@@ -245,6 +261,8 @@ def main(argv=None):
         cli_cc.register(cli)
     except ImportError:
         pass
+    from . import run
+    run.register(cli)
     return cli.main(args=argv, prog_name="ditto")
 
 

@@ -44,27 +44,22 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
                                 flags=flags, passes=list(passes) or None, ir_out=ir_out)
     except DittoError as exc:
         raise click.ClickException(str(exc)) from None
-    results = _results_from(merged, list(passes) or None)
-    for line in summary_lines(results, rewrite):
+    for line in summary_lines(_results_from(merged, list(passes) or None), rewrite):
         click.echo(line, err=True)
     click.echo(str(exe))
 
 
 def _results_from(merged, names=None) -> list[dict]:
-    """Per-pass counts from a merged PassReport (for the summary line); ``names``: the passes
-    that ran (default: every registered one)."""
+    """Per-pass candidate lists from a merged PassReport (for the summary line); ``names``:
+    the passes that ran (default: every registered one)."""
     from .plugins import get_registry
 
     if names is None:
         names = [p.name for p in get_registry().all("ir_pass")]
-    by: dict[str, dict] = {}
-    for name in names:
-        by[name] = {"name": name, "rewritten": 0, "total": 0, "candidates": []}
+    by = {name: {"name": name, "candidates": []} for name in names}
     for c in merged.candidates:
-        r = by.setdefault(c.get("pass", "?"), {"name": c.get("pass", "?"), "rewritten": 0,
-                                               "total": 0, "candidates": []})
-        r["total"] += 1
-        r["rewritten"] += c.get("status") == "rewritten"
+        name = c.get("pass", "?")
+        by.setdefault(name, {"name": name, "candidates": []})["candidates"].append(c)
     return list(by.values())
 
 

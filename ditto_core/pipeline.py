@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -138,17 +139,21 @@ def pack(model: QuantizedModel, out: Path, packer: str | None = None,
 
 
 # --------------------------------------------------------------------------------------------
-# Stages 4-6: emit IR, rewrite, link (the compile stages; wired in by a later issue)
+# Stages 4-6: emit IR, rewrite, link (ditto_core.compile), and `ditto build`
 # --------------------------------------------------------------------------------------------
 
-#: Compile stages in order. ``build`` calls each function in ``COMPILE_STAGES`` with the build
-#: state dict; ``None`` means the stage is not wired into ``ditto build`` yet.
-COMPILE_STAGES: dict[str, object] = {"emit IR": None, "rewrite": None, "link": None}
+#: Name of the executable inside a build directory.
+EXECUTABLE = "ditto-run"
+MODEL_FILE = "model.ditto"
 
 
 @attrs.frozen
 class BuildOptions:
-    """Everything ``ditto build`` takes besides MODEL and the output directory."""
+    """Everything ``ditto build`` takes besides MODEL and the output directory.
+
+    ``rewrite``: run the IR passes (``--no-rewrite`` keeps the naive GEMV loops, the RQ3
+    ablation); ``openmp``: compile the runtime with OpenMP; ``cache``: reuse cached stage
+    outputs (docs/BUILD.md, "Cache")."""
 
     quantizer: str
     blas: str
@@ -156,6 +161,8 @@ class BuildOptions:
     exporter: str | None = None
     packer: str | None = None
     rewrite: bool = True
+    openmp: bool = True
+    cache: bool = True
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -163,6 +170,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, default=str)
+            f.write("\n")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -170,51 +178,185 @@ def _write_json_atomic(path: Path, data: dict) -> None:
         raise
 
 
-def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
-          registry: Registry | None = None) -> dict:
-    """Run every stage; write ``out_dir/model.ditto`` and ``out_dir/build.json`` (stage
-    timings, pack summary). Raises MissingStage at the first stage that has no implementation
-    (after writing what the earlier stages produced), DittoError for bad input."""
-    registry = registry or get_registry()
-    out_dir = Path(out_dir)
-    blas = registry.get("blas", options.blas)  # fail early on an unknown --blas
-    ok, why = blas.available()
-    if not ok:
-        raise DittoError(f"BLAS target {options.blas!r} is not available here: {why}")
-    registry.get("quantizer", options.quantizer)
+def model_fingerprint(path: Path) -> str:
+    """SHA-256 of a model's bytes: the file, or every file under an HF directory."""
+    from .cache import file_hash, make_key
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return make_key({str(p.relative_to(path)): file_hash(p) for p in files})
+    return file_hash(path)
+
+
+def model_key(path: Path, exporter, quantizer, packer, options: QuantOptions) -> str:
+    """Cache key of the export+quantize+pack stages: the model's bytes, the component names,
+    the quantize options, and the code of the three plugins and of the model-file writer."""
+    from . import format as fmt
+    from . import modelfile
+    from .cache import make_key, tree_hash
+    from .compile import _plugin_fingerprint
+
+    return make_key({
+        "model": model_fingerprint(path), "exporter": exporter.name,
+        "quantizer": quantizer.name, "packer": packer.name,
+        "options": attrs.asdict(options),
+        "code": [_plugin_fingerprint(c) for c in (exporter, quantizer, packer)]
+                + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
+    })
+
+
+def _prepare_out_dir(out_dir: Path) -> Path:
+    """Check that ``out_dir`` may be (re)placed and return a fresh temp dir beside it."""
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise DittoError(f"{out_dir}: exists and is not a directory")
+        if any(out_dir.iterdir()) and not (out_dir / "build.json").is_file():
+            raise DittoError(f"{out_dir}: exists, is not empty and is not a Ditto build "
+                             "directory (no build.json); refusing to replace it")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-", dir=out_dir.parent))
     except OSError as exc:
         raise DittoError(f"{out_dir}: cannot create the output directory: "
                          f"{exc.strerror or exc}") from None
-    timings = Timings()
-    state: dict = {"out_dir": out_dir, "options": options, "registry": registry,
-                   "blas": blas, "timings": timings}
-    record = {"model": str(model), "quantizer": options.quantizer, "blas": options.blas,
-              "options": attrs.asdict(options.quant), "stages": timings.seconds}
-    with timings.stage("export"):
-        checkpoint = export(model, options.exporter, registry)
-    with timings.stage("quantize (plan)"):
-        qmodel = quantize(checkpoint, options.quantizer, options.quant, registry)
-    with timings.stage("quantize + pack"):
-        summary = pack(qmodel, out_dir / "model.ditto", options.packer, registry)
-    state.update(checkpoint=checkpoint, quantized=qmodel, pack=summary,
-                 model_file=out_dir / "model.ditto")
-    record["pack"] = {k: v for k, v in summary.items() if k not in ("tensors", "report")}
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Move the finished build ``tmp`` to ``out_dir`` (replacing an older build there)."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        os.rename(out_dir, old)
     try:
-        for stage, func in COMPILE_STAGES.items():
-            if stage == "rewrite" and not options.rewrite:
-                continue
-            if func is None:
-                raise MissingStage(stage, f"`ditto build` does not implement the compile "
-                                   f"stages yet; {out_dir / 'model.ditto'} was written, but no "
-                                   f"executable")
-            with timings.stage(stage):
-                func(state)
-        record["status"] = "complete"
-    except MissingStage as exc:
-        record["status"] = f"incomplete: {exc}"
-        _write_json_atomic(out_dir / "build.json", record)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        if old is not None:
+            os.rename(old, out_dir)
         raise
-    _write_json_atomic(out_dir / "build.json", record)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _normal_permissions(d: Path) -> None:
+    """mkdtemp/mkstemp create 0700/0600: give the build directory and its files the modes a
+    plain mkdir/open would (0777/0666 minus the umask), keeping the executable bits."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(d, 0o777 & ~umask)
+    for f in d.iterdir():
+        mode = 0o777 if os.access(f, os.X_OK) else 0o666
+        os.chmod(f, mode & ~umask)
+
+
+class _StageLog:
+    """Stage progress on stderr: one line per stage (``[3/6] pack``); the packer draws its
+    own weights bar inside its stage."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.k = enabled, total, 0
+
+    def __call__(self, name: str, note: str = "") -> None:
+        self.k += 1
+        if self.enabled:
+            import sys
+            print(f"[{self.k}/{self.total}] {name}{(' — ' + note) if note else ''}",
+                  file=sys.stderr, flush=True)
+
+
+def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
+          registry: Registry | None = None, *, cache_root: Path | None = None,
+          show_progress: bool = False) -> dict:
+    """Run the six stages and write the build directory ``out_dir`` (docs/BUILD.md):
+    ``ditto-run`` (the executable), ``model.ditto`` and ``build.json`` (per-stage seconds, bpw,
+    pass report, options).
+
+    Atomic: everything is built in ``<out_dir>.tmp-*`` beside it and renamed at the end, so a
+    failed build leaves no half-written ``out_dir`` (an older build there stays intact until
+    the new one is complete). Stage outputs are cached by content hash (``cache.Cache``):
+    model file by (model bytes, components, quantize options), executable by (runtime sources,
+    flags, BLAS, passes, host CPU). Returns the build.json record. Raises DittoError for
+    unknown components (PluginError listing the choices), an unavailable BLAS target, a model
+    that does not load, a compile or link failure."""
+    from .cache import Cache
+    from .compile import build_runtime
+    from .cc import resolve_blas
+
+    registry = registry or get_registry()
+    out_dir = Path(out_dir)
+    t_start = time.perf_counter()
+    # fail early, before any work: unknown or unusable components
+    blas = resolve_blas(registry.get("blas", options.blas))
+    quantizer = registry.get("quantizer", options.quantizer)
+    path = resolve_model(model)
+    exporter = choose_exporter(path, options.exporter, registry)
+    if options.packer is None:
+        packers = registry.all("packer")
+        if not packers:
+            raise MissingStage("pack", "no packer plugin is installed")
+        packer = packers[0]
+    else:
+        packer = registry.get("packer", options.packer)
+    cache = Cache(root=cache_root, enabled=None if options.cache else False)
+
+    log = _StageLog(show_progress, 6)
+    timings = Timings()
+    record: dict = {"model": str(model), "model_path": str(path), "executable": EXECUTABLE,
+                    "model_file": MODEL_FILE, "quantizer": quantizer.name,
+                    "exporter": exporter.name, "packer": packer.name, "blas": blas.name,
+                    "rewrite": options.rewrite, "openmp": options.openmp,
+                    "options": attrs.asdict(options.quant), "stages": timings.seconds,
+                    "cached": {}}
+    tmp = _prepare_out_dir(out_dir)
+    try:
+        # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
+        key = model_key(path, exporter, quantizer, packer, options.quant)
+        record["model_sha256"] = model_fingerprint(path)
+        hit = cache.get("model", key)
+        if hit is not None and (hit[0] / MODEL_FILE).is_file():
+            for name in ("export", "quantize", "pack"):
+                log(name, "cached")
+                timings.seconds[name] = 0.0
+            shutil.copy2(hit[0] / MODEL_FILE, tmp / MODEL_FILE)
+            summary = hit[1]["pack"]
+            record["cached"]["model"] = True
+        else:
+            log("export", f"{path.name} with {exporter.name}")
+            with timings.stage("export"):
+                checkpoint = exporter.load(path)
+            log("quantize", quantizer.name)
+            with timings.stage("quantize"):
+                qmodel = quantizer.quantize(checkpoint, options.quant)
+            log("pack", f"{packer.name} (quantization runs as the packer pulls tensors)")
+            with timings.stage("pack"):
+                summary = packer.pack(qmodel, tmp / MODEL_FILE)
+            summary = {k: v for k, v in summary.items() if k != "path"}
+            cache.put("model", key, {MODEL_FILE: tmp / MODEL_FILE}, {"pack": summary})
+            record["cached"]["model"] = False
+        record["pack"] = {k: v for k, v in summary.items() if k not in ("tensors", "report")}
+        record["bpw"] = summary.get("bpw")
+        record["tensors"] = summary.get("tensors", {})
+
+        # ---- stages 4-6: emit IR, rewrite, link (cached as one unit) ---------------------
+        names = {"emit_ir": "emit IR", "rewrite": "rewrite", "link": "link"}
+        res = build_runtime(tmp / EXECUTABLE, blas=blas, rewrite=options.rewrite,
+                            openmp=options.openmp, cache=cache,
+                            on_stage=lambda st: log(names[st]))
+        if res.cached:
+            for st in names.values():
+                log(st, "cached")
+        for st, sec in res.seconds.items():
+            timings.seconds[names[st]] = sec
+        record["cached"]["compile"] = res.cached
+        record["compile_key"] = res.key
+        record["passes"] = list(res.passes)
+        record["pass_summary"] = list(res.summary)
+        record["total_seconds"] = time.perf_counter() - t_start
+        record["status"] = "complete"
+        _write_json_atomic(tmp / "build.json", record)
+        _normal_permissions(tmp)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return record
