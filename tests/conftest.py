@@ -2,4 +2,6 @@
 
 pytest_plugins = [
     "tests.fixtures_models",
+    "tests.fixtures_hf",
+    "tests.fixtures_compile",
 ]

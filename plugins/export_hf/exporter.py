@@ -1,0 +1,179 @@
+"""The ``hf`` exporter: a Hugging Face ``LlamaForCausalLM``-family directory -> ``Checkpoint``.
+
+Reads ``config.json``, the weights (``model.safetensors``, or the shards named by
+``model.safetensors.index.json``; F32/F16/BF16, mmapped, converted to float32 one tensor at a
+time) and the tokenizer (see ``tokenizer.py``). HF q/k rows are already in the rotate-half order
+Ditto uses (docs/FORMAT.md), so tensors are only renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ditto_core.errors import DittoError
+from ditto_core.modelfile import check_config, expected_shapes
+from ditto_core.types import Checkpoint, ModelConfig
+
+from .safetensors_index import SafetensorsIndex
+from .tokenizer import tokenizer_from_hf
+
+ARCHITECTURES = {"LlamaForCausalLM"}
+MODEL_TYPES = {"llama"}
+
+#: HF per-layer tensor suffix -> Ditto per-layer name
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def ditto_name(hf_name: str) -> str | None:
+    """Ditto tensor name of an HF Llama tensor name, or None if it has none
+    (``model.layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``)."""
+    if hf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf_name]
+    m = _LAYER.match(hf_name)
+    if m and m.group(2) in LAYER_NAMES:
+        return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def _f32(x) -> float:
+    """The value the model file will store (float32), so both exporters agree exactly."""
+    return float(np.float32(x))
+
+
+def read_config(path: Path) -> tuple[dict, ModelConfig]:
+    """(raw config.json, ModelConfig). Raises DittoError naming the file for a missing file,
+    a non-Llama architecture, missing keys, or unsupported features (RoPE scaling, biases)."""
+    if not path.is_file():
+        raise DittoError(f"{path}: missing (an HF model directory needs config.json)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DittoError(f"{path}: cannot read JSON: {exc}") from None
+    archs = cfg.get("architectures") or []
+    mtype = cfg.get("model_type")
+    if mtype not in MODEL_TYPES or (archs and not set(archs) & ARCHITECTURES):
+        raise DittoError(f"{path}: architecture {archs or mtype!r} (model_type {mtype!r}) is "
+                         f"not supported; Ditto exports LlamaForCausalLM models")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise DittoError(f"{path}: RoPE scaling {rope_type!r} is not supported")
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise DittoError(f"{path}: attention/MLP biases are not supported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise DittoError(f"{path}: activation {cfg['hidden_act']!r} is not supported (silu)")
+
+    def need(key):
+        if key not in cfg:
+            raise DittoError(f"{path}: missing key {key!r}")
+        return cfg[key]
+
+    dim = int(need("hidden_size"))
+    n_heads = int(need("num_attention_heads"))
+    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    config = ModelConfig(
+        dim=dim, hidden_dim=int(need("intermediate_size")),
+        n_layers=int(need("num_hidden_layers")), n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        head_dim=int(cfg.get("head_dim") or dim // n_heads),
+        vocab_size=int(need("vocab_size")),
+        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        rope_theta=_f32(theta), norm_eps=_f32(cfg.get("rms_norm_eps", 1e-6)),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+    return cfg, config
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a model directory: the shards of
+    ``model.safetensors.index.json``, else ``model.safetensors``, else the only
+    ``*.safetensors``. Raises DittoError naming the directory when there are none."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise DittoError(f"{index}: not a safetensors index ({exc})") from None
+        files = []
+        for shard in dict.fromkeys(weight_map.values()):
+            f = directory / shard
+            if not f.is_file():
+                raise DittoError(f"{f}: shard listed in {index.name} is missing")
+            files.append(f)
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(directory.glob("*.safetensors"))
+    if len(found) == 1:
+        return found
+    if not found:
+        extra = " (PyTorch .bin weights are not supported)" if list(
+            directory.glob("*.bin")) else ""
+        raise DittoError(f"{directory}: no model.safetensors or model.safetensors.index.json"
+                         f"{extra}")
+    raise DittoError(f"{directory}: several .safetensors files but no "
+                     f"model.safetensors.index.json")
+
+
+class HFExporter:
+    """Exporter component ``hf`` (see ditto_core.components.Exporter)."""
+
+    name = "hf"
+
+    def can_load(self, path: Path) -> bool:
+        return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+    def load(self, path: Path) -> Checkpoint:
+        """Read config.json and the tokenizer, index the safetensors tensors lazily.
+
+        Raises DittoError naming the file for: missing config/weights/tokenizer, a non-Llama
+        architecture, a truncated safetensors file, a dtype other than F32/F16/BF16, unknown
+        tensors, or tensor shapes that do not match the config."""
+        directory = Path(path)
+        if not directory.is_dir():
+            raise DittoError(f"{directory}: not a directory")
+        raw, config = read_config(directory / "config.json")
+        index = SafetensorsIndex(weight_files(directory))
+        names: dict[str, str] = {}  # ditto -> hf
+        for hf_name in index.tensors:
+            d = ditto_name(hf_name)
+            if d is None:
+                if hf_name.endswith("rotary_emb.inv_freq"):
+                    continue  # a buffer older transformers saved; recomputed from rope_theta
+                t = index.tensors[hf_name]
+                raise DittoError(f"{t.file}: unexpected tensor {hf_name!r} for a Llama model")
+            if d == "output.weight" and config.tied_embeddings:
+                continue  # tied: the classifier is the embedding (transformers may save both)
+            names[d] = hf_name
+        shapes = {d: index.tensors[h].shape for d, h in names.items()}
+        where = str(directory)
+        try:
+            check_config(config, shapes, where)
+        except DittoError as exc:
+            raise DittoError(f"{exc} (config: {directory / 'config.json'})") from None
+        tokenizer = tokenizer_from_hf(directory, config.vocab_size, raw)
+        order = list(expected_shapes(config))
+
+        def loader(d):
+            return lambda: index.load_f32(names[d])
+
+        return Checkpoint(config=config, tokenizer=tokenizer,
+                          tensors={d: loader(d) for d in order},
+                          shapes={d: shapes[d] for d in order}, source=directory)

@@ -1,0 +1,105 @@
+"""Lazy, mmapped access to the tensors of one or more ``.safetensors`` files.
+
+The safetensors layout (huggingface/safetensors, "Format"): an 8-byte little-endian header
+length N, N bytes of JSON mapping each tensor name to ``dtype``, ``shape`` and
+``data_offsets`` [begin, end) relative to the byte after the header, then the data. The header is
+parsed here so every dtype Ditto accepts (F32, F16, BF16) is read the same way, zero-copy from a
+``numpy.memmap``; BF16 is widened to float32 through a uint16 view (bf16 is the top half of an
+IEEE float32).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from ditto_core.errors import DittoError
+
+#: safetensors dtype -> numpy dtype of the stored bytes
+DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+@attrs.frozen
+class SafeTensor:
+    """Where one tensor lives: file, dtype name, shape, absolute byte range."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def read_header(path: Path) -> dict[str, SafeTensor]:
+    """Tensor name -> SafeTensor for one file. Raises DittoError naming the file for a file
+    that is not safetensors, is truncated, or holds a dtype other than F32/F16/BF16."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise DittoError(f"{path}: truncated safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > 100_000_000:
+                raise DittoError(f"{path}: truncated or not a safetensors file (header of {n} "
+                                 f"bytes, file of {size})")
+            raw = f.read(n)
+    except OSError as exc:
+        raise DittoError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DittoError(f"{path}: not a safetensors file (bad JSON header: {exc})") from None
+    if not isinstance(header, dict):
+        raise DittoError(f"{path}: not a safetensors file (header is not a JSON object)")
+    base = 8 + n
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = meta["dtype"], tuple(int(x) for x in meta["shape"])
+            begin, end = (int(x) for x in meta["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise DittoError(f"{path}: malformed header entry for tensor {name!r}") from None
+        if dtype not in DTYPES:
+            raise DittoError(f"{path}: tensor {name!r} has dtype {dtype}; Ditto reads F32, F16 "
+                             f"and BF16")
+        if end - begin != math.prod(shape) * DTYPES[dtype].itemsize or begin > end:
+            raise DittoError(f"{path}: tensor {name!r} byte range [{begin}, {end}) does not "
+                             f"match {dtype} {list(shape)}")
+        if base + end > size:
+            raise DittoError(f"{path}: truncated: tensor {name!r} ends at byte {base + end}, "
+                             f"the file has {size}")
+        out[name] = SafeTensor(path, dtype, shape, base + begin, base + end)
+    return out
+
+
+class SafetensorsIndex:
+    """All tensors of a model (one file or shards listed in ``model.safetensors.index.json``)."""
+
+    def __init__(self, files: list[Path]):
+        self.tensors: dict[str, SafeTensor] = {}
+        for f in files:
+            for name, t in read_header(f).items():
+                if name in self.tensors:
+                    raise DittoError(f"{f}: tensor {name!r} is also in "
+                                     f"{self.tensors[name].file}")
+                self.tensors[name] = t
+        self._maps: dict[Path, np.memmap] = {}
+
+    def load_f32(self, name: str) -> np.ndarray:
+        """float32 C-contiguous copy of tensor ``name`` (widened from F16/BF16)."""
+        t = self.tensors[name]
+        mm = self._maps.get(t.file)
+        if mm is None:
+            mm = self._maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
+        raw = mm[t.begin:t.end].view(np.ndarray).view(DTYPES[t.dtype]).reshape(t.shape)
+        if t.dtype == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return np.array(raw, dtype=np.float32, order="C")

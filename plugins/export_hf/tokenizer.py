@@ -1,0 +1,184 @@
+"""HF ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) ->
+``TokenizerSpec`` (docs/FORMAT.md, "Tokenizer block").
+
+Two kinds of ``BPE`` model are read:
+- byte-level BPE (a ``ByteLevel`` pre-tokenizer): tokens are stored as raw bytes (the GPT-2
+  byte-to-unicode form undone), added tokens as their text; merges become id pairs in rank
+  order. Pre-tokenizer ``ByteLevel(use_regex=True)`` is the GPT-2 regex; preceded by
+  ``Digits(individual_digits=True)`` it is the SmolLM2 one (``gpt2_digits``).
+- SentencePiece BPE (``Metaspace`` pre-tokenizer or a normalizer that replaces " " by "▁",
+  ``byte_fallback``): pieces are kept; HF stores no piece scores, so a piece gets
+  ``-rank`` of the first merge that produces it (pieces no merge produces get 0), which makes
+  "merge the pair with the highest score" the same order as HF's merge ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ditto_core.bytelevel import unicode_to_bytes
+from ditto_core.errors import DittoError
+from ditto_core.types import TokenizerSpec
+
+TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 3, 4, 5, 6
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DittoError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DittoError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _flatten(node) -> list[dict]:
+    """Components of a (possibly Sequence) pre-tokenizer / normalizer / decoder, in order."""
+    if not node:
+        return []
+    if node.get("type") == "Sequence":
+        out = []
+        for key in ("pretokenizers", "normalizers", "decoders"):
+            for child in node.get(key, []):
+                out.extend(_flatten(child))
+        return out
+    return [node]
+
+
+def _token_text(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return v.get("content")
+    return str(v)
+
+
+def _byte_level_pre(pres: list[dict], where: str) -> str:
+    kinds = [p.get("type") for p in pres]
+    if kinds == ["ByteLevel"] and pres[0].get("use_regex", True):
+        return "gpt2"
+    if (kinds == ["Digits", "ByteLevel"] and pres[0].get("individual_digits")
+            and pres[1].get("use_regex", True)):
+        return "gpt2_digits"
+    raise DittoError(f"{where}: unsupported byte-level pre-tokenizer {kinds} (supported: "
+                     f"ByteLevel(use_regex=true), Digits(individual_digits=true) + ByteLevel)")
+
+
+def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> TokenizerSpec:
+    """Read the tokenizer of an HF model directory. ``vocab_size`` is the number of embedding
+    rows: a smaller vocabulary is padded with unused (empty) tokens, a larger one refused.
+    Raises DittoError naming the file for a missing tokenizer.json, a model type other than
+    BPE, or an unsupported pre-tokenizer."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise DittoError(f"{path}: missing (an HF model directory needs tokenizer.json)")
+    tj = _load_json(path)
+    where = str(path)
+    tcfg_path = directory / "tokenizer_config.json"
+    tcfg = _load_json(tcfg_path) if tcfg_path.is_file() else {}
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise DittoError(f"{where}: tokenizer model {model.get('type')!r} is not supported "
+                         f"(Ditto reads BPE)")
+    vocab: dict[str, int] = model.get("vocab") or {}
+    added = {int(a["id"]): a for a in tj.get("added_tokens", [])}
+    n_src = max([*vocab.values(), *added.keys(), -1]) + 1
+    if n_src > vocab_size:
+        raise DittoError(f"{where}: {n_src} tokens but the embedding has only {vocab_size} rows")
+    texts: list[str | None] = [None] * vocab_size
+    for text, i in vocab.items():
+        texts[i] = text
+    for i, a in added.items():
+        texts[i] = a["content"]
+    by_text = {t: i for i, t in enumerate(texts) if t is not None}
+
+    pres = _flatten(tj.get("pre_tokenizer"))
+    norms = _flatten(tj.get("normalizer"))
+    byte_level = any(p.get("type") == "ByteLevel" for p in pres)
+    metaspace = any(p.get("type") == "Metaspace" for p in pres) or any(
+        n.get("type") == "Replace" and n.get("content") == "\u2581" for n in norms)
+
+    types = np.full(vocab_size, TT_UNUSED, dtype=np.uint32)
+    tokens: list[bytes] = [b""] * vocab_size
+    for i, text in enumerate(texts):
+        if text is None:
+            continue
+        if i in added:
+            types[i] = TT_CONTROL if added[i].get("special") else TT_USER_DEFINED
+            tokens[i] = text.encode("utf-8")
+        elif byte_level:
+            types[i] = TT_NORMAL
+            tokens[i] = unicode_to_bytes(text, f"{where}: token {i}: ")
+        else:
+            is_byte = len(text) == 6 and text.startswith("<0x") and text.endswith(">")
+            types[i] = TT_BYTE if is_byte else TT_NORMAL
+            tokens[i] = text.encode("utf-8")
+
+    merges = []
+    for rank, m in enumerate(model.get("merges") or []):
+        parts = m.split(" ") if isinstance(m, str) else list(m)
+        if len(parts) != 2:
+            raise DittoError(f"{where}: merge {rank} {m!r} is not a pair of tokens")
+        left, right = parts
+        if left not in by_text or right not in by_text or left + right not in by_text:
+            raise DittoError(f"{where}: merge {rank} {m!r} does not join two vocabulary tokens "
+                             f"into one")
+        merges.append((by_text[left], by_text[right], by_text[left + right]))
+
+    def tok_id(key: str, cfg_key: str) -> int:
+        text = _token_text(tcfg.get(key))
+        if text is not None:
+            if text not in by_text:
+                raise DittoError(f"{tcfg_path}: {key} {text!r} is not in the vocabulary")
+            return by_text[text]
+        v = config.get(cfg_key)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        return int(v) if isinstance(v, int) and 0 <= v < vocab_size else -1
+
+    unk = tok_id("unk_token", "unk_token_id")
+    if unk < 0 and model.get("unk_token") in by_text:
+        unk = by_text[model["unk_token"]]
+    template = tcfg.get("chat_template") or ""
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t.get("template", "") for t in template
+                         if t.get("name") == "default"), "")
+    jinja = directory / "chat_template.jinja"
+    if not template and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if "add_bos_token" in tcfg:
+        add_bos = bool(tcfg["add_bos_token"])
+    else:
+        post = tj.get("post_processor") or {}
+        single = post.get("single") or []
+        add_bos = bool(single) and "SpecialToken" in single[0]
+    common = dict(bos_id=tok_id("bos_token", "bos_token_id"),
+                  eos_id=tok_id("eos_token", "eos_token_id"), unk_id=unk,
+                  pad_id=tok_id("pad_token", "pad_token_id"), add_bos=add_bos,
+                  chat_format="chatml" if "<|im_start|>" in template else "none",
+                  chat_template=template)
+    if byte_level:
+        return TokenizerSpec(kind="bpe_bytes", tokens=tuple(tokens),
+                             scores=np.zeros(vocab_size, np.float32), token_types=types,
+                             merges=tuple((a, b) for a, b, _ in merges),
+                             pre=_byte_level_pre(pres, where), add_space_prefix=False, **common)
+    if metaspace:
+        if not model.get("byte_fallback", False):
+            raise DittoError(f"{where}: SentencePiece BPE without byte_fallback is not "
+                             f"supported")
+        scores = np.zeros(vocab_size, np.float32)
+        seen = set()
+        for rank, (_, _, merged) in enumerate(merges):
+            if merged not in seen:
+                seen.add(merged)
+                scores[merged] = -float(rank)
+        prepend = any(n.get("type") == "Prepend" for n in norms) or any(
+            p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+            and p.get("add_prefix_space", True) for p in pres)
+        return TokenizerSpec(kind="spm_bpe", tokens=tuple(tokens), scores=scores,
+                             token_types=types, add_space_prefix=prepend, **common)
+    raise DittoError(f"{where}: BPE tokenizer is neither byte-level (ByteLevel pre-tokenizer) "
+                     f"nor SentencePiece (Metaspace); not supported")
