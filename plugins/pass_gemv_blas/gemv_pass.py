@@ -1,0 +1,160 @@
+"""The IR pass ``gemv-blas``: naive GEMV loop nests → guarded ``cblas_sgemv``/``cblas_dgemv``.
+
+Pipeline per function: parse the IR text (``ir_text``), build the CFG, dominators and natural
+loops (``loops``), match every two-level nest whose inner loop is innermost (``match``), and
+splice a guarded BLAS call in front of each match (``rewrite``). The result is re-parsed and
+verified with llvmlite; a nest whose rewrite does not verify is left alone and reported.
+What is recognised, why it is legal and the floating-point policy: docs/PASS.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ditto_core.errors import DittoError
+from ditto_core.types import IRModule, PassReport
+
+from . import rewrite
+from .ir_text import parse_functions
+from .loops import build_cfg, find_loops
+from .match import NestMatcher, Reject
+
+THREAD_FLAG = "@ditto.gemv.blas_single_threaded"
+STRICT_HINT = ("reduction has no reassoc flag (strict FP order); compile with "
+               "-fassociative-math/-ffast-math or put '#pragma clang fp reassociate(on)' "
+               "in the loop's block")
+
+
+def _verify(text: str) -> str | None:
+    """None if ``text`` parses and verifies in llvmlite, else the error message."""
+    import llvmlite.binding as llvm
+
+    try:
+        mod = llvm.parse_assembly(text)
+        mod.verify()
+    except RuntimeError as exc:
+        return str(exc).strip()
+    return None
+
+
+class GemvBlasPass:
+    """IR pass ``gemv-blas`` (stage 5, rewrite).
+
+    ``allow_strict``: also rewrite reductions without ``reassoc`` (the report then says
+    ``"reassociates": true``); default False, see docs/PASS.md "Floating-point policy".
+    ``omp_threads``: ``"single"`` makes BLAS single-threaded (once, process-wide) before the
+    first call from an OpenMP outlined function, ``"blas"`` leaves BLAS threading alone.
+    """
+
+    name = "gemv-blas"
+
+    def __init__(self, allow_strict: bool = False, omp_threads: str = "single"):
+        self.allow_strict = allow_strict
+        self.omp_threads = omp_threads
+
+    # -------------------------------------------------------------------------------------
+    def analyse(self, text: str) -> list[tuple[dict, object]]:
+        """Every candidate nest of the module: (report dict, Gemv or None)."""
+        out = []
+        for fn in parse_functions(text):
+            cfg = build_cfg(fn)
+            for loop in find_loops(cfg):
+                if not loop.children or any(c.children for c in loop.children):
+                    continue
+                cand = {"function": fn.name, "loop": loop.header.lstrip("%"),
+                        "depth": 2, "omp": ".omp_outlined" in fn.name}
+                if len(loop.children) != 1:
+                    cand.update(status="rejected",
+                                reason=f"outer loop contains {len(loop.children)} inner loops")
+                    out.append((cand, None))
+                    continue
+                inner = loop.children[0]
+                cand["inner_loop"] = inner.header.lstrip("%")
+                try:
+                    g = NestMatcher(fn, cfg, loop, inner).match()
+                except Reject as exc:
+                    cand.update(status="rejected", reason=str(exc))
+                    out.append((cand, None))
+                    continue
+                cand.update(dtype=g.dtype, form=g.form,
+                            layout="row-major NoTrans (i*ld+k)" if g.layout == "row"
+                            else "transposed (k*ld+i)",
+                            reassociates=not g.reassoc)
+                if not g.reassoc and not self.allow_strict:
+                    cand.update(status="rejected", reason=STRICT_HINT)
+                    out.append((cand, None))
+                    continue
+                cand.update(status="rewritten", reason="")
+                out.append((cand, (fn, g)))
+        return out
+
+    def _apply(self, text: str, chosen: list, blas) -> str:
+        lines = text.split("\n")
+        edits: dict = {}
+        inserts: dict = {}  # end line of function -> new lines
+        decls = set()
+        need_flag = False
+        tc = getattr(blas, "thread_control", None)
+        set_threads = (tc() or {}).get("set_num_threads") if callable(tc) else None
+        for n, (cand, (fn, g)) in enumerate(chosen):
+            tag = f"gemv{n}"
+            routine = "cblas_sgemv" if g.dtype == "float" else "cblas_dgemv"
+            symbol = blas.symbol(routine) if blas is not None else routine
+            thread = None
+            if cand["omp"] and self.omp_threads == "single" and set_threads:
+                thread = {"set": set_threads, "flag": THREAD_FLAG}
+                need_flag = True
+                decls.add(f"declare void @{set_threads}(i32)")
+            cand["routine"] = symbol
+            cand["blas_threads"] = ("1 (set once)" if thread else "library default")
+            body, facts = rewrite.build(g, tag, symbol, thread)
+            inserts.setdefault(fn.end_line, []).extend(body)
+            for ln, f in rewrite.text_edits(fn.blocks, g, tag, facts["last_block"]).items():
+                prev = edits.get(ln)
+                edits[ln] = f if prev is None else (lambda s, p=prev, f=f: f(p(s)))
+            ty = g.dtype
+            decls.add(f"declare void @{symbol}(i32, i32, i32, i32, {ty}, ptr, i32, ptr, i32, "
+                      f"{ty}, ptr, i32)")
+        out = []
+        for j, line in enumerate(lines):
+            if j in edits:
+                line = edits[j](line)
+            if j in inserts:
+                out.extend(inserts[j])
+            out.append(line)
+        for d in sorted(decls):
+            sym = re.search(r"@([-\w.$]+)\(", d).group(1)
+            if not re.search(rf"^(declare|define)\b[^\n]*@{re.escape(sym)}\(", text, re.M):
+                out.append(d)
+        if need_flag and THREAD_FLAG + " =" not in text:
+            out.append(f"{THREAD_FLAG} = internal global i32 0, align 4")
+        return "\n".join(out)
+
+    def run(self, module: IRModule, blas) -> tuple[IRModule, PassReport]:
+        """Rewrite every recognised GEMV nest of ``module``; see the module docstring.
+
+        Returns the new module (parses and verifies in llvmlite) and a PassReport with one
+        dict per candidate: function, loop, inner_loop, status ("rewritten"/"rejected"),
+        reason, and for matched nests dtype, form, layout, reassociates, routine, omp.
+        Raises DittoError if the input module itself does not parse."""
+        text = module.text
+        err = _verify(text)
+        if err is not None:
+            raise DittoError(f"{module.source or 'IR module'}: input IR does not verify: "
+                             f"{err[:300]}")
+        found = self.analyse(text)
+        chosen = [(c, m) for c, m in found if m is not None]
+        new = self._apply(text, chosen, blas) if chosen else text
+        if chosen and _verify(new) is not None:
+            # isolate the nests whose rewrite breaks the module; keep the others
+            good = []
+            for item in chosen:
+                trial = self._apply(text, good + [item], blas)
+                why = _verify(trial)
+                if why is None:
+                    good.append(item)
+                else:
+                    item[0].update(status="rejected",
+                                   reason=f"rewrite did not verify: {why.splitlines()[0][:160]}")
+            new = self._apply(text, good, blas) if good else text
+        return IRModule(new, module.source), PassReport(tuple(c for c, _ in found))

@@ -1,0 +1,215 @@
+"""Emit the guarded BLAS call for a matched GEMV nest, as edits of the module's IR text.
+
+For a nest entered from block P (its preheader) into header H and left to block E:
+
+    P:            br ... label %gemvN.guard ...          (was: label %H)
+    gemvN.guard:  evaluate m, n, ld, pointers; ok = m>0 & n>0 & ld>=cols & no overlap & ...
+                  br i1 ok, label %gemvN.call, label %H  (H's phis now come from gemvN.guard)
+    gemvN.call:   call void @<cblas_[sd]gemv>(101, 111|112, M, N, alpha, A, ld, x, 1, beta, y, 1)
+                  br label %E                           (E's phis get an incoming from here)
+
+The original nest stays as the fallback, so a failed guard runs the C semantics unchanged.
+CBLAS interface: BLAS Technical Forum Standard (2001), Annex B (``CblasRowMajor`` = 101,
+``CblasNoTrans`` = 111, ``CblasTrans`` = 112).
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import affine as P
+from .match import IV_I, IV_K, INT32_MAX, Gemv
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+class Emitter:
+    """Accumulates instructions of the guard block with unique names ``%gemvN.tJ``."""
+
+    def __init__(self, tag: str, atom_types: dict):
+        self.tag, self.lines, self.n = tag, [], 0
+        self.atom_types = atom_types
+        self.cache: dict = {}
+        self.subst: dict = {}
+
+    def tmp(self) -> str:
+        self.n += 1
+        return f"%{self.tag}.t{self.n}"
+
+    def emit(self, text: str) -> str:
+        name = self.tmp()
+        self.lines.append(f"  {name} = {text}")
+        return name
+
+    def atom64(self, a: str) -> str:
+        if a in self.cache:
+            return self.cache[a]
+        ty = self.atom_types.get(a, "i64")
+        v = a if ty == "i64" else self.emit(f"sext {ty} {a} to i64")
+        self.cache[a] = v
+        return v
+
+    def poly(self, p: dict) -> str:
+        """i64 value of an invariant polynomial (no IV atoms)."""
+        acc = None
+        for mono, c in sorted(p.items()):
+            if not mono:
+                term = str(c)
+            else:
+                term = self.atom64(mono[0])
+                for a in mono[1:]:
+                    term = self.emit(f"mul i64 {term}, {self.atom64(a)}")
+                if c != 1:
+                    term = self.emit(f"mul i64 {term}, {c}")
+            acc = term if acc is None else self.emit(f"add i64 {acc}, {term}")
+        return "0" if acc is None else acc
+
+    def icmp(self, pred: str, a: str, b: str) -> str:
+        return self.emit(f"icmp {pred} i64 {a}, {b}")
+
+    def scalar(self, coef: tuple | None, ty: str) -> str:
+        if coef is None:
+            return "0.000000e+00"
+        sign, factors = coef
+        v = None
+        for f in factors:
+            f = self.subst.get(f, f)
+            v = f if v is None else self.emit(f"fmul {ty} {v}, {f}")
+        if v is None:
+            v = "1.000000e+00"
+        if sign < 0:
+            v = self.emit(f"fneg {ty} {v}")
+        return v
+
+
+def _at(p: dict, i: dict, k: dict) -> dict:
+    return P.subst(P.subst(p, IV_I, i), IV_K, k)
+
+
+def build(g: Gemv, tag: str, symbol: str, thread: dict | None) -> tuple[list[str], dict]:
+    """Text of the guard and call blocks for ``g``; returns (lines, facts for the report).
+
+    ``thread``: for a nest inside an OpenMP outlined function, {"set": symbol of
+    ``void set_num_threads(int)``, "flag": name of a module global i32} to make BLAS
+    single-threaded once (see docs/PASS.md, "OpenMP"); None leaves BLAS threading alone."""
+    e = Emitter(tag, g.atom_types)
+    ty = g.dtype
+    i0, i1 = g.i_range.start, g.i_range.end
+    k0, k1 = g.k_range.start, g.k_range.end
+    m = e.poly(P.add(i1, i0, -1))
+    n = e.poly(P.add(k1, k0, -1))
+    ld = e.poly(g.ld)
+    rows, cols = (m, n) if g.layout == "row" else (n, m)
+    conds = []
+    for val, want in g.forced:
+        conds.append(val if want else e.emit(f"xor i1 {val}, true"))
+    conds += [e.icmp("sgt", m, "0"), e.icmp("sgt", n, "0"),
+              e.icmp("sle", m, str(INT32_MAX)), e.icmp("sle", n, str(INT32_MAX)),
+              e.icmp("sge", ld, cols), e.icmp("sle", ld, str(INT32_MAX))]
+    one = P.const(1)
+    i_last, k_last = P.add(i1, one, -1), P.add(k1, one, -1)
+    if g.narrow:
+        # index arithmetic may wrap in 32 bits: require every index in [0, INT32_MAX]
+        for p_ in (g.a_off, g.x_off, g.y_off):
+            lo = e.poly(_at(p_, i0, k0))
+            hi = e.poly(_at(p_, i_last, k_last))
+            conds += [e.icmp("sge", lo, "0"), e.icmp("sle", hi, str(INT32_MAX * g.elt))]
+        for r0, r1 in ((i0, i1), (k0, k1)):
+            conds += [e.icmp("sge", e.poly(r0), "0"), e.icmp("sle", e.poly(r1), str(INT32_MAX))]
+
+    def ptr(base: str, off: dict) -> str:
+        o = e.poly(off)
+        return base if o == "0" else e.emit(f"getelementptr i8, ptr {base}, i64 {o}")
+
+    a_ptr = ptr(g.a_base, _at(g.a_off, i0, k0))
+    x_ptr = ptr(g.x_base, _at(g.x_off, i0, k0))
+    y_ptr = ptr(g.y_base, _at(g.y_off, i0, k0))
+    # byte extents: A touches (rows-1)*ld + cols elements from a_ptr
+    a_n = e.emit(f"mul i64 {e.emit(f'sub i64 {rows}, 1')}, {ld}")
+    a_n = e.emit(f"add i64 {a_n}, {cols}")
+    a_lo = e.emit(f"ptrtoint ptr {a_ptr} to i64")
+    x_lo = e.emit(f"ptrtoint ptr {x_ptr} to i64")
+    y_lo = e.emit(f"ptrtoint ptr {y_ptr} to i64")
+    a_hi = e.emit(f"add i64 {a_lo}, {e.emit(f'mul i64 {a_n}, {g.elt}')}")
+    x_hi = e.emit(f"add i64 {x_lo}, {e.emit(f'mul i64 {n}, {g.elt}')}")
+    y_hi = e.emit(f"add i64 {y_lo}, {e.emit(f'mul i64 {m}, {g.elt}')}")
+    ranges = [(a_lo, a_hi), (x_lo, x_hi)]
+    scalar_ptrs = {}
+    for v, (base, off) in g.scalar_loads.items():
+        sp = ptr(base, off)
+        scalar_ptrs[v] = sp
+        s_lo = e.emit(f"ptrtoint ptr {sp} to i64")
+        ranges.append((s_lo, e.emit(f"add i64 {s_lo}, {g.elt}")))
+    for lo, hi in ranges:
+        before = e.emit(f"icmp ule i64 {y_hi}, {lo}")
+        after = e.emit(f"icmp ule i64 {hi}, {y_lo}")
+        conds.append(e.emit(f"or i1 {before}, {after}"))
+    ok = conds[0]
+    for c in conds[1:]:
+        ok = e.emit(f"and i1 {ok}, {c}")
+    guard = [f"{tag}.guard:", *e.lines,
+             f"  br i1 {ok}, label %{tag}.call, label {g.outer.header}"]
+    e.lines = []
+    m32 = e.emit(f"trunc i64 {rows} to i32")
+    n32 = e.emit(f"trunc i64 {cols} to i32")
+    ld32 = e.emit(f"trunc i64 {ld} to i32")
+    for v, sp in scalar_ptrs.items():
+        e.subst[v] = e.emit(f"load {ty}, ptr {sp}")
+    alpha = e.scalar(g.alpha, ty)
+    beta = e.scalar(g.beta, ty)
+    trans = NO_TRANS if g.layout == "row" else TRANS
+    call = [f"{tag}.call:"]
+    if thread is not None:
+        flag = thread["flag"]
+        seen = e.emit(f"load i32, ptr {flag}, align 4")
+        first = e.emit(f"icmp eq i32 {seen}, 0")
+        call += e.lines
+        e.lines = []
+        call += [f"  br i1 {first}, label %{tag}.threads, label %{tag}.blas",
+                 f"{tag}.threads:",
+                 f"  call void @{thread['set']}(i32 1)",
+                 f"  store i32 1, ptr {flag}, align 4",
+                 f"  br label %{tag}.blas",
+                 f"{tag}.blas:"]
+    call += e.lines
+    call += [f"  call void @{symbol}(i32 {ROW_MAJOR}, i32 {trans}, i32 {m32}, i32 {n32}, "
+             f"{ty} {alpha}, ptr {a_ptr}, i32 {ld32}, ptr {x_ptr}, i32 1, {ty} {beta}, "
+             f"ptr {y_ptr}, i32 1)",
+             f"  br label %{g.exit.lstrip('%')}"]
+    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.call"
+    return guard + call, {"last_block": last_block}
+
+
+def _relabel(line: str, old: str, new: str) -> str:
+    return re.sub(rf"label {re.escape(old)}(?![-\w.$])", f"label {new}", line)
+
+
+def text_edits(fn_blocks: dict, g: Gemv, tag: str, last_block: str) -> dict:
+    """Line edits (line index → function(str) → str) that splice the new blocks in."""
+    edits: dict = {}
+    guard = f"%{tag}.guard"
+    pre = fn_blocks[g.preheader]
+    term_line = pre.term.line
+
+    def add(line, f):
+        prev = edits.get(line)
+        edits[line] = f if prev is None else (lambda s, p=prev, f=f: f(p(s)))
+
+    add(term_line, lambda s: _relabel(s, g.outer.header, guard))
+    for ins in fn_blocks[g.outer.header].instrs:
+        if ins.op == "phi":
+            add(ins.line, lambda s: re.sub(rf",\s*{re.escape(g.preheader)}\s*\]",
+                                           f", {guard} ]", s))
+    latch = g.outer.latches[0]
+    for ins in fn_blocks[g.exit].instrs:
+        if ins.op == "phi":
+            vals = [v for v, b in ins.extra["incoming"] if b == latch]
+            if vals:
+                v = vals[0]
+
+                def f(s, v=v):
+                    j = s.rindex("]")
+                    return s[: j + 1] + f", [ {v}, {last_block} ]" + s[j + 1:]
+
+                add(ins.line, f)
+    return edits
