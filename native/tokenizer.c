@@ -475,7 +475,6 @@ static void try_pair(const Tokenizer *t, Work *w, const uint8_t *word, int32_t l
     const Symbol *a = &w->syms[left], *b = &w->syms[right];
     Candidate c = {0, left, right, a->len + b->len, -1};
     if (t->kind == DITTO_TOK_BPE_BYTES) {
-        if (a->id < 0 || b->id < 0) return;
         const MergeSlot *m = merge_find(t, a->id, b->id);
         if (!m) return;
         c.key = m->rank;
@@ -513,14 +512,21 @@ static void merge_word(const Tokenizer *t, Work *w, const uint8_t *word, int32_t
     }
 }
 
-/* Byte-level BPE of one pre-tokenized word. */
+/* Byte-level BPE of one pre-tokenized word. A byte without a token (SmolLM2 has none for 21
+ * bytes) is dropped before merging, so its neighbours may merge, as HF tokenizers' BPE does
+ * (llama.cpp keeps it as an unmergeable symbol and drops it afterwards). */
 static int bpe_word(const Tokenizer *t, Work *w, const uint8_t *word, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        w->syms[i] = (Symbol){t->byte_id[word[i]], (int32_t)i - 1,
-                              i + 1 < n ? (int32_t)i + 1 : -1, (uint32_t)i, 1};
-    merge_word(t, w, word, (int32_t)n);
-    for (int32_t i = 0; i >= 0; i = w->syms[i].next) /* a byte without a token is dropped, */
-        if (w->syms[i].id >= 0 && push_id(w, w->syms[i].id)) return -1; /* as HF and llama.cpp */
+    int32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = t->byte_id[word[i]];
+        if (id < 0) continue;
+        w->syms[m] = (Symbol){id, m - 1, -1, (uint32_t)i, 1};
+        if (m > 0) w->syms[m - 1].next = m;
+        m++;
+    }
+    merge_word(t, w, word, m);
+    for (int32_t i = 0; i >= 0 && m > 0; i = w->syms[i].next)
+        if (push_id(w, w->syms[i].id)) return -1;
     return 0;
 }
 

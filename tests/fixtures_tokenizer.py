@@ -1,0 +1,308 @@
+"""Session fixtures and helpers for the C tokenizer (native/tokenizer.c).
+
+- ``tokenizer_lib``: native/tokenizer.c + unicode_tables.c compiled with clang-22 into a shared
+  library, called through ctypes (``CTokenizer``).
+- ``smollm2_spec`` / ``smollm2_ctok``: SmolLM2's tokenizer as the GGUF exporter reads it, serialized
+  to a model-file tokenizer block (ditto_core.modelfile.serialize_tokenizer) and loaded in C.
+- ``smollm2_hf``: the reference: HF ``tokenizers`` built straight from the GGUF's vocab and merges
+  (the recipe of ../shared/README.md), independent of Ditto's exporter.
+- ``spm_model``: a SentencePiece BPE model (byte_fallback) trained by the ``sentencepiece``
+  library on Python standard-library source, and ``spec_from_sentencepiece`` to convert it.
+
+Expensive builds are cached per process (``functools.lru_cache``) so that test modules importing
+these fixtures share them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ditto_core.modelfile import serialize_tokenizer
+from ditto_core.types import TokenizerSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "native"
+GOLDEN = ROOT.parent / "shared" / "data" / "smollm2_tokenizer_golden.jsonl"
+TOKENIZER_SOURCES = [NATIVE / "tokenizer.c", NATIVE / "unicode_tables.c"]
+WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+
+# GGUF token types (FORMAT.md)
+TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
+
+# Edge cases of our own (the golden file has its own set).
+EDGE_CORPUS = [
+    "",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "a",
+    "'",
+    "'s",
+    "x'",
+    "''s''",
+    "def f(x):\r\n\treturn x  \r\n",
+    "int main() {\n\tint a[3] = {1, 2, 3};\n\t\treturn a[0];\n}\n",
+    "    if x:\n        y = 1\n\n\n    else:\n\t\ty = 2  \n",
+    "line with trailing spaces    \n    \n",
+    "a  b   c    d     e",
+    "tab\t\t\tseparated\tvalues\t",
+    "\n\n\n\n",
+    " \n \n ",
+    "123 4567 89012345678901234567890",
+    "3.14e-10 0x1F 0b1010 1_000_000",
+    "x²+y³ ٣٤٥ ½ Ⅻ 𝟘𝟙",
+    "中文字符测试，标点符号！",
+    "日本語のひらがなとカタカナ、漢字",
+    "한국어 문장입니다.",
+    "👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇫🇷 🙂🙂🙂",
+    "e\u0301 a\u0308 n\u0303 \u0915\u094d\u0937",
+    "עברית ومزيج عربي RTL \u200f mark",
+    "I'm you're he's they've we'll she'd IT'S DON'T",
+    "don't won't can't shouldn't y'all",
+    "nbsp\u00a0here, ideographic\u3000space, nel\u0085line, em\u2003space",
+    "info\x1cseparators\x1d\x1e\x1f",
+    "controls \x00\x01\x07\x08\x0b\x0c\x1b[31m\x7f",
+    "missing byte tokens: \x04 \x06 \x13\x14\x16\x1d",
+    "Ω≈ç√∫˜µ≤≥÷ åß∂ƒ©˙∆˚¬…æ",
+    "zero\u200bwidth\u200cjoiner\u200d",
+    "   leading and trailing   ",
+    "email@example.com https://x.y/z?a=1&b=2#c",
+    "~~~~~~~~~~ ---------- ========== !!!!!!!!!!",
+    "a" * 300,
+    "ab" * 200 + " " + "9" * 50,
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|><|endoftext|>text<|im_end|>",
+    "<|im_start|<|im_end|>|>",
+]
+
+
+class TokenizerError(Exception):
+    """tokenizer_encode returned -1; the message is the C error text."""
+
+
+class CTokenizer:
+    """ctypes view of one ``Tokenizer *`` built from a tokenizer block (bytes)."""
+
+    def __init__(self, lib: ctypes.CDLL, block: bytes, n_vocab: int):
+        self.lib = lib
+        self._block = block
+        err = ctypes.create_string_buffer(512)
+        self.ptr = lib.tokenizer_new(block, len(block), n_vocab, err, len(err))
+        if not self.ptr:
+            raise TokenizerError(err.value.decode())
+        self.max_piece = lib.tokenizer_max_decode_bytes(self.ptr)
+
+    def __del__(self):
+        if getattr(self, "ptr", None):
+            self.lib.tokenizer_free(self.ptr)
+            self.ptr = None
+
+    def encode(self, text: str | bytes, parse_special: bool = False,
+               add_bos: bool = False) -> list[int]:
+        """Token ids of ``text`` (str is UTF-8 encoded). Raises TokenizerError on -1."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        err = ctypes.create_string_buffer(512)
+        cap = 4
+        while True:  # start small so that the "needs more room" path is exercised too
+            buf = (ctypes.c_int32 * cap)()
+            n = self.lib.tokenizer_encode(self.ptr, data, len(data), int(parse_special),
+                                          int(add_bos), buf, cap, err, len(err))
+            if n < 0:
+                raise TokenizerError(err.value.decode())
+            if n <= cap:
+                return list(buf[:n])
+            cap = n
+
+    def decode_pieces(self, ids, show_special: bool = False) -> list[bytes]:
+        """What the streaming decoder prints for each id, then the flush output last."""
+        dec = (ctypes.c_uint8 * 64)()  # TokenDecoder is 16 bytes; extra room is harmless
+        self.lib.token_decoder_init(dec)
+        out = ctypes.create_string_buffer(self.max_piece)
+        pieces = []
+        for i in ids:
+            n = self.lib.token_decode(self.ptr, dec, int(i), int(show_special), out,
+                                      self.max_piece)
+            pieces.append(out.raw[:n])
+        n = self.lib.token_decoder_flush(dec, out, self.max_piece)
+        pieces.append(out.raw[:n])
+        return pieces
+
+    def decode(self, ids, show_special: bool = False) -> bytes:
+        return b"".join(self.decode_pieces(ids, show_special))
+
+    def find(self, text: str) -> int:
+        return self.lib.tokenizer_find(self.ptr, text.encode("utf-8"))
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    vp, sz, i32p = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32)
+    lib.tokenizer_new.restype = vp
+    lib.tokenizer_new.argtypes = [ctypes.c_char_p, sz, ctypes.c_uint32, ctypes.c_char_p, sz]
+    lib.tokenizer_free.argtypes = [vp]
+    lib.tokenizer_encode.restype = ctypes.c_long
+    lib.tokenizer_encode.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_int, ctypes.c_int, i32p,
+                                     sz, ctypes.c_char_p, sz]
+    lib.token_decoder_init.argtypes = [vp]
+    lib.token_decode.restype = sz
+    lib.token_decode.argtypes = [vp, vp, ctypes.c_int32, ctypes.c_int, ctypes.c_char_p, sz]
+    lib.token_decoder_flush.restype = sz
+    lib.token_decoder_flush.argtypes = [vp, ctypes.c_char_p, sz]
+    lib.tokenizer_max_decode_bytes.restype = sz
+    lib.tokenizer_max_decode_bytes.argtypes = [vp]
+    for name in ("tokenizer_bos", "tokenizer_eos", "tokenizer_find"):
+        getattr(lib, name).restype = ctypes.c_int32
+    lib.tokenizer_bos.argtypes = lib.tokenizer_eos.argtypes = [vp]
+    lib.tokenizer_find.argtypes = [vp, ctypes.c_char_p]
+    lib.unicode_class.restype = ctypes.c_int
+    lib.unicode_class.argtypes = [ctypes.c_uint32]
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def build_tokenizer_lib(out_dir: str) -> ctypes.CDLL:
+    """Compile the tokenizer into ``out_dir``/libditto_tokenizer.so (clang-22 -O2, warnings as
+    errors) and load it."""
+    so = Path(out_dir) / "libditto_tokenizer.so"
+    so.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["clang-22", *WARN, "-O2", "-shared", "-fPIC", "-I", str(NATIVE),
+                    *map(str, TOKENIZER_SOURCES), "-o", str(so)], check=True)
+    return _declare(ctypes.CDLL(str(so)))
+
+
+def build_driver(out: Path, flags: list[str], compiler: str = "clang-22") -> Path:
+    """Compile tests/tokenizer_driver.c with the tokenizer into executable ``out``."""
+    subprocess.run([compiler, *WARN, *flags, "-I", str(NATIVE),
+                    str(ROOT / "tests" / "tokenizer_driver.c"), *map(str, TOKENIZER_SOURCES),
+                    "-o", str(out)], check=True)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _gguf_spec(path: str) -> TokenizerSpec:
+    from ditto_export_gguf.exporter import GGUFExporter
+    return GGUFExporter().load(Path(path)).tokenizer
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_from_gguf(path: str):
+    """HF ``tokenizers`` object built from the GGUF's own strings (../shared/README.md)."""
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    r = gguf.GGUFReader(path)
+
+    def strings(key):
+        f = r.fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ")) for m in strings("tokenizer.ggml.merges")]
+    f = r.fields["tokenizer.ggml.token_type"]
+    types = [int(f.parts[i][0]) for i in f.data]
+    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                           for i in range(len(tokens)) if types[i] == TT_CONTROL])
+    return tk
+
+
+def golden_rows() -> list[dict]:
+    """Rows of ../shared/data/smollm2_tokenizer_golden.jsonl (llama.cpp's token ids)."""
+    with open(GOLDEN, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def spec_from_sentencepiece(sp) -> TokenizerSpec:
+    """TokenizerSpec (kind ``spm_bpe``) of a loaded ``sentencepiece.SentencePieceProcessor``.
+
+    Pieces are kept as the model stores them (U+2581 for a space, ``<0xXX>`` byte pieces), with
+    their scores; types follow GGUF numbering from the processor's IsUnknown/IsControl/IsUnused/
+    IsByte. ``add_space_prefix`` is read off the model's behaviour: with add_dummy_prefix the
+    first piece of "a" starts with U+2581."""
+    n = sp.get_piece_size()
+    tokens, scores, types = [], np.zeros(n, np.float32), np.zeros(n, np.uint32)
+    for i in range(n):
+        tokens.append(sp.id_to_piece(i).encode("utf-8"))
+        scores[i] = sp.get_score(i)
+        types[i] = (TT_UNKNOWN if sp.is_unknown(i) else TT_CONTROL if sp.is_control(i)
+                    else TT_UNUSED if sp.is_unused(i) else TT_BYTE if sp.is_byte(i)
+                    else TT_NORMAL)
+    return TokenizerSpec(kind="spm_bpe", tokens=tuple(tokens), scores=scores, token_types=types,
+                         bos_id=sp.bos_id(), eos_id=sp.eos_id(), unk_id=sp.unk_id(),
+                         pad_id=sp.pad_id(), add_bos=True,
+                         add_space_prefix=sp.encode_as_pieces("a")[0].startswith("\u2581"))
+
+
+def spm_training_text() -> str:
+    """Training text: source of a few standard-library modules (real prose and code)."""
+    import argparse
+    import textwrap
+    import string
+    return "\n".join(inspect.getsource(m) for m in (textwrap, string, argparse))
+
+
+@functools.lru_cache(maxsize=None)
+def train_spm(out_dir: str, vocab_size: int = 800):
+    """Train a SentencePiece BPE model (byte_fallback, identity normalization, no whitespace
+    collapsing, as Llama's) on ``spm_training_text`` and load it."""
+    import sentencepiece as spm
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    corpus = d / "corpus.txt"
+    corpus.write_text(spm_training_text(), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(d / "spm"), model_type="bpe",
+        vocab_size=vocab_size, byte_fallback=True, character_coverage=1.0,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, num_threads=1, minloglevel=2)
+    return spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_lib(tmp_path_factory) -> ctypes.CDLL:
+    return build_tokenizer_lib(str(tmp_path_factory.getbasetemp() / "tokenizer_lib"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_spec(smollm2_gguf) -> TokenizerSpec:
+    return _gguf_spec(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def smollm2_block(smollm2_spec) -> bytes:
+    return serialize_tokenizer(smollm2_spec)
+
+
+@pytest.fixture(scope="session")
+def smollm2_ctok(tokenizer_lib, smollm2_block, smollm2_spec) -> CTokenizer:
+    return CTokenizer(tokenizer_lib, smollm2_block, len(smollm2_spec.tokens))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    return _hf_from_gguf(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def spm_model(tmp_path_factory):
+    return train_spm(str(tmp_path_factory.getbasetemp() / "spm"))
+
+
+@pytest.fixture(scope="session")
+def spm_ctok(tokenizer_lib, spm_model) -> CTokenizer:
+    spec = spec_from_sentencepiece(spm_model)
+    return CTokenizer(tokenizer_lib, serialize_tokenizer(spec), len(spec.tokens))
