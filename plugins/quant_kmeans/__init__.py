@@ -1,1 +1,15 @@
-"""Ditto default plugin quant_kmeans (not yet implemented)."""
+"""Ditto default plugin ``quant_kmeans``: the ``kmeans`` quantizer (sub-block 1-D k-means
+codebooks, methods ``optimal`` and ``lloyd``; docs/QUANT.md)."""
+
+from ditto_core.hookspecs import hookimpl
+
+from .quantizer import (DEFAULT_KEEP_FP32, DEFAULT_METHOD, METHODS, KMeansQuantizer,
+                        check_options, plan_tensors, quantize_matrix)
+
+__all__ = ["DEFAULT_KEEP_FP32", "DEFAULT_METHOD", "METHODS", "KMeansQuantizer",
+           "check_options", "plan_tensors", "quantize_matrix"]
+
+
+@hookimpl
+def register_quantizers(register):
+    register(KMeansQuantizer())

@@ -1,0 +1,144 @@
+"""Benchmark the quantizers on SmolLM2-135M's linear layers; prints one JSON object.
+
+    python bench/bench_quantize.py [--bits 4] [--group-size 256] [--methods optimal,lloyd,rtn,q4_0,q4_1]
+
+Weights come straight from the bundled SmolLM2 GGUF (``gguf.quants.dequantize``, fp32 [out, in]);
+the q/k row permutation of GGUF files is not undone because it permutes whole rows and every
+method here works within a row, so errors and times are unchanged. Only quantization is
+timed (loading is not); numba kernels are compiled (or loaded from cache) before timing.
+
+Reported per method: ``seconds`` for all 210 linear matrices, ``seconds_per_1B_params``,
+``total_rel_error`` = Σ‖W − Ŵ‖² / Σ‖W‖² over those matrices, ``bpw`` (payload bits per
+weight), and ``token_embd_rel_error`` (the tied embedding/classifier, for the default policy in
+docs/QUANT.md). ``q4_0``/``q4_1`` are GGUF's own Q4_0 (symmetric, blocks of 32) and Q4_1
+(scale + min, blocks of 32) via ``gguf.quants.quantize``, as an independent reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import gguf
+import numba
+import numpy as np
+from gguf import quants
+
+from ditto_core.bundled import bundled_model
+from ditto_quant_kmeans import quantize_matrix
+
+LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def load_matrices(path):
+    """name → fp32 [out, in] loader for the linear matrices and token_embd of a GGUF file."""
+    reader = gguf.GGUFReader(path)
+    out = {}
+    for t in reader.tensors:
+        if t.name == "token_embd.weight" or any(f".{p}." in t.name for p in LINEAR):
+            out[t.name] = (lambda t=t: np.ascontiguousarray(
+                quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    return out
+
+
+def _gguf_method(kind):
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+
+    def run(W, bits, group_size, name):
+        q = quants.quantize(W, qtype)
+        Wh = quants.dequantize(q, qtype)
+        d = W.astype(np.float64) - Wh
+        return float((d * d).sum()), 8.0 * q.nbytes / W.size
+    return run
+
+
+def _kmeans_method(method, cbt):
+    def run(W, bits, group_size, name):
+        q = quantize_matrix(W, bits, group_size, method, cbt, 0, name)
+        norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
+        s = -(-W.shape[1] // group_size)
+        nbytes = W.size * bits / 8 + W.shape[0] * s * (1 << bits) * (2 if cbt == "f16" else 4)
+        return q.rel_error * norm2, 8.0 * nbytes / W.size
+    return run
+
+
+def _rtn_method(cbt):
+    from ditto_quant_rtn import rtn_matrix
+
+    def run(W, bits, group_size, name):
+        q = rtn_matrix(W, bits, group_size, cbt, name)
+        norm2 = float((W.astype(np.float64) ** 2).sum())
+        s = -(-W.shape[1] // group_size)
+        nbytes = W.size * bits / 8 + W.shape[0] * s * (1 << bits) * (2 if cbt == "f16" else 4)
+        return q.rel_error * norm2, 8.0 * nbytes / W.size
+    return run
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=256)
+    ap.add_argument("--codebook-type", default="f16")
+    ap.add_argument("--methods", default="optimal,lloyd,rtn,q4_0,q4_1")
+    ap.add_argument("--embd-bits", default="4,5,6",
+                    help="bit widths at which to report token_embd's error (optimal)")
+    args = ap.parse_args(argv)
+
+    mats = load_matrices(bundled_model("smollm2"))
+    names = [n for n in mats if n != "token_embd.weight"]
+    runners = {"optimal": _kmeans_method("optimal", args.codebook_type),
+               "lloyd": _kmeans_method("lloyd", args.codebook_type),
+               "rtn": _rtn_method(args.codebook_type),
+               "q4_0": _gguf_method("Q4_0"), "q4_1": _gguf_method("Q4_1")}
+    methods = [m for m in args.methods.split(",") if m]
+    warm = np.random.default_rng(0).standard_normal((4, 608)).astype(np.float32)
+    for m in methods:  # compile / load numba caches outside the timed region
+        runners[m](warm, args.bits, args.group_size, "warmup")
+
+    result = {"model": "SmolLM2-135M-Instruct (bundled GGUF)", "bits": args.bits,
+              "group_size": args.group_size, "codebook_type": args.codebook_type,
+              "numba_threads": numba.get_num_threads(), "cpu_count": os.cpu_count(),
+              "n_matrices": len(names), "methods": {}}
+    totals = {m: [0.0, 0.0, 0.0, 0.0] for m in methods}  # seconds, sse, bits, weights
+    norm2 = 0.0
+    n_params = 0
+    for name in names:
+        W = mats[name]()
+        norm2 += float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
+        n_params += W.size
+        for m in methods:
+            t0 = time.perf_counter()
+            sse, bpw = runners[m](W, args.bits, args.group_size, name)
+            totals[m][0] += time.perf_counter() - t0
+            totals[m][1] += sse
+            totals[m][2] += bpw * W.size
+            totals[m][3] += W.size
+    E = mats["token_embd.weight"]()
+    e2 = float(np.dot(E.ravel().astype(np.float64), E.ravel().astype(np.float64)))
+    for m in methods:
+        sec, sse, bits, nw = totals[m]
+        row = {"seconds": round(sec, 3), "seconds_per_1B_params": round(sec / n_params * 1e9, 1),
+               "total_rel_error": sse / norm2, "bpw": bits / nw}
+        esse, _ = runners[m](E, args.bits, args.group_size, "token_embd.weight")
+        row["token_embd_rel_error"] = esse / e2
+        result["methods"][m] = row
+    if "optimal" in methods:
+        opt = result["methods"]["optimal"]["total_rel_error"]
+        for m in methods:
+            result["methods"][m]["error_vs_optimal"] = result["methods"][m]["total_rel_error"] / opt
+    result["linear_params"] = n_params
+    result["token_embd_params"] = E.size
+    embd = {}
+    for b in [int(x) for x in args.embd_bits.split(",") if x]:
+        sse, bpw = _kmeans_method("optimal", args.codebook_type)(E, b, args.group_size, "e")
+        embd[f"b{b}"] = {"rel_error": sse / e2, "bpw": bpw}
+    result["token_embd_optimal_by_bits"] = embd
+    json.dump(result, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

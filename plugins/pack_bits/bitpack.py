@@ -1,0 +1,171 @@
+"""Bit packing of centroid indices and the CODEBOOK payload (docs/FORMAT.md, encoding 1).
+
+Layout of one row of ``cols`` indices at bit width b (1..8): groups of 8 consecutive indices,
+each group stored in exactly b bytes read as one little-endian integer of 8·b bits, index j of
+the group (j = 0..7) in bits ``[j·b, (j+1)·b)``; the last group is padded with zero indices, so
+``row_bytes = ceil(cols / 8) · b``. b = 8 is one byte per index, b = 4 two per byte (low nibble
+first), b = 3 eight indices in 3 bytes, b = 1 eight per byte (bit j = index j).
+
+All functions are vectorised NumPy (a 64-bit lane holds one group of 8 indices of ≤ 8 bits) and
+work on row chunks so a vocabulary-sized matrix does not need 8 bytes per index at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditto_core.errors import DittoError
+from ditto_core.types import CodebookTensor
+
+#: rows processed per chunk (bounds the uint64 temporaries to ~8 · _CHUNK · cols bytes)
+_CHUNK = 2048
+
+_CB_DTYPES = {"f16": np.dtype("<f2"), "f32": np.dtype("<f4")}
+
+
+def row_bytes(cols: int, bits: int) -> int:
+    """Bytes of one packed row: ``ceil(cols / 8) · bits`` (FORMAT.md)."""
+    return (cols + 7) // 8 * bits
+
+
+def _check_bits(bits: int) -> None:
+    if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
+        raise DittoError(f"bit width b must be an integer in 1..8, got {bits!r}")
+
+
+def pack_indices(indices: np.ndarray, bits: int) -> np.ndarray:
+    """Pack centroid indices at exactly ``bits`` bits each (FORMAT.md, CODEBOOK indices).
+
+    ``indices``: uint8 [rows, cols], every value < 2^bits. Returns uint8 [rows, row_bytes] with
+    ``row_bytes = ceil(cols / 8) · bits``. Raises DittoError for b outside 1..8, a non-2-D
+    array or an index ≥ 2^b."""
+    _check_bits(bits)
+    idx = np.asarray(indices)
+    if idx.ndim != 2:
+        raise DittoError(f"indices must be a 2-D [rows, cols] array, got shape {idx.shape}")
+    if idx.size and int(idx.max()) >= (1 << bits):
+        raise DittoError(f"index {int(idx.max())} does not fit in b = {bits} bits")
+    rows, cols = idx.shape
+    n_groups = (cols + 7) // 8
+    out = np.empty((rows, n_groups * bits), np.uint8)
+    shifts = (np.arange(8, dtype=np.uint64) * np.uint64(bits))
+    for a in range(0, rows, _CHUNK):
+        b = min(a + _CHUNK, rows)
+        chunk = np.zeros((b - a, n_groups * 8), np.uint64)
+        chunk[:, :cols] = idx[a:b]
+        lanes = np.bitwise_or.reduce(chunk.reshape(b - a, n_groups, 8) << shifts, axis=2)
+        raw = lanes.astype("<u8").view(np.uint8).reshape(b - a, n_groups, 8)
+        out[a:b] = raw[:, :, :bits].reshape(b - a, n_groups * bits)
+    return out
+
+
+def unpack_indices(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
+    """Inverse of ``pack_indices``: uint8 [rows, row_bytes] → uint8 [rows, cols].
+
+    Raises DittoError if ``packed`` does not have ``ceil(cols / 8) · bits`` bytes per row."""
+    _check_bits(bits)
+    p = np.asarray(packed, dtype=np.uint8)
+    if p.ndim != 2 or p.shape[1] != row_bytes(cols, bits):
+        raise DittoError(f"packed indices of shape {p.shape} do not hold rows of {cols} "
+                         f"{bits}-bit indices ({row_bytes(cols, bits)} bytes per row)")
+    rows = p.shape[0]
+    n_groups = (cols + 7) // 8
+    out = np.empty((rows, cols), np.uint8)
+    shifts = (np.arange(8, dtype=np.uint64) * np.uint64(bits))
+    mask = np.uint64((1 << bits) - 1)
+    for a in range(0, rows, _CHUNK):
+        b = min(a + _CHUNK, rows)
+        raw = np.zeros((b - a, n_groups, 8), np.uint8)
+        raw[:, :, :bits] = p[a:b].reshape(b - a, n_groups, bits)
+        lanes = raw.view("<u8")  # [rows, n_groups, 1]
+        vals = (lanes >> shifts) & mask  # [rows, n_groups, 8]
+        out[a:b] = vals.reshape(b - a, n_groups * 8)[:, :cols]
+    return out
+
+
+def codebook_payload(t: CodebookTensor) -> bytes:
+    """The CODEBOOK payload of ``t`` (FORMAT.md): codebooks ``[rows][S][2^b]`` in
+    ``t.codebook_type`` (f16 or f32, little-endian), zero-padded to a multiple of 64 bytes, then
+    the packed indices, ``rows · ceil(cols / 8) · b`` bytes.
+
+    Raises DittoError if the codebook shape is not [rows, ceil(cols / G), 2^b], the codebook
+    values change when stored in ``codebook_type`` (they must already be rounded to it), or
+    an index is out of range."""
+    if t.codebook_type not in _CB_DTYPES:
+        raise DittoError(f"codebook type must be 'f16' or 'f32', got {t.codebook_type!r}")
+    _check_bits(t.bits)
+    idx = np.asarray(t.indices)
+    if idx.ndim != 2:
+        raise DittoError(f"codebook tensor indices must be [rows, cols], got {idx.shape}")
+    rows, cols = idx.shape
+    s = -(-cols // t.group_size)
+    want = (rows, s, 1 << t.bits)
+    cb = np.asarray(t.codebooks)
+    if cb.shape != want:
+        raise DittoError(f"codebooks have shape {cb.shape}, expected {want} for a "
+                         f"{rows}x{cols} tensor with b = {t.bits}, G = {t.group_size}")
+    stored = cb.astype(_CB_DTYPES[t.codebook_type])
+    if not np.array_equal(stored.astype(np.float32), cb.astype(np.float32)):
+        raise DittoError(f"codebook values are not exactly representable as {t.codebook_type}")
+    cb_raw = stored.tobytes()
+    pad = b"\0" * (-len(cb_raw) % 64)
+    return cb_raw + pad + pack_indices(idx, t.bits).tobytes()
+
+
+def split_payload(rows: int, cols: int, bits: int, group_size: int, codebook_type: str,
+                  payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of a CODEBOOK payload: (codebooks float16/float32 [rows, S, 2^b], packed indices
+    uint8 [rows, row_bytes]). Raises DittoError if the payload has the wrong length."""
+    _check_bits(bits)
+    if group_size < 2:
+        raise DittoError(f"group size G must be >= 2, got {group_size}")
+    if codebook_type not in _CB_DTYPES:
+        raise DittoError(f"codebook type must be 'f16' or 'f32', got {codebook_type!r}")
+    dt = _CB_DTYPES[codebook_type]
+    s = -(-cols // group_size)
+    k = 1 << bits
+    cb_len = rows * s * k * dt.itemsize
+    cb_bytes = cb_len + (-cb_len % 64)
+    rb = row_bytes(cols, bits)
+    p = np.asarray(payload, dtype=np.uint8).reshape(-1)
+    if p.size != cb_bytes + rows * rb:
+        raise DittoError(f"CODEBOOK payload is {p.size} bytes, a {rows}x{cols} tensor with "
+                         f"b = {bits}, G = {group_size}, {codebook_type} codebooks needs "
+                         f"{cb_bytes + rows * rb}")
+    codebooks = p[:cb_len].view(dt).reshape(rows, s, k)
+    packed = p[cb_bytes:].reshape(rows, rb)
+    return codebooks, packed
+
+
+def dequantize(info, payload: np.ndarray) -> np.ndarray:
+    """Reference decoder of one tensor: float32 [rows, cols] (or [n] for a vector).
+
+    ``info``: a ``ditto_core.modelfile.TensorInfo`` (encoding "f32" or "codebook", shape, bits,
+    group_size, codebook_type); ``payload``: its uint8 payload (``ModelFile.payload(name)``).
+    ``W[r][c] = codebook[r][c // G][index[r][c]]`` (FORMAT.md). Raises DittoError for a payload
+    of the wrong length or an unknown encoding."""
+    p = np.asarray(payload, dtype=np.uint8).reshape(-1)
+    shape = tuple(info.shape)
+    if info.encoding == "f32":
+        n = int(np.prod(shape))
+        if p.size != 4 * n:
+            raise DittoError(f"tensor {info.name!r}: f32 payload is {p.size} bytes, "
+                             f"expected {4 * n}")
+        return p.view("<f4").astype(np.float32).reshape(shape)
+    if info.encoding != "codebook":
+        raise DittoError(f"tensor {info.name!r}: unknown encoding {info.encoding!r}")
+    rows = 1 if len(shape) == 1 else shape[0]
+    cols = shape[-1]
+    try:
+        codebooks, packed = split_payload(rows, cols, info.bits, info.group_size,
+                                          info.codebook_type, p)
+    except DittoError as exc:
+        raise DittoError(f"tensor {info.name!r}: {exc}") from None
+    idx = unpack_indices(packed, info.bits, cols)
+    cb = codebooks.astype(np.float32)
+    sub = np.arange(cols) // info.group_size  # sub-block of each column
+    out = np.empty((rows, cols), np.float32)
+    for a in range(0, rows, _CHUNK):
+        b = min(a + _CHUNK, rows)
+        out[a:b] = cb[a:b][np.arange(b - a)[:, None], sub[None, :], idx[a:b]]
+    return out.reshape(shape)

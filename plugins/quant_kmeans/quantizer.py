@@ -1,0 +1,170 @@
+"""The ``kmeans`` quantizer: sub-block 1-D k-means codebooks (docs/QUANT.md, FORMAT.md).
+
+Each row of a weight matrix W [out, in] is split into sub-blocks of G consecutive weights (the
+row's last sub-block is shorter when G does not divide the row); each sub-block gets a codebook
+of K = 2^b centroids (kmeans1d.py) and every weight the index of its nearest centroid. Centroids
+are rounded to the codebook's storage precision (f16 by default) *before* the indices are
+assigned, so each weight maps to the nearest value that is actually stored.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import zlib
+
+import numpy as np
+
+from ditto_core.components import QuantOptions
+from ditto_core.errors import DittoError
+from ditto_core.types import Checkpoint, CodebookTensor, QuantizedModel
+
+from . import kmeans1d
+
+METHODS = {"optimal": kmeans1d.METHOD_OPTIMAL, "lloyd": kmeans1d.METHOD_LLOYD}
+DEFAULT_METHOD = "optimal"
+
+#: Lloyd settings (k-means++ restarts, iteration cap, relative SSE-decrease tolerance)
+LLOYD_RESTARTS = 4
+LLOYD_MAX_ITER = 100
+LLOYD_TOL = 1e-6
+
+#: tensors kept in f32 by default, on top of ``--keep-fp32`` (norms are always f32); see
+#: docs/QUANT.md "Default policy" for the measurements behind leaving this empty.
+DEFAULT_KEEP_FP32: tuple[str, ...] = ()
+
+_CB_NP = {"f16": np.float16, "f32": np.float32}
+
+
+def check_options(options: QuantOptions) -> str:
+    """Validate ``options``; return the method name. Raises DittoError for b outside 1..8,
+    G < 2, an unknown codebook type or method."""
+    b, g = options.bits, options.group_size
+    if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 1 <= b <= 8:
+        raise DittoError(f"kmeans: bit width b must be an integer in 1..8, got {b!r}")
+    if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 2:
+        raise DittoError(f"kmeans: group size G must be an integer >= 2, got {g!r}")
+    if options.codebook_type not in _CB_NP:
+        raise DittoError(f"kmeans: codebook type must be 'f16' or 'f32', got "
+                         f"{options.codebook_type!r}")
+    method = options.method or DEFAULT_METHOD
+    if method not in METHODS:
+        raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
+                         f"{', '.join(METHODS)}")
+    return method
+
+
+def check_finite(W: np.ndarray, name: str) -> None:
+    """Raise DittoError naming ``name`` and the (row, col) of the first NaN/Inf in ``W``."""
+    bad = ~np.isfinite(W)
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = f"(row, col) = {pos}" if len(pos) == 2 else f"position {pos}"
+        raise DittoError(f"tensor {name!r} has a non-finite value {W[pos]} at {where}")
+
+
+def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
+                    method: str = "optimal", codebook_type: str = "f16", seed: int = 0,
+                    name: str = "tensor", restarts: int = LLOYD_RESTARTS,
+                    max_iter: int = LLOYD_MAX_ITER, tol: float = LLOYD_TOL) -> CodebookTensor:
+    """Quantize one matrix with sub-block codebooks.
+
+    ``W``: float32 [rows, cols] (any float dtype is converted). Returns a CodebookTensor with
+    codebooks float32 [rows, S, 2^b] (values rounded to ``codebook_type``, ascending within a
+    sub-block), indices uint8 [rows, cols] (nearest stored centroid, ties to the lower index)
+    and ``rel_error`` = ‖W − Ŵ‖²/‖W‖² (0 for an all-zero W). Deterministic for any thread count.
+
+    Raises DittoError for b/G out of range, a non-2-D W, NaN/Inf (naming ``name`` and (row,
+    col)), or a centroid that overflows f16 (use ``codebook_type="f32"``)."""
+    opts = QuantOptions(bits=bits, group_size=group_size, method=method,
+                        codebook_type=codebook_type, seed=seed)
+    check_options(opts)
+    W = np.ascontiguousarray(W, dtype=np.float32)
+    if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
+        raise DittoError(f"tensor {name!r}: expected a non-empty 2-D matrix, got shape {W.shape}")
+    check_finite(W, name)
+    rows, cols = W.shape
+    k = 1 << bits
+    s = -(-cols // group_size)
+    cent = np.empty((rows, s, k), np.float64)
+    tseed = (int(seed) * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)
+    Ws = kmeans1d.sort_sub_blocks(W, group_size)
+    kmeans1d.matrix_centroids(Ws, group_size, k, METHODS[method], np.uint64(tseed), restarts,
+                              max_iter, tol, cent)
+    del Ws
+    with np.errstate(over="ignore"):
+        cb = cent.astype(_CB_NP[codebook_type]).astype(np.float32)
+    if not np.isfinite(cb).all():
+        pos = tuple(int(i) for i in np.argwhere(~np.isfinite(cb))[0])
+        raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} of row {pos[0]} sub-block "
+                         f"{pos[1]} overflows {codebook_type}; use --codebook-type f32")
+    indices = np.empty((rows, cols), np.uint8)
+    sse = kmeans1d.assign_nearest(W, group_size, cb, indices)
+    norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
+    err = float(sse.sum())
+    rel = err / norm2 if norm2 > 0 else 0.0
+    return CodebookTensor(bits=bits, group_size=group_size, codebooks=cb, indices=indices,
+                          codebook_type=codebook_type, rel_error=rel)
+
+
+def plan_tensors(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32):
+    """The quantize plan: name → ("f32", None) for vectors (norms) and names matching a
+    ``keep_fp32`` glob (fnmatch) or ``default_keep``, else ("codebook", (b, G, codebook_type))."""
+    keep = tuple(options.keep_fp32) + tuple(default_keep)
+    plan = {}
+    for name, shape in shapes.items():
+        if len(shape) != 2 or any(fnmatch.fnmatchcase(name, p) for p in keep):
+            plan[name] = ("f32", None)
+        else:
+            plan[name] = ("codebook", (options.bits, options.group_size, options.codebook_type))
+    return plan
+
+
+class KMeansQuantizer:
+    """Quantizer component ``kmeans`` (methods ``optimal`` — default — and ``lloyd``)."""
+
+    name = "kmeans"
+
+    def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
+        """Plan every tensor now; quantize lazily, one tensor at a time, as the packer pulls.
+
+        ``report`` (filled as tensors are produced): ``quantizer``, ``method``, ``bits``,
+        ``group_size``, ``codebook_type``, per tensor ``{encoding, rel_error, sse, norm2,
+        seconds}``, and running totals ``total_rel_error`` (Σ‖W−Ŵ‖² / Σ‖W‖² over quantized
+        tensors), ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now)
+        and for non-finite weights (when the tensor is reached)."""
+        method = check_options(options)
+        plan = plan_tensors(checkpoint.shapes, options)
+        report = {"quantizer": self.name, "method": method, "bits": options.bits,
+                  "group_size": options.group_size, "codebook_type": options.codebook_type,
+                  "tensors": {}, "total_rel_error": 0.0, "quantized_weights": 0,
+                  "seconds": 0.0}
+        totals = {"sse": 0.0, "norm2": 0.0}
+
+        def tensors():
+            for name, (encoding, _) in plan.items():
+                W = np.ascontiguousarray(checkpoint.tensors[name](), dtype=np.float32)
+                if encoding == "f32":
+                    check_finite(W, name)
+                    report["tensors"][name] = {"encoding": "f32"}
+                    yield name, W
+                    continue
+                t0 = time.perf_counter()
+                q = quantize_matrix(W, options.bits, options.group_size, method,
+                                    options.codebook_type, options.seed, name)
+                dt = time.perf_counter() - t0
+                norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
+                sse = q.rel_error * norm2
+                totals["sse"] += sse
+                totals["norm2"] += norm2
+                report["tensors"][name] = {"encoding": "codebook", "rel_error": q.rel_error,
+                                           "sse": sse, "norm2": norm2, "seconds": dt}
+                report["quantized_weights"] += W.size
+                report["seconds"] += dt
+                report["total_rel_error"] = (totals["sse"] / totals["norm2"]
+                                             if totals["norm2"] > 0 else 0.0)
+                yield name, q
+
+        return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
+                              plan=plan, shapes=dict(checkpoint.shapes), tensors=tensors,
+                              report=report)
