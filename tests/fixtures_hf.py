@@ -151,3 +151,95 @@ def smollm2_f32_ditto(smollm2_gguf, tmp_path_factory) -> Path:
 def tiny_f32_ditto(tiny_gguf, tmp_path_factory) -> Path:
     """tinycoder tiny GGUF exported to an all-f32 .ditto file (4.7 MB)."""
     return _export_f32(tiny_gguf, tmp_path_factory.mktemp("tiny_f32") / "model.ditto")
+
+
+# --------------------------------------------------------------------------------------------
+# A tiny synthetic HF directory (random weights, trained byte-level BPE) for dtype/shard and
+# bad-input tests
+# --------------------------------------------------------------------------------------------
+
+TINY_CORPUS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+               "for i in range(10):\n    print(i, i * i)\n",
+               "The quick brown fox jumps over the lazy dog. 12345 café naïve\n"] * 20
+
+
+def train_tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE trained by ``tokenizers`` on TINY_CORPUS, SmolLM2-style pre-tokenizer,
+    with two special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|im_start|>",
+                                                                         "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(TINY_CORPUS, trainer)
+    return tok
+
+
+TINY_DIMS = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+
+
+def tiny_hf_weights(vocab: int, tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    d, f, L = TINY_DIMS["hidden_size"], TINY_DIMS["intermediate_size"], \
+        TINY_DIMS["num_hidden_layers"]
+    hd = d // TINY_DIMS["num_attention_heads"]
+    kv = TINY_DIMS["num_key_value_heads"] * hd
+    rng = np.random.default_rng(seed)
+    shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
+    if not tied:
+        shapes["lm_head.weight"] = (vocab, d)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (d,), p + "self_attn.q_proj.weight": (d, d),
+                       p + "self_attn.k_proj.weight": (kv, d),
+                       p + "self_attn.v_proj.weight": (kv, d),
+                       p + "self_attn.o_proj.weight": (d, d),
+                       p + "post_attention_layernorm.weight": (d,),
+                       p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                       p + "mlp.down_proj.weight": (d, f)})
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def write_tiny_hf_dir(out: Path, dtype: str = "float32", shards: int = 1,
+                      tied: bool = False) -> tuple[Path, dict[str, np.ndarray]]:
+    """Write a tiny HF Llama directory with weights stored as ``dtype`` (float32, float16,
+    bfloat16; written by ``safetensors.torch``), in ``shards`` files (an index json when > 1).
+    Returns (directory, the float32 weights a correct reader must return)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tiny_tokenizer()
+    vocab = tok.get_vocab_size()
+    LlamaConfig(vocab_size=vocab, max_position_embeddings=256, rope_theta=10000.0,
+                rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1,
+                architectures=["LlamaForCausalLM"], **TINY_DIMS).save_pretrained(out)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>"
+                         "{% endfor %}"}))
+    weights = tiny_hf_weights(vocab, tied)
+    tdtype = getattr(torch, dtype)
+    stored = {k: torch.from_numpy(v).to(tdtype) for k, v in weights.items()}
+    expect = {k: v.to(torch.float32).numpy() for k, v in stored.items()}
+    names = list(stored)
+    if shards == 1:
+        save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for s in range(shards):
+            part = names[s::shards]
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({k: stored[k] for k in part}, str(out / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in part})
+        (out / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": weight_map}))
+    return out, expect
