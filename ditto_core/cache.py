@@ -57,6 +57,20 @@ def make_key(parts: Mapping) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def materialize(src: Path, dst: Path) -> None:
+    """Make ``dst`` a copy of the cached file ``src``: a hard link when both are on one file
+    system (instant; safe because Ditto replaces files atomically, never edits them in place),
+    else a byte copy. ``dst`` appears atomically (temp name + rename)."""
+    src, dst = Path(src), Path(dst)
+    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
 class Cache:
     """A stage-output cache rooted at ``root`` (default ``default_root()``); ``enabled=False``
     (or ``DITTO_NO_CACHE=1``) makes every lookup miss and every store a no-op."""
@@ -96,7 +110,10 @@ class Cache:
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=final.parent))
         try:
             for name, src in files.items():
-                shutil.copy2(src, tmp / name)
+                try:  # the stage output is fresh and never edited in place: share it
+                    os.link(src, tmp / name)
+                except OSError:
+                    shutil.copy2(src, tmp / name)
             (tmp / "meta.json").write_text(json.dumps(dict(meta), indent=2, default=str))
             try:
                 os.rename(tmp, final)

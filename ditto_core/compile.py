@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import platform
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Callable
 
 import attrs
 
-from .cache import Cache, file_hash, make_key, tree_hash
+from .cache import Cache, file_hash, make_key, materialize, tree_hash
 from .cc import emit_ir, link, resolve_blas, run_passes, summary_lines
 from .errors import DittoError
 from .plugins import get_registry
@@ -112,9 +111,7 @@ def build_runtime(out: Path, *, blas="openblas", rewrite: bool = True, openmp: b
     hit = cache.get("compile", key)
     if hit is not None and (hit[0] / "executable").is_file():
         entry, meta = hit
-        tmp = out.parent / f".{out.name}.tmp-cache"
-        shutil.copy2(entry / "executable", tmp)
-        tmp.replace(out)
+        materialize(entry / "executable", out)
         passes = tuple(meta.get("passes", ()))
         return CompileResult(out, passes, {"emit_ir": 0.0, "rewrite": 0.0, "link": 0.0},
                              True, key, tuple(summary_lines(list(passes), rewrite)))
@@ -133,7 +130,7 @@ def build_runtime(out: Path, *, blas="openblas", rewrite: bool = True, openmp: b
         results: list[dict] = []
         if rewrite:
             module, results = run_passes(module, target)
-        seconds["rewrite"] = time.perf_counter() - t
+        seconds["rewrite"] = time.perf_counter() - t if rewrite else 0.0
         if ir_out is not None:
             Path(ir_out).write_text(module.text)
         if on_stage:

@@ -278,7 +278,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     flags, BLAS, passes, host CPU). Returns the build.json record. Raises DittoError for
     unknown components (PluginError listing the choices), an unavailable BLAS target, a model
     that does not load, a compile or link failure."""
-    from .cache import Cache
+    from .cache import Cache, materialize
     from .compile import build_runtime
     from .cc import resolve_blas
 
@@ -317,7 +317,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
             for name in ("export", "quantize", "pack"):
                 log(name, "cached")
                 timings.seconds[name] = 0.0
-            shutil.copy2(hit[0] / MODEL_FILE, tmp / MODEL_FILE)
+            materialize(hit[0] / MODEL_FILE, tmp / MODEL_FILE)
             summary = hit[1]["pack"]
             record["cached"]["model"] = True
         else:

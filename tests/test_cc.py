@@ -12,7 +12,7 @@ from ditto_core.cc import compile_c
 from ditto_core.errors import DittoError, PluginError
 from ditto_core.plugins import get_registry
 
-from .fixtures_compile import GEMV_FORMS, gemv_builds, gemv_source, run_gemv  # noqa: F401
+from .fixtures_compile import GEMV_FORMS, run_gemv
 
 SHAPES = [(0, 5), (5, 0), (1, 1), (7, 5), (33, 129), (300, 257)]
 
