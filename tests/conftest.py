@@ -4,4 +4,7 @@ pytest_plugins = [
     "tests.fixtures_models",
     "tests.fixtures_hf",
     "tests.fixtures_compile",
+    "tests.fixtures_native",
+    "tests.fixtures_pass",
+    "tests.fixtures_tokenizer",
 ]
