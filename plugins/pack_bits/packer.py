@@ -66,7 +66,8 @@ class BitsPacker:
 
         Returns a summary: ``path``, ``file_bytes``, ``n_weights``, ``bpw`` (8 · file bytes /
         weights), ``theoretical_bytes`` (indices + codebooks + f32 tensors, no padding or
-        metadata), ``overhead_bytes`` (file − theoretical), ``seconds``, per-tensor ``tensors``
+        metadata), ``overhead_bytes`` (file − theoretical), ``seconds``, ``total_rel_error`` (from
+        the quantizer's report, if any), per-tensor ``tensors``
         (encoding, b, G, bytes, bpw, rel_error when quantized) and the quantizer's ``report``.
         Raises DittoError (naming the tensor) if a tensor does not match its plan."""
         out = Path(out)
@@ -136,6 +137,7 @@ class BitsPacker:
             "overhead_bytes": file_bytes - theo,
             "overhead_fraction": (file_bytes - theo) / theo,
             "seconds": seconds,
+            "total_rel_error": model.report.get("total_rel_error"),
             "tensors": tensors,
             "report": model.report,
         }
