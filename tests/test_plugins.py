@@ -1,0 +1,120 @@
+"""Plugin mechanism: a third-party distribution installed with pip shows up in `ditto plugins`
+and can be used; duplicate component names and broken plugins are reported clearly."""
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ditto_core import pipeline
+from ditto_core.components import QuantOptions
+from ditto_core.errors import PluginError
+from ditto_core.hookspecs import hookimpl
+from ditto_core.plugins import build_registry
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ditto-test-plugin"
+
+
+def _pip(*args):
+    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q",
+                           *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def test_plugin_installed(tmp_path_factory):
+    """pip-installs examples/ditto-test-plugin into this environment; uninstalls at the end.
+    Installs from a copy so the build leaves nothing in the source tree."""
+    src = tmp_path_factory.mktemp("plugin_src") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    _pip("install", "--no-deps", "--no-build-isolation", str(src))
+    importlib.invalidate_caches()
+    try:
+        yield "ditto-test-plugin"
+    finally:
+        _pip("uninstall", "-y", "ditto-test-plugin")
+
+
+def test_ditto_plugins_lists_defaults_and_installed_plugin(test_plugin_installed):
+    out = subprocess.run(["ditto", "plugins", "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    rows = {r["plugin"]: r for r in json.loads(out)["plugins"]}
+    mine = rows["test_identity"]
+    assert (mine["distribution"], mine["version"]) == ("ditto-test-plugin", "0.0.1")
+    assert mine["components"] == {"quantizer": [{"name": "test-identity"}]}
+    assert rows["export_gguf"]["components"] == {"exporter": [{"name": "gguf"}]}
+    assert rows["export_hf"]["components"] == {"exporter": [{"name": "hf"}]}
+    assert rows["quant_none"]["distribution"] == "ditto-llm"
+    table = subprocess.run(["ditto", "plugins"], check=True, capture_output=True,
+                           text=True).stdout
+    assert "ditto-test-plugin" in table and "test-identity" in table
+
+
+def test_installed_plugin_quantizes(test_plugin_installed, tiny_gguf):
+    reg = build_registry()
+    ck = pipeline.export(tiny_gguf, registry=reg)
+    q = pipeline.quantize(ck, "test-identity", QuantOptions(), registry=reg)
+    assert set(q.plan.values()) == {("f32", None)}
+    for name, value in q.tensors():
+        np.testing.assert_array_equal(value, ck.tensors[name]())
+
+
+class FakeDist:
+    def __init__(self, name, version="1.0"):
+        self.metadata = {"Name": name}
+        self.version = version
+
+
+class FakeEP:
+    """Stands in for importlib.metadata.EntryPoint: name, dist, load()."""
+
+    def __init__(self, name, module, dist):
+        self.name, self._module, self.dist = name, module, FakeDist(dist)
+
+    def load(self):
+        if isinstance(self._module, Exception):
+            raise self._module
+        return self._module
+
+
+def quantizer_plugin(modname, qname):
+    mod = types.ModuleType(modname)
+
+    class Q:
+        name = qname
+
+        def quantize(self, checkpoint, options):
+            raise NotImplementedError
+
+    @hookimpl
+    def register_quantizers(register):
+        register(Q())
+
+    mod.register_quantizers = register_quantizers
+    return mod
+
+
+def test_duplicate_component_names_both_distributions():
+    eps = [FakeEP("alpha", quantizer_plugin("alpha_mod", "same"), "dist-alpha"),
+           FakeEP("beta", quantizer_plugin("beta_mod", "same"), "dist-beta")]
+    with pytest.raises(PluginError) as err:
+        build_registry(eps)
+    msg = str(err.value)
+    assert "'same'" in msg and "dist-alpha" in msg and "dist-beta" in msg
+
+
+def test_broken_plugin_warns_and_others_work():
+    eps = [FakeEP("broken", ImportError("No module named 'nonexistent_dep'"), "dist-broken"),
+           FakeEP("good", quantizer_plugin("good_mod", "fine"), "dist-good")]
+    with pytest.warns(UserWarning, match="broken.*dist-broken.*nonexistent_dep"):
+        reg = build_registry(eps)
+    assert reg.get("quantizer", "fine").name == "fine"
+    assert [f[0] for f in reg.failed] == ["broken"]
+    assert [p[0] for p in reg.plugins] == ["good"]
+    with pytest.raises(PluginError, match="unknown quantizer 'nope'; available: fine"):
+        reg.get("quantizer", "nope")
