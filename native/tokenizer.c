@@ -147,6 +147,7 @@ struct Tokenizer {
                              (SmolLM2 has no token for 21 bytes, e.g. 0x04 and 0xC0) */
     int32_t *specials;    /* control + user-defined ids, longest text first */
     size_t n_specials;
+    uint8_t special_first[256]; /* 1 if some special token's text starts with this byte */
     size_t max_token_bytes;
 };
 
@@ -187,15 +188,15 @@ void tokenizer_free(Tokenizer *t) {
     free(t);
 }
 
-static const Tokenizer *g_sort_tok; /* qsort has no context argument in C11 */
+typedef struct {
+    uint32_t len;
+    int32_t id;
+} SpecialKey;
 
 static int cmp_special(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    size_t lx, ly;
-    tok_text(g_sort_tok, x, &lx);
-    tok_text(g_sort_tok, y, &ly);
-    if (lx != ly) return lx > ly ? -1 : 1; /* longest first */
-    return (x > y) - (x < y);
+    const SpecialKey *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1; /* longest first */
+    return (x->id > y->id) - (x->id < y->id);
 }
 
 /* Parse the byte hex digits of a "<0xXX>" piece; -1 if text is not of that form. */
@@ -376,16 +377,22 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     }
 
     /* control and user-defined tokens, matched longest first when parse_special is on */
+    SpecialKey *keys = malloc(sizeof(SpecialKey) * n);
     t->specials = malloc(sizeof(int32_t) * n);
-    if (!t->specials) goto oom;
-    for (uint32_t i = 0; i < n; i++) {
-        if ((t->types[i] == DITTO_TT_CONTROL || t->types[i] == DITTO_TT_USER_DEFINED) &&
-            t->offsets[i + 1] > t->offsets[i])
-            t->specials[t->n_specials++] = (int32_t)i;
+    if (!keys || !t->specials) {
+        free(keys);
+        goto oom;
     }
-    g_sort_tok = t;
-    qsort(t->specials, t->n_specials, sizeof(int32_t), cmp_special);
-    g_sort_tok = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t len = t->offsets[i + 1] - t->offsets[i];
+        if ((t->types[i] == DITTO_TT_CONTROL || t->types[i] == DITTO_TT_USER_DEFINED) && len > 0) {
+            keys[t->n_specials++] = (SpecialKey){len, (int32_t)i};
+            t->special_first[t->blob[t->offsets[i]]] = 1;
+        }
+    }
+    qsort(keys, t->n_specials, sizeof(SpecialKey), cmp_special);
+    for (size_t k = 0; k < t->n_specials; k++) t->specials[k] = keys[k].id;
+    free(keys);
     return t;
 
 oom:
@@ -641,6 +648,7 @@ static int encode_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, siz
 
 /* id of the longest control/user-defined token whose text starts s[0..n), its length in *len */
 static int32_t special_at(const Tokenizer *t, const uint8_t *s, size_t n, size_t *len) {
+    if (!t->special_first[s[0]]) return -1;
     for (size_t k = 0; k < t->n_specials; k++) {
         int32_t id = t->specials[k];
         size_t l;
