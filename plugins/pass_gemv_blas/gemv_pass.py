@@ -64,19 +64,20 @@ class GemvBlasPass:
                 cand = {"function": fn.name, "loop": loop.header.lstrip("%"),
                         "depth": 2, "omp": ".omp_outlined" in fn.name}
                 if len(loop.children) != 1:
-                    cand.update(status="rejected",
+                    cand.update(status="rejected", kind="other",
                                 reason=f"outer loop contains {len(loop.children)} inner loops")
                     out.append((cand, None))
                     continue
                 inner = loop.children[0]
                 cand["inner_loop"] = inner.header.lstrip("%")
+                matcher = NestMatcher(fn, cfg, loop, inner)
                 try:
-                    g = NestMatcher(fn, cfg, loop, inner).match()
+                    g = matcher.match()
                 except Reject as exc:
-                    cand.update(status="rejected", reason=str(exc))
+                    cand.update(status="rejected", reason=str(exc), kind=matcher.kind)
                     out.append((cand, None))
                     continue
-                cand.update(dtype=g.dtype, form=g.form,
+                cand.update(kind="gemv", dtype=g.dtype, form=g.form,
                             layout="row-major NoTrans (i*ld+k)" if g.layout == "row"
                             else "transposed (k*ld+i)",
                             reassociates=not g.reassoc)
@@ -135,7 +136,8 @@ class GemvBlasPass:
 
         Returns the new module (parses and verifies in llvmlite) and a PassReport with one
         dict per candidate: function, loop, inner_loop, status ("rewritten"/"rejected"),
-        reason, and for matched nests dtype, form, layout, reassociates, routine, omp.
+        reason, kind ("gemv": a dot-product reduction nest; "other": any other two-level
+        nest), omp, and for matched nests dtype, form, layout, reassociates, routine.
         Raises DittoError if the input module itself does not parse."""
         text = module.text
         err = _verify(text)

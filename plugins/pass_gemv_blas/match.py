@@ -114,6 +114,9 @@ class NestMatcher:
         self.trunc = False
         self.path_pred: dict = {}
         self.scalar_loads: dict = {}
+        #: "gemv" once a dot-product reduction acc += a*b over two loads is found in the inner
+        #: loop (so a rejection after that point is a GEMV-shaped nest the pass could not take)
+        self.kind = "other"
 
     # ---- helpers ------------------------------------------------------------------------
     def in_nest(self, v: str) -> bool:
@@ -480,6 +483,7 @@ class NestMatcher:
             if "volatile" in ld.flags:
                 raise Reject("volatile load in the reduction")
             loads.append(self.ptr_poly(ld.ops[0]))
+        self.kind = "gemv"
         a_idx = [j for j, (_, off) in enumerate(loads) if P.uses(off, IV_I)]
         if len(a_idx) != 1:
             raise Reject("cannot tell the matrix from the vector (index of both or neither "
