@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ditto_core import pipeline
 from ditto_core.cli import cli
-from ditto_core.modelfile import ModelFile, tokenizers_equal
+from ditto_core.modelfile import tokenizers_equal
 from ditto_export_hf import HFExporter
 from tests.fixtures_hf import TINY_CORPUS, write_tiny_hf_dir
 
