@@ -5,7 +5,8 @@
 - ``smollm2_spec`` / ``smollm2_ctok``: SmolLM2's tokenizer as the GGUF exporter reads it, serialized
   to a model-file tokenizer block (ditto_core.modelfile.serialize_tokenizer) and loaded in C.
 - ``smollm2_hf``: the reference: HF ``tokenizers`` built straight from the GGUF's vocab and merges
-  (the recipe of ../shared/README.md), independent of Ditto's exporter.
+  (the recipe of ../shared/README.md), independent of Ditto's exporter, as a tokenizer.json.
+- ``smollm2_tok_model``: a tiny .ditto file with SmolLM2's tokenizer, for the program's --tokens.
 - ``spm_model``: a SentencePiece BPE model (byte_fallback) trained by the ``sentencepiece``
   library on Python standard-library source, and ``spec_from_sentencepiece`` to convert it.
 
@@ -194,29 +195,35 @@ def _gguf_spec(path: str) -> TokenizerSpec:
 
 
 @functools.lru_cache(maxsize=None)
-def _hf_from_gguf(path: str):
-    """HF ``tokenizers`` object built from the GGUF's own strings (../shared/README.md)."""
+def _hf_from_gguf(path: str, out_dir: str):
+    """HF ``tokenizers`` built from the GGUF's own vocab and merges (the recipe of
+    ../shared/README.md, tests/fixtures_hf.py ``build_bytelevel_tokenizer``), saved as a
+    tokenizer.json and loaded back from it."""
     import gguf
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer
 
-    r = gguf.GGUFReader(path)
+    from .fixtures_hf import build_bytelevel_tokenizer, gguf_meta
 
-    def strings(key):
-        f = r.fields[key]
-        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    out = Path(out_dir) / "tokenizer.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build_bytelevel_tokenizer(gguf_meta(gguf.GGUFReader(path))).save(str(out))
+    return Tokenizer.from_file(str(out))
 
-    tokens = strings("tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ")) for m in strings("tokenizer.ggml.merges")]
-    f = r.fields["tokenizer.ggml.token_type"]
-    types = [int(f.parts[i][0]) for i in f.data]
-    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                           for i in range(len(tokens)) if types[i] == TT_CONTROL])
-    return tk
+
+def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8) -> Path:
+    """A .ditto file (ditto_core.modelfile.write_model) with tokenizer ``spec`` and a 1-layer
+    Llama of width ``dim`` with zero weights: enough for the program's ``--tokens``."""
+    from ditto_core.modelfile import TensorInfo, expected_shapes, write_model
+    from ditto_core.types import ModelConfig
+
+    cfg = ModelConfig(dim=dim, hidden_dim=2 * dim, n_layers=1, n_heads=2, n_kv_heads=1,
+                      head_dim=dim // 2, vocab_size=len(spec.tokens), max_seq_len=64,
+                      rope_theta=10000.0, norm_eps=1e-5, tied_embeddings=True)
+    shapes = expected_shapes(cfg)
+    infos = [TensorInfo(name, "f32", shape) for name, shape in shapes.items()]
+    write_model(path, cfg, spec, infos,
+                ((name, np.zeros(shape, np.float32)) for name, shape in shapes.items()))
+    return path
 
 
 def golden_rows() -> list[dict]:
@@ -293,8 +300,15 @@ def smollm2_ctok(tokenizer_lib, smollm2_block, smollm2_spec) -> CTokenizer:
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf(smollm2_gguf):
-    return _hf_from_gguf(str(smollm2_gguf))
+def smollm2_hf(smollm2_gguf, tmp_path_factory):
+    return _hf_from_gguf(str(smollm2_gguf), str(tmp_path_factory.getbasetemp() / "smollm2_tok"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tok_model(smollm2_spec, tmp_path_factory) -> Path:
+    """A tiny .ditto model file carrying SmolLM2's tokenizer (for the program's --tokens)."""
+    return tiny_model_with_tokenizer(tmp_path_factory.mktemp("tok_model") / "smollm2_tok.ditto",
+                                     smollm2_spec)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,8 @@ import pytest
 
 from ditto_core.modelfile import serialize_tokenizer
 
-from .fixtures_tokenizer import (  # noqa: F401  (fixtures)
-    EDGE_CORPUS, NATIVE, TOKENIZER_SOURCES, WARN, build_driver, golden_rows, smollm2_block, smollm2_spec, spec_from_sentencepiece,
-    spm_model)
+from .fixtures_tokenizer import (EDGE_CORPUS, NATIVE, TOKENIZER_SOURCES, WARN, build_driver,
+                                 golden_rows, spec_from_sentencepiece)
 
 SAN = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
        "-fno-sanitize-recover=all"]

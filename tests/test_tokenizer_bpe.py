@@ -10,9 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .fixtures_tokenizer import (  # noqa: F401  (fixtures)
-    EDGE_CORPUS, CTokenizer, TokenizerError, golden_rows, smollm2_block, smollm2_ctok,
-    smollm2_hf, smollm2_spec, tokenizer_lib)
+from .fixtures_tokenizer import EDGE_CORPUS, CTokenizer, TokenizerError, golden_rows
 
 ROWS = golden_rows()
 

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .fixtures_tokenizer import (  # noqa: F401  (fixtures)
-    EDGE_CORPUS, TT_BYTE, spec_from_sentencepiece, spm_ctok, spm_model, tokenizer_lib)
+from .fixtures_tokenizer import EDGE_CORPUS, TT_BYTE, spec_from_sentencepiece
 
 # Text the model was not trained on: unseen words, characters that exist only as byte pieces
 # (CJK, emoji, Cyrillic), runs of spaces, leading/trailing spaces, newlines and tabs.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import unicodedata
 
-from .fixtures_tokenizer import NATIVE, tokenizer_lib  # noqa: F401  (fixture)
+from .fixtures_tokenizer import NATIVE
 
 
 def _generator():
