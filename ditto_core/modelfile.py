@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tempfile
 import zlib
 from pathlib import Path
@@ -115,9 +114,6 @@ def _check_codebook_params(bits, group_size, codebook_type):
 # --------------------------------------------------------------------------------------------
 # Config <-> tensors
 # --------------------------------------------------------------------------------------------
-
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
-
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The Ditto tensor names of a Llama model (FORMAT.md "Tensor names") and their shapes,
