@@ -9,6 +9,8 @@
 - ``smollm2_tok_model``: a tiny .ditto file with SmolLM2's tokenizer, for the program's --tokens.
 - ``spm_model``: a SentencePiece BPE model (byte_fallback) trained by the ``sentencepiece``
   library on Python standard-library source, and ``spec_from_sentencepiece`` to convert it.
+- ``tiny_spec``: tinycoder's GGUF SentencePiece vocabulary; ``sentencepiece_model_from_spec``
+  turns a vocabulary into a sentencepiece model so the library can serve as its reference.
 
 Expensive builds are cached per process (``functools.lru_cache``) so that test modules importing
 these fixtures share them.
@@ -20,6 +22,7 @@ import ctypes
 import functools
 import inspect
 import json
+import struct
 import subprocess
 from pathlib import Path
 
@@ -253,6 +256,44 @@ def spec_from_sentencepiece(sp) -> TokenizerSpec:
                          add_space_prefix=sp.encode_as_pieces("a")[0].startswith("\u2581"))
 
 
+def _pb_varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def _pb_field(num: int, value) -> bytes:
+    """One protobuf field: int -> varint, float -> fixed32, bytes -> length-delimited."""
+    if isinstance(value, float):
+        return _pb_varint(num << 3 | 5) + struct.pack("<f", value)
+    if isinstance(value, int):
+        return _pb_varint(num << 3) + _pb_varint(value)
+    return _pb_varint(num << 3 | 2) + _pb_varint(len(value)) + value
+
+
+def sentencepiece_model_from_spec(spec: TokenizerSpec) -> bytes:
+    """A serialized sentencepiece ``ModelProto`` (sentencepiece_model.proto) holding the pieces,
+    scores and types of a ``spm_bpe`` spec, for a BPE model with byte fallback and Llama's
+    normalizer (identity rules, add_dummy_prefix = spec.add_space_prefix, no whitespace
+    collapsing): how sentencepiece itself tokenizes that vocabulary (e.g. a GGUF's, for which
+    no tokenizer.model ships). Field numbers: pieces 1 {piece 1, score 2, type 3},
+    trainer_spec 2 {model_type 3 (BPE = 2), vocab_size 4, byte_fallback 35}, normalizer_spec 3
+    {name 1, precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4}."""
+    out = bytearray()
+    for text, score, typ in zip(spec.tokens, spec.scores.tolist(), spec.token_types.tolist()):
+        out += _pb_field(1, _pb_field(1, bytes(text)) + _pb_field(2, float(score))
+                         + _pb_field(3, int(typ)))
+    byte_fallback = int(any(int(t) == TT_BYTE for t in spec.token_types))
+    out += _pb_field(2, _pb_field(3, 2) + _pb_field(4, len(spec.tokens))
+                     + _pb_field(35, byte_fallback))
+    out += _pb_field(3, _pb_field(1, b"identity") + _pb_field(2, b"")
+                     + _pb_field(3, int(spec.add_space_prefix)) + _pb_field(4, 0))
+    return bytes(out)
+
+
 def spm_training_text() -> str:
     """Training text: source of a few standard-library modules (real prose and code)."""
     import argparse
@@ -314,6 +355,12 @@ def smollm2_tok_model(smollm2_spec, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def spm_model(tmp_path_factory):
     return train_spm(str(tmp_path_factory.getbasetemp() / "spm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_spec(tiny_gguf) -> TokenizerSpec:
+    """tinycoder's 32000-piece SentencePiece vocabulary as the GGUF exporter reads it."""
+    return _gguf_spec(str(tiny_gguf))
 
 
 @pytest.fixture(scope="session")

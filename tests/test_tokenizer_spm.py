@@ -77,3 +77,29 @@ def test_random_text_matches_sentencepiece(spm_ctok, spm_model, text):
     ids = spm_ctok.encode(text)
     assert ids == spm_model.encode(text)
     assert spm_ctok.decode(ids).decode("utf-8") == spm_model.decode(ids)
+
+
+# tinycoder's GGUF has a 32000-piece Llama-style vocabulary but ships no tokenizer.model; the
+# sentencepiece library is run on a model proto assembled from that same vocabulary.
+TINY_CORPUS = SPM_CORPUS + ["The quick brown fox jumps over the lazy dog.",
+                            "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)\n"]
+
+
+def test_tinycoder_vocab_matches_sentencepiece(tokenizer_lib, tiny_spec):
+    import sentencepiece as spm
+
+    from ditto_core.modelfile import serialize_tokenizer
+
+    from .fixtures_tokenizer import CTokenizer, sentencepiece_model_from_spec
+
+    assert len(tiny_spec.tokens) == 32000 and tiny_spec.add_space_prefix
+    ref = spm.SentencePieceProcessor(model_proto=sentencepiece_model_from_spec(tiny_spec))
+    assert [ref.id_to_piece(i).encode() for i in range(32000)] == list(tiny_spec.tokens)
+    ctok = CTokenizer(tokenizer_lib, serialize_tokenizer(tiny_spec), 32000)
+    n_bytes = 0
+    for text in TINY_CORPUS:
+        ids = ctok.encode(text)
+        assert ids == ref.encode(text), text
+        assert ctok.decode(ids).decode("utf-8") == ref.decode(ids) == text
+        n_bytes += sum(int(tiny_spec.token_types[i]) == TT_BYTE for i in ids)
+    assert n_bytes > 10  # byte fallback was exercised
