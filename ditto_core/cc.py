@@ -70,8 +70,9 @@ def merge_reports(results: list[dict]) -> PassReport:
 def summary_lines(results: list[dict], rewrite: bool = True) -> list[str]:
     """Human summary, one line per pass, e.g. ``"gemv-blas: rewrote 1/1 GEMV nests (21 other
     loop nests left alone)"``. A candidate counts as a GEMV nest when its report says
-    ``"gemv": true`` (it matched the pattern, whether or not it could be rewritten); a pass
-    that does not classify its candidates is summarised as ``rewrote N/M candidate nests``."""
+    ``"kind": "gemv"`` (the pass found a GEMV reduction in it, whether or not it could be
+    rewritten); a pass that does not classify its candidates is summarised as
+    ``rewrote N/M candidate nests``."""
     if not rewrite:
         return ["rewrite: disabled (--no-rewrite), naive loops kept"]
     if not results:
@@ -80,8 +81,9 @@ def summary_lines(results: list[dict], rewrite: bool = True) -> list[str]:
     for r in results:
         cands = r.get("candidates", [])
         n_rw = sum(1 for c in cands if c.get("status") == "rewritten")
-        if cands and all("gemv" in c for c in cands):
-            n_gemv = sum(1 for c in cands if c["gemv"] or c.get("status") == "rewritten")
+        if cands and all("kind" in c for c in cands):
+            n_gemv = sum(1 for c in cands
+                         if c["kind"] == "gemv" or c.get("status") == "rewritten")
             line = f"{r['name']}: rewrote {n_rw}/{n_gemv} GEMV nests"
             if len(cands) > n_gemv:
                 line += f" ({len(cands) - n_gemv} other loop nests left alone)"

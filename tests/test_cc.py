@@ -102,3 +102,17 @@ def test_cli_cc(tmp_path):
     assert bad.returncode == 1
     assert "unknown BLAS target 'nope'; available: accelerate, mkl, openblas" in bad.stderr
     assert not (tmp_path / "q").exists()
+
+
+def test_summary_lines():
+    from ditto_core.cc import summary_lines
+
+    cands = [{"status": "rewritten", "kind": "gemv"}, {"status": "rejected", "kind": "gemv"},
+             {"status": "rejected", "kind": "other"}]
+    assert summary_lines([{"name": "gemv-blas", "candidates": cands}]) == [
+        "gemv-blas: rewrote 1/2 GEMV nests (1 other loop nests left alone)"]
+    assert summary_lines([{"name": "p", "candidates": [{"status": "rewritten"}]}]) == [
+        "p: rewrote 1/1 candidate nests"]
+    assert summary_lines([], rewrite=False) == [
+        "rewrite: disabled (--no-rewrite), naive loops kept"]
+    assert summary_lines([]) == ["rewrite: no IR pass registered, module left unchanged"]
