@@ -32,7 +32,7 @@ from .errors import DittoError
 @click.option("--emit-ir", "ir_out", type=click.Path(path_type=Path), default=None,
               help="Also save the final LLVM IR (after the rewrite) here.")
 @click.option("-X", "flags", multiple=True,
-              help="Extra clang flag for the emit stage (repeatable), e.g. -X -O2.")
+              help="Extra clang flag for the emit stage (repeatable), e.g. -X -Wall.")
 def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrite, passes,
                ir_out, flags):
     """Compile C SOURCES to an executable: clang-22 -O1 → IR passes → O3 host + BLAS."""
@@ -42,8 +42,9 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
         exe, merged = compile_c(list(sources), blas=blas, out=out, include_dirs=include_dirs,
                                 defines=defines, openmp=openmp, rewrite=rewrite, report=report,
                                 flags=flags, passes=list(passes) or None, ir_out=ir_out)
-    except DittoError as exc:
-        raise click.ClickException(str(exc)) from None
+    except DittoError as exc:  # same form as the rest of the ditto CLI
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from None
     for line in summary_lines(_results_from(merged, list(passes) or None), rewrite):
         click.echo(line, err=True)
     click.echo(str(exe))

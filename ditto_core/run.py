@@ -70,8 +70,9 @@ def run_command_cli(build_dir, args):
     (e.g. -p "def fib(n):" -n 64 --temp 0; `ditto run DIR --help` shows its flags)."""
     try:
         cmd = run_command(build_dir, args)
-    except DittoError as exc:
-        raise click.ClickException(str(exc)) from None
+    except DittoError as exc:  # same form as the rest of the ditto CLI
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from None
     raise SystemExit(subprocess.run(cmd).returncode)
 
 
