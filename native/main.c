@@ -343,6 +343,7 @@ int main(int argc, char **argv) {
     memset(&sampler, 0, sizeof sampler);
     int32_t *gen_ids = NULL;
     float *dump = NULL;
+    char *out = NULL;
 
     /* ---- the input tokens */
     const char *token_path = a.score_file ? a.score_file : a.ids_file;
@@ -529,7 +530,13 @@ int main(int argc, char **argv) {
     int32_t eos = tokenizer_eos(tok);
     TokenDecoder dec;
     token_decoder_init(&dec);
-    char out[256];
+    size_t out_cap = tokenizer_max_decode_bytes(tok) + 16;
+    out = malloc(out_cap);
+    if (!out) {
+        fprintf(stderr, "%s: error: out of memory\n", prog);
+        rc = EXIT_OOM;
+        goto done;
+    }
     long n_gen = 0, pos = n_ids;
     for (;;) {
         int next = sampler_sample(&sampler, logits);
@@ -537,7 +544,7 @@ int main(int argc, char **argv) {
         if (n_gen == 1) t_first = now_s();
         if (next == eos) break;
         if (!a.print_ids) {
-            size_t nb = token_decode(tok, &dec, next, 0, out, sizeof out);
+            size_t nb = token_decode(tok, &dec, next, 0, out, out_cap);
             fwrite(out, 1, nb, stdout);
             fflush(stdout);
         }
@@ -555,7 +562,7 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n_gen; i++) printf(i ? ", %d" : "%d", gen_ids[i]);
         printf("]\n");
     } else {
-        size_t nb = token_decoder_flush(&dec, out, sizeof out);
+        size_t nb = token_decoder_flush(&dec, out, out_cap);
         fwrite(out, 1, nb, stdout);
         printf("\n");
     }
@@ -567,6 +574,7 @@ done:
         fprintf(stderr, "%s: error: cannot write to stdout\n", prog);
         rc = EXIT_IO;
     }
+    free(out);
     free(dump);
     free(gen_ids);
     sampler_free(&sampler);

@@ -1,0 +1,148 @@
+"""The C forward pass against references: transformers on SmolLM2 (fp32 logits and greedy
+decoding) and the NumPy reference forward on dequantized weights (quantized models)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
+from tests.fixtures_native import dump_logits, rel_error, run_native, token_file
+from tests.native_reference import reference_logits
+
+# golden rows used as prompts: code, code with a tab, plain English, ChatML markers, emoji
+PROMPT_ROWS = (0, 9, 39, 45, 17)
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().numpy()
+
+
+def test_smollm2_fp32_logits_equal_transformers(native_build, native_smollm2_f32,
+                                                native_hf_smollm2, smollm2_golden, tmp_path):
+    for row in PROMPT_ROWS:
+        ids = smollm2_golden[row]["ids_special"]
+        got = dump_logits(native_build.run, native_smollm2_f32.path, ids, tmp_path)
+        ref = hf_logits(native_hf_smollm2, ids)
+        assert got.shape == ref.shape == (len(ids), 49152)
+        err = rel_error(got, ref)
+        assert err.max() <= 1e-4, (row, err)
+        assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.95
+
+
+@pytest.mark.parametrize("row", [0, 45])
+def test_smollm2_greedy_64_tokens_equal_transformers(native_build, native_smollm2_f32,
+                                                     native_hf_smollm2, smollm2_golden,
+                                                     tmp_path, row):
+    import torch
+
+    ids = smollm2_golden[row]["ids_special"]
+    if row == 45:  # a ChatML turn: let the assistant answer
+        ids = ids + [1, 520, 9531, 198]  # "<|im_start|>assistant\n"
+    p = run_native(native_build.run, "-m", native_smollm2_f32.path, "--ids",
+                   token_file(tmp_path / "p.json", ids), "-n", 64, "--temp", 0, "--print-ids")
+    assert p.returncode == 0, p.stderr.decode()
+    got = json.loads(p.stdout)
+    with torch.no_grad():
+        out = native_hf_smollm2.generate(torch.tensor([ids]), max_new_tokens=64,
+                                         do_sample=False, eos_token_id=2, pad_token_id=2,
+                                         attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    want = out[0, len(ids):].tolist()
+    assert got == want
+    assert 1 <= len(got) <= 64
+
+
+def test_smollm2_chat_generates_coherent_answer(native_build, native_smollm2_f32):
+    p = run_native(native_build.run, "-m", native_smollm2_f32.path, "-p",
+                   "What is the capital of France?", "--chat", "-n", 24, "--temp", 0)
+    assert p.returncode == 0, p.stderr.decode()
+    assert "Paris" in p.stdout.decode()
+    assert b"tok/s" in p.stderr and b"time to first token" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["f32", "quant", "quant_untied"])
+def test_synthetic_logits_equal_numpy_reference(native_build, native_synth, tmp_path, name):
+    m = getattr(native_synth, name)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, m.cfg["vocab_size"], size=40).tolist()
+    got = dump_logits(native_build.run, m.path, ids, tmp_path)
+    ref = reference_logits(m.cfg, m.weights, ids)
+    err = rel_error(got, ref)
+    assert err.max() <= 1e-4, err
+
+
+def test_tinycoder_f32_logits_equal_numpy_reference(native_build, native_tiny_f32, tmp_path):
+    from tests.fixtures_native import read_ditto_weights
+
+    cfg, w = read_ditto_weights(native_tiny_f32.path)
+    assert not cfg["tied_embeddings"]
+    ids = [1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 29889]
+    got = dump_logits(native_build.run, native_tiny_f32.path, ids, tmp_path)
+    ref = reference_logits(cfg, w, ids)
+    assert rel_error(got, ref).max() <= 1e-4
+
+
+def test_threads_do_not_change_logits(native_build, native_synth, tmp_path):
+    m = native_synth.quant
+    ids = list(range(3, 30))
+    a = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", 1)
+    b = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", 2)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_score_equals_log_softmax_of_reference(native_build, native_synth, tmp_path):
+    m = native_synth.quant
+    ids = np.random.default_rng(3).integers(0, 259, size=20).tolist()
+    p = run_native(native_build.run, "-m", m.path, "--score", token_file(tmp_path / "t", ids))
+    assert p.returncode == 0, p.stderr.decode()
+    out = json.loads(p.stdout)
+    ref = reference_logits(m.cfg, m.weights, ids)
+    ref = ref - ref.max(-1, keepdims=True)
+    logp = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    want = logp[np.arange(len(ids) - 1), ids[1:]]
+    assert out["n_tokens"] == 20 and out["n_scored"] == 19
+    np.testing.assert_allclose(out["logprobs"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["sum_logprob"], want.sum(), rtol=1e-4)
+    np.testing.assert_allclose(out["perplexity"], np.exp(-want.mean()), rtol=1e-4)
+
+
+def _sample(exe, model, tmp_path, seed, *extra):
+    p = run_native(exe, "-m", model, "--ids", token_file(tmp_path / "s.json", [1, 70, 80]),
+                   "-n", 40, "--seed", seed, "--print-ids", *extra)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+def test_same_seed_same_text_different_seed_different_text(native_build, native_synth, tmp_path):
+    model = native_synth.quant_untied.path  # random untied classifier: a flat distribution
+    for extra in (("--temp", 1.0, "--top-p", 1.0), ("--temp", 0.8, "--top-p", 0.9)):
+        a = _sample(native_build.run, model, tmp_path, 42, *extra)
+        b = _sample(native_build.run, model, tmp_path, 42, *extra)
+        c = _sample(native_build.run, model, tmp_path, 43, *extra)
+        assert a == b
+        assert a != c
+        assert len(a) == 40 or a[-1] == 2
+
+
+def test_smollm2_same_seed_same_text(native_build, native_smollm2_f32):
+    def gen(seed):
+        p = run_native(native_build.run, "-m", native_smollm2_f32.path, "-p", "Once upon a time",
+                       "-n", 12, "--temp", 1.0, "--top-p", 0.95, "--seed", seed)
+        assert p.returncode == 0, p.stderr.decode()
+        return p.stdout
+
+    a, b, c = gen(1), gen(1), gen(2)
+    assert a == b and a != c
+
+
+def test_greedy_is_argmax_and_tiny_top_p_is_greedy(native_build, native_synth, tmp_path):
+    m = native_synth.quant
+    ids = [1, 70, 80]  # the prompt of _sample
+    ref = reference_logits(m.cfg, m.weights, ids)
+    greedy = _sample(native_build.run, m.path, tmp_path, 5, "--temp", 0)
+    assert greedy[0] == int(ref[-1].argmax())
+    nucleus = _sample(native_build.run, m.path, tmp_path, 5, "--temp", 1.0, "--top-p", 1e-6)
+    assert nucleus == greedy
