@@ -11,7 +11,8 @@ Programs (one C kernel ``y = W x``, W d×n row-major fp32, timed over R calls pe
                       rewrite produces)
 - ``naive_serial``  : no OpenMP, no rewrite (reference)
 
-Usage: ``python bench/bench_pass.py [--threads 2] [--reps 200]``. Shapes: SmolLM2-135M's
+Usage: ``python bench/bench_pass.py [--threads 2] [--reps 200]``. W rotates over copies
+totalling > 96 MB, so every call streams its matrix from DRAM as in decode. Shapes: SmolLM2-135M's
 matrices (576×576, 1536×576, 576×1536, 49152×576 classifier) and 4096×4096.
 Minimum ns per GEMV call over ``--rounds`` interleaved runs (median also given), and GB/s of matrix traffic (4·d·n bytes per call).
 """
@@ -33,6 +34,7 @@ SRC = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#define COLD_BYTES (96u << 20)
 
 __attribute__((noinline)) void matmul(float *xout, const float *x, const float *w, int n, int d) {
     int i;
@@ -46,14 +48,21 @@ __attribute__((noinline)) void matmul(float *xout, const float *x, const float *
 
 int main(int argc, char **argv) {
     int d = atoi(argv[1]), n = atoi(argv[2]), reps = atoi(argv[3]);
-    float *w = malloc(sizeof(float) * (size_t)d * n), *x = malloc(sizeof(float) * n);
-    float *y = malloc(sizeof(float) * d);
-    for (size_t i = 0; i < (size_t)d * n; i++) w[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    /* rotate over enough copies of W to exceed the last-level cache (as in LLM decode, where
+     * every weight matrix is read once per token from DRAM) */
+    size_t per = (size_t)d * n, copies = (size_t)COLD_BYTES / (4 * per) + 1;
+    float *wall = malloc(sizeof(float) * per * copies), *x = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * d), *w = wall;
+    for (size_t i = 0; i < per * copies; i++) wall[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
     for (int i = 0; i < n; i++) x[i] = (float)(i % 7) / 7.0f;
     matmul(y, x, w, n, d);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int r = 0; r < reps; r++) { matmul(y, x, w, n, d); x[r % n] += y[r % d] * 1e-9f; }
+    for (int r = 0; r < reps; r++) {
+        w = wall + per * ((size_t)r % copies);
+        matmul(y, x, w, n, d);
+        x[r % n] += y[r % d] * 1e-9f;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / reps;
     printf("%.1f %.6g\n", ns, (double)y[d / 2]);

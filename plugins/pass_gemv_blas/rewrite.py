@@ -160,15 +160,19 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
     trans = NO_TRANS if g.layout == "row" else TRANS
     call = [f"{tag}.call:"]
     if thread is not None:
+        # exactly one thread (the first to flip the flag 0 -> 1) sets BLAS to one thread
         flag = thread["flag"]
-        seen = e.emit(f"load i32, ptr {flag}, align 4")
-        first = e.emit(f"icmp eq i32 {seen}, 0")
+        seen = e.emit(f"load atomic i32, ptr {flag} monotonic, align 4")
+        unset = e.emit(f"icmp eq i32 {seen}, 0")
         call += e.lines
         e.lines = []
-        call += [f"  br i1 {first}, label %{tag}.threads, label %{tag}.blas",
+        call += [f"  br i1 {unset}, label %{tag}.claim, label %{tag}.blas",
+                 f"{tag}.claim:",
+                 f"  %{tag}.cx = cmpxchg ptr {flag}, i32 0, i32 1 monotonic monotonic",
+                 f"  %{tag}.won = extractvalue {{ i32, i1 }} %{tag}.cx, 1",
+                 f"  br i1 %{tag}.won, label %{tag}.threads, label %{tag}.blas",
                  f"{tag}.threads:",
                  f"  call void @{thread['set']}(i32 1)",
-                 f"  store i32 1, ptr {flag}, align 4",
                  f"  br label %{tag}.blas",
                  f"{tag}.blas:"]
     call += e.lines
