@@ -58,7 +58,7 @@ class CompileResult:
     summary: tuple
 
 
-def _plugin_fingerprint(component) -> str:
+def plugin_fingerprint(component) -> str:
     """Hash of the source files of the package defining ``component`` (so editing a pass or
     the linker invalidates cached executables)."""
     try:
@@ -81,9 +81,9 @@ def compile_key(sources, blas, rewrite: bool, openmp: bool, extra_flags=()) -> s
         "sources": tree_hash(list(sources) + headers),
         "flags": list(RUNTIME_FLAGS) + list(extra_flags), "openmp": openmp, "rewrite": rewrite,
         "blas": None if blas is None else [blas.name, blas.compile_flags(), blas.link_flags()],
-        "emitter": _plugin_fingerprint(reg.get("ir_emitter", "clang")),
-        "linker": _plugin_fingerprint(reg.get("linker", "llvm")),
-        "passes": [(p.name, _plugin_fingerprint(p)) for p in reg.all("ir_pass")] if rewrite else [],
+        "emitter": plugin_fingerprint(reg.get("ir_emitter", "clang")),
+        "linker": plugin_fingerprint(reg.get("linker", "llvm")),
+        "passes": [(p.name, plugin_fingerprint(p)) for p in reg.all("ir_pass")] if rewrite else [],
         "host": [llvm.get_host_cpu_name(), platform.machine()],
         "llvmlite": llvmlite.__version__,
     }

@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import attrs
 import numpy as np
@@ -195,13 +196,13 @@ def model_key(path: Path, exporter, quantizer, packer, options: QuantOptions) ->
     from . import format as fmt
     from . import modelfile
     from .cache import make_key, tree_hash
-    from .compile import _plugin_fingerprint
+    from .compile import plugin_fingerprint
 
     return make_key({
         "model": model_fingerprint(path), "exporter": exporter.name,
         "quantizer": quantizer.name, "packer": packer.name,
         "options": attrs.asdict(options),
-        "code": [_plugin_fingerprint(c) for c in (exporter, quantizer, packer)]
+        "code": [plugin_fingerprint(c) for c in (exporter, quantizer, packer)]
                 + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
     })
 
@@ -259,7 +260,6 @@ class _StageLog:
     def __call__(self, name: str, note: str = "") -> None:
         self.k += 1
         if self.enabled:
-            import sys
             print(f"[{self.k}/{self.total}] {name}{(' — ' + note) if note else ''}",
                   file=sys.stderr, flush=True)
 

@@ -87,9 +87,8 @@ def test_llvmlite_fallback_link(tmp_path):
     files = []
     for s in (a, b):
         out = tmp_path / (s.stem + ".ll")
-        files.append(out)
-        em.emit([s], workdir=tmp_path / s.stem)
         out.write_text(em.emit([s], workdir=tmp_path / s.stem).text)
+        files.append(out)
     import ditto_emit_clang as ec
     real = ec.find_tool
     try:
