@@ -6,9 +6,10 @@ Programs (one C kernel ``y = W x``, W d×n row-major fp32, timed over R calls pe
 - ``chunk_blas``    : OpenMP kept; each thread's chunk rewritten to one sgemv, BLAS left at its
                       default thread count (pthreads BLAS inside OpenMP threads: oversubscribed)
 - ``chunk_blas_1t`` : same, BLAS made single-threaded once (pass option omp_threads="single")
-- ``whole_blas``    : the parallel region as ONE sgemv with BLAS's own threads (the program
-                      built without -fopenmp and rewritten: exactly the code a whole-region
-                      rewrite produces)
+- ``region_blas``   : the parallel region serialized by the pass (omp_threads="region"): ONE
+                      sgemv over the whole range with BLAS's own threads
+- ``whole_blas``    : the program built without -fopenmp and rewritten (one sgemv, BLAS threads;
+                      the lower bound of what a whole-region rewrite can cost)
 - ``naive_serial``  : no OpenMP, no rewrite (reference)
 
 Usage: ``python bench/bench_pass.py [--threads 2] [--reps 200]``. W rotates over copies
@@ -110,6 +111,8 @@ def main() -> None:
                                 omp_threads="blas"),
             "chunk_blas_1t": build(src, tmp / "chunk_1t", openmp=True, rewrite=True,
                                    omp_threads="single"),
+            "region_blas": build(src, tmp / "region", openmp=True, rewrite=True,
+                                 omp_threads="region"),
             "whole_blas": build(src, tmp / "whole", openmp=False, rewrite=True),
             "naive_serial": build(src, tmp / "naive_serial", openmp=False, rewrite=False),
         }

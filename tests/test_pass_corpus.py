@@ -117,3 +117,27 @@ def test_negatives_results_unchanged(corpus_builds):
     assert b["plain"].keys() == b["blas"].keys() and b["plain"]
     for k in b["plain"]:
         np.testing.assert_array_equal(b["blas"][k], b["plain"][k], err_msg=str(k))
+
+
+def test_openmp_region_serialized_matches_naive(corpus_sources, corpus_builds, tmp_path):
+    """omp_threads="region": the parallel regions holding only a GEMV run serialized, one
+    BLAS call per region; results equal the unrewritten OpenMP build."""
+    from ditto_core.cc import emit_ir, link, resolve_blas
+    from ditto_pass_gemv_blas import GemvBlasPass
+
+    from tests.fixtures_pass import run_exe
+
+    blas = resolve_blas("openblas")
+    mod = emit_ir([corpus_sources["float"]], workdir=tmp_path,
+                  flags=blas.compile_flags() + ["-fopenmp"])
+    new, report = GemvBlasPass(omp_threads="region").run(mod, blas)
+    omp = [c for c in report.candidates if c["omp"]]
+    assert len(omp) == 3 and all(c["status"] == "rewritten" for c in omp)
+    assert all("serialized" in c["blas_threads"] for c in omp)
+    assert new.text.count("call void @__kmpc_serialized_parallel(") == 3
+    exe = link(new, blas, tmp_path / "region")
+    got, ref = run_exe(exe), corpus_builds[("float", True)]["plain"]
+    assert got.keys() == ref.keys()
+    for k in ref:
+        scale = max(1.0, float(np.abs(ref[k]).max(initial=0.0)))
+        np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=2e-4 * scale, err_msg=str(k))

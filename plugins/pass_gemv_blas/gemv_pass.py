@@ -15,11 +15,33 @@ from ditto_core.errors import DittoError
 from ditto_core.types import IRModule, PassReport
 
 from . import rewrite
-from .ir_text import parse_functions
+from .ir_text import parse_functions, split_top
 from .loops import build_cfg, find_loops
 from .match import NestMatcher, Reject
 
 THREAD_FLAG = "@ditto.gemv.blas_single_threaded"
+#: calls an outlined OpenMP function may make and still be run serialized as one region
+REGION_OK_CALLS = re.compile(r"^@(__kmpc_for_static_init_4u?|__kmpc_for_static_init_8u?|"
+                             r"__kmpc_for_static_fini|__kmpc_barrier|llvm\.[-\w.]+)$")
+
+
+def region_serializable(fn, nest_blocks: set) -> bool:
+    """True if the outlined OpenMP function ``fn`` does nothing but the GEMV nest (blocks
+    ``nest_blocks``) and the static-schedule bookkeeping: running its region on one thread
+    (as ``#pragma omp parallel if(0)`` would) then computes the same thing."""
+    allocas = {i.name for b in fn.blocks.values() for i in b.instrs if i.op == "alloca"}
+    for b in fn.blocks.values():
+        if b.name in nest_blocks:
+            continue
+        for ins in b.instrs:
+            if ins.op == "store" and ins.ops[1] not in allocas:
+                return False
+            if ins.op in ("call", "invoke") and not REGION_OK_CALLS.match(
+                    ins.extra.get("callee", "")):
+                return False
+            if ins.op in ("atomicrmw", "cmpxchg", "fence"):
+                return False
+    return True
 STRICT_HINT = ("reduction has no reassoc flag (strict FP order); compile with "
                "-fassociative-math/-ffast-math or put '#pragma clang fp reassociate(on)' "
                "in the loop's block")
@@ -43,12 +65,18 @@ class GemvBlasPass:
     ``allow_strict``: also rewrite reductions without ``reassoc`` (the report then says
     ``"reassociates": true``); default False, see docs/PASS.md "Floating-point policy".
     ``omp_threads``: ``"single"`` makes BLAS single-threaded (once, process-wide) before the
-    first call from an OpenMP outlined function, ``"blas"`` leaves BLAS threading alone.
+    first call from an OpenMP outlined function; ``"region"`` runs a parallel region that holds
+    nothing but the rewritten nest serialized (``__kmpc_serialized_parallel``), so its one
+    chunk is the whole range and BLAS uses its own threads; ``"blas"`` leaves BLAS threading
+    alone (oversubscribed). Measurements: docs/PASS.md "OpenMP".
     """
 
     name = "gemv-blas"
 
     def __init__(self, allow_strict: bool = False, omp_threads: str = "single"):
+        if omp_threads not in ("single", "region", "blas"):
+            raise DittoError(f"gemv-blas: omp_threads must be single|region|blas, "
+                             f"not {omp_threads!r}")
         self.allow_strict = allow_strict
         self.omp_threads = omp_threads
 
@@ -95,6 +123,7 @@ class GemvBlasPass:
         inserts: dict = {}  # end line of function -> new lines
         decls = set()
         need_flag = False
+        serialized: set = set()
         tc = getattr(blas, "thread_control", None)
         set_threads = (tc() or {}).get("set_num_threads") if callable(tc) else None
         for n, (cand, (fn, g)) in enumerate(chosen):
@@ -102,12 +131,20 @@ class GemvBlasPass:
             routine = "cblas_sgemv" if g.dtype == "float" else "cblas_dgemv"
             symbol = blas.symbol(routine) if blas is not None else routine
             thread = None
-            if cand["omp"] and self.omp_threads == "single" and set_threads:
+            if cand["omp"] and self.omp_threads == "region" and region_serializable(
+                    fn, g.outer.blocks) and fn.name not in serialized:
+                n_forks = self._serialize_region(text, lines, fn.name, tag, edits, inserts,
+                                                 decls)
+                if n_forks:
+                    serialized.add(fn.name)
+            if cand["omp"] and fn.name in serialized:
+                cand["blas_threads"] = "library default (parallel region serialized)"
+            elif cand["omp"] and self.omp_threads in ("single", "region") and set_threads:
                 thread = {"set": set_threads, "flag": THREAD_FLAG}
                 need_flag = True
                 decls.add(f"declare void @{set_threads}(i32)")
             cand["routine"] = symbol
-            cand["blas_threads"] = ("1 (set once)" if thread else "library default")
+            cand.setdefault("blas_threads", "1 (set once)" if thread else "library default")
             body, facts = rewrite.build(g, tag, symbol, thread)
             inserts.setdefault(fn.end_line, []).extend(body)
             for ln, f in rewrite.text_edits(fn.blocks, g, tag, facts["last_block"]).items():
@@ -130,6 +167,47 @@ class GemvBlasPass:
         if need_flag and THREAD_FLAG + " =" not in text:
             out.append(f"{THREAD_FLAG} = internal global i32 0, align 4")
         return "\n".join(out)
+
+    @staticmethod
+    def _serialize_region(text, lines, outlined, tag, edits, inserts, decls) -> int:
+        """Replace every ``__kmpc_fork_call(loc, n, @outlined, args...)`` by a serialized
+        region on the calling thread: ``__kmpc_serialized_parallel``; ``outlined(&gtid,
+        &zero, args...)``; ``__kmpc_end_serialized_parallel`` (what clang emits for
+        ``parallel if(0)``). Returns the number of call sites changed."""
+        fork = re.compile(r"^(\s*)call void \(ptr, i32, ptr, \.\.\.\) @__kmpc_fork_call\("
+                          r"(.*)\)\s*(;.*)?$")
+        count = 0
+        for fn in parse_functions(text):
+            entry_first = fn.blocks[fn.entry].instrs[0].line
+            for b in fn.blocks.values():
+                for ins in b.instrs:
+                    m = fork.match(lines[ins.line])
+                    if not m or ins.extra.get("callee") != "@__kmpc_fork_call":
+                        continue
+                    args = [a.strip() for a in split_top(m.group(2))]
+                    if len(args) < 3 or args[2].split()[-1] != "@" + outlined:
+                        continue
+                    loc = args[0].split()[-1]
+                    t = f"%{tag}.r{count}"
+                    inserts.setdefault(entry_first, []).extend(
+                        [f"  {t}.gtid.addr = alloca i32, align 4",
+                         f"  {t}.zero.addr = alloca i32, align 4"])
+                    rest = ", ".join(a.replace("nonnull ", "") for a in args[3:])
+                    body = [f"  {t}.gtid = call i32 @__kmpc_global_thread_num(ptr {loc})",
+                            f"  store i32 {t}.gtid, ptr {t}.gtid.addr, align 4",
+                            f"  store i32 0, ptr {t}.zero.addr, align 4",
+                            f"  call void @__kmpc_serialized_parallel(ptr {loc}, i32 {t}.gtid)",
+                            f"  call void @{outlined}(ptr {t}.gtid.addr, ptr {t}.zero.addr"
+                            + (f", {rest}" if rest else "") + ")",
+                            f"  call void @__kmpc_end_serialized_parallel(ptr {loc}, "
+                            f"i32 {t}.gtid)"]
+                    edits[ins.line] = (lambda s_, body=body: "\n".join(body))
+                    count += 1
+        if count:
+            decls.update({"declare i32 @__kmpc_global_thread_num(ptr)",
+                          "declare void @__kmpc_serialized_parallel(ptr, i32)",
+                          "declare void @__kmpc_end_serialized_parallel(ptr, i32)"})
+        return count
 
     def run(self, module: IRModule, blas) -> tuple[IRModule, PassReport]:
         """Rewrite every recognised GEMV nest of ``module``; see the module docstring.
