@@ -1,0 +1,65 @@
+"""SmolLM2-135M (a deterministic subset: embedding + blocks 0, 15, 29; tests/fixtures_quant.py)
+quantized with ``kmeans`` and with the third-party ``rtn`` (b = 4, G = 256, f16 codebooks),
+both packed by ``bits`` through the plugin registry (one session fixture)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ditto_core.modelfile import ModelFile
+from ditto_pack_bits import dequantize
+from tests.fixtures_quant import rtn_registry, smollm2_packed, smollm2_subset  # noqa: F401
+
+
+def test_kmeans_beats_rtn(smollm2_packed):
+    k = smollm2_packed["kmeans"][1]["total_rel_error"]
+    r = smollm2_packed["rtn"][1]["total_rel_error"]
+    assert 0 < k < r
+    # per tensor too, on every quantized matrix
+    kt = smollm2_packed["kmeans"][1]["report"]["tensors"]
+    rt = smollm2_packed["rtn"][1]["report"]["tensors"]
+    quantized = [n for n, v in kt.items() if v["encoding"] == "codebook"]
+    assert len(quantized) == 3 * 7 + 1  # 21 linear layers + the tied embedding
+    assert all(kt[n]["rel_error"] < rt[n]["rel_error"] for n in quantized)
+
+
+@pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_q.weight",
+                                  "blk.2.ffn_down.weight"])
+def test_file_holds_what_the_report_says(smollm2_packed, smollm2_subset, name):
+    """Decode tensors from the packed file and measure the error against the exporter's
+    weights: it equals the quantizer's reported per-tensor error."""
+    path, summary = smollm2_packed["kmeans"]
+    W = smollm2_subset.tensors[name]()
+    mf = ModelFile.open(path)
+    What = dequantize(mf.tensors[name], mf.payload(name))
+    rel = ((W.astype(np.float64) - What) ** 2).sum() / (W.astype(np.float64) ** 2).sum()
+    assert rel == pytest.approx(summary["tensors"][name]["rel_error"], rel=1e-9)
+    assert 1e-4 < rel < 0.02
+
+
+@pytest.mark.parametrize("quantizer", ["kmeans", "rtn"])
+def test_file_size_near_theoretical(smollm2_packed, quantizer):
+    path, summary = smollm2_packed[quantizer]
+    mf = ModelFile.open(path)
+    theoretical = 0
+    for t in mf.tensors.values():
+        if t.encoding == "f32":
+            assert len(t.shape) == 1  # only norms stay f32 by default
+            theoretical += 4 * t.n_weights
+        else:
+            assert (t.bits, t.group_size, t.codebook_type) == (4, 256, "f16")
+            s = math.ceil(t.cols / 256)
+            theoretical += t.n_weights * 4 // 8 + t.rows * s * 16 * 2
+    size = path.stat().st_size
+    header = 64 + mf.meta_size  # fixed header, config, tensor table, tokenizer
+    assert 0 <= size - header - theoretical < 0.005 * theoretical
+    assert summary["file_bytes"] == size
+    n = sum(t.n_weights for t in mf.tensors.values())
+    assert summary["bpw"] == pytest.approx(8 * size / n)
+    # 4-bit indices + 16 f16 centroids per sub-block: rows of 576 have sub-blocks 256+256+64
+    # (4 + 3·256/576 = 5.33 bpw), rows of 1536 have 6 full ones (5.0 bpw)
+    q = mf.tensors["blk.0.attn_q.weight"]
+    assert 8 * q.nbytes / q.n_weights == pytest.approx(4 + 3 * 16 * 16 / 576, abs=1e-3)
+    d = mf.tensors["blk.0.ffn_down.weight"]
+    assert 8 * d.nbytes / d.n_weights == pytest.approx(5.0, abs=1e-3)
