@@ -27,19 +27,19 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def reference_logits(cfg: dict, w: dict, ids) -> np.ndarray:
     """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
 
-    ``cfg``: DittoConfig fields by name; ``w``: float64 weights by FORMAT.md tensor name
+    ``cfg``: a ditto_core.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
     (matrices [out, in]; "output.weight" present, the embedding itself when tied)."""
     ids = np.asarray(ids, dtype=np.int64)
-    T, d = len(ids), cfg["head_dim"]
-    H, KV = cfg["n_heads"], cfg["n_kv_heads"]
-    eps = float(np.float32(cfg["norm_eps"]))
-    theta = float(np.float32(cfg["rope_theta"]))
+    T, d = len(ids), cfg.head_dim
+    H, KV = cfg.n_heads, cfg.n_kv_heads
+    eps = float(np.float32(cfg.norm_eps))  # as stored in the file (f32)
+    theta = float(np.float32(cfg.rope_theta))
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
     ang = np.arange(T)[:, None] * inv_freq[None, :]
     cos, sin = np.cos(ang), np.sin(ang)
     mask = np.triu(np.full((T, T), -np.inf), k=1)
     x = w["token_embd.weight"][ids]
-    for l in range(cfg["n_layers"]):
+    for l in range(cfg.n_layers):
         p = f"blk.{l}."
         h = rmsnorm(x, w[p + "attn_norm.weight"], eps)
         q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, H, d), cos, sin)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
-from tests.fixtures_native import dump_logits, rel_error, run_native, token_file
+from tests.fixtures_native import dump_logits, model_weights, rel_error, run_native, token_file
+from tests.fixtures_tokenizer import golden_rows
 from tests.native_reference import reference_logits
 
 # golden rows used as prompts: code, code with a tab, plain English, ChatML markers, emoji
@@ -21,11 +22,11 @@ def hf_logits(model, ids) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].double().numpy()
 
 
-def test_smollm2_fp32_logits_equal_transformers(native_build, native_smollm2_f32,
-                                                native_hf_smollm2, smollm2_golden, tmp_path):
+def test_smollm2_fp32_logits_equal_transformers(native_build, smollm2_f32_ditto,
+                                                native_hf_smollm2, tmp_path):
     for row in PROMPT_ROWS:
-        ids = smollm2_golden[row]["ids_special"]
-        got = dump_logits(native_build.run, native_smollm2_f32.path, ids, tmp_path)
+        ids = golden_rows()[row]["ids_special"]
+        got = dump_logits(native_build.run, smollm2_f32_ditto, ids, tmp_path)
         ref = hf_logits(native_hf_smollm2, ids)
         assert got.shape == ref.shape == (len(ids), 49152)
         err = rel_error(got, ref)
@@ -34,15 +35,15 @@ def test_smollm2_fp32_logits_equal_transformers(native_build, native_smollm2_f32
 
 
 @pytest.mark.parametrize("row", [0, 45])
-def test_smollm2_greedy_64_tokens_equal_transformers(native_build, native_smollm2_f32,
-                                                     native_hf_smollm2, smollm2_golden,
+def test_smollm2_greedy_64_tokens_equal_transformers(native_build, smollm2_f32_ditto,
+                                                     native_hf_smollm2,
                                                      tmp_path, row):
     import torch
 
-    ids = smollm2_golden[row]["ids_special"]
+    ids = golden_rows()[row]["ids_special"]
     if row == 45:  # a ChatML turn: let the assistant answer
         ids = ids + [1, 520, 9531, 198]  # "<|im_start|>assistant\n"
-    p = run_native(native_build.run, "-m", native_smollm2_f32.path, "--ids",
+    p = run_native(native_build.run, "-m", smollm2_f32_ditto, "--ids",
                    token_file(tmp_path / "p.json", ids), "-n", 64, "--temp", 0, "--print-ids")
     assert p.returncode == 0, p.stderr.decode()
     got = json.loads(p.stdout)
@@ -55,8 +56,8 @@ def test_smollm2_greedy_64_tokens_equal_transformers(native_build, native_smollm
     assert 1 <= len(got) <= 64
 
 
-def test_smollm2_chat_generates_coherent_answer(native_build, native_smollm2_f32):
-    p = run_native(native_build.run, "-m", native_smollm2_f32.path, "-p",
+def test_smollm2_chat_generates_coherent_answer(native_build, smollm2_f32_ditto):
+    p = run_native(native_build.run, "-m", smollm2_f32_ditto, "-p",
                    "What is the capital of France?", "--chat", "-n", 24, "--temp", 0)
     assert p.returncode == 0, p.stderr.decode()
     assert "Paris" in p.stdout.decode()
@@ -67,20 +68,18 @@ def test_smollm2_chat_generates_coherent_answer(native_build, native_smollm2_f32
 def test_synthetic_logits_equal_numpy_reference(native_build, native_synth, tmp_path, name):
     m = getattr(native_synth, name)
     rng = np.random.default_rng(7)
-    ids = rng.integers(0, m.cfg["vocab_size"], size=40).tolist()
+    ids = rng.integers(0, m.cfg.vocab_size, size=40).tolist()
     got = dump_logits(native_build.run, m.path, ids, tmp_path)
     ref = reference_logits(m.cfg, m.weights, ids)
     err = rel_error(got, ref)
     assert err.max() <= 1e-4, err
 
 
-def test_tinycoder_f32_logits_equal_numpy_reference(native_build, native_tiny_f32, tmp_path):
-    from tests.fixtures_native import read_ditto_weights
-
-    cfg, w = read_ditto_weights(native_tiny_f32.path)
-    assert not cfg["tied_embeddings"]
+def test_tinycoder_f32_logits_equal_numpy_reference(native_build, tiny_f32_ditto, tmp_path):
+    cfg, w = model_weights(tiny_f32_ditto)
+    assert not cfg.tied_embeddings
     ids = [1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 29889]
-    got = dump_logits(native_build.run, native_tiny_f32.path, ids, tmp_path)
+    got = dump_logits(native_build.run, tiny_f32_ditto, ids, tmp_path)
     ref = reference_logits(cfg, w, ids)
     assert rel_error(got, ref).max() <= 1e-4
 
@@ -127,9 +126,9 @@ def test_same_seed_same_text_different_seed_different_text(native_build, native_
         assert len(a) == 40 or a[-1] == 2
 
 
-def test_smollm2_same_seed_same_text(native_build, native_smollm2_f32):
+def test_smollm2_same_seed_same_text(native_build, smollm2_f32_ditto):
     def gen(seed):
-        p = run_native(native_build.run, "-m", native_smollm2_f32.path, "-p", "Once upon a time",
+        p = run_native(native_build.run, "-m", smollm2_f32_ditto, "-p", "Once upon a time",
                        "-n", 12, "--temp", 1.0, "--top-p", 0.95, "--seed", seed)
         assert p.returncode == 0, p.stderr.decode()
         return p.stdout

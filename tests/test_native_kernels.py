@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
-from tests.fixtures_native import (CB_F16, CB_F32, dequantize_codebook, pack_codebook,
-                                   random_codebook_tensor)
+from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
+from ditto_core.modelfile import TensorInfo
 from ditto_core.types import CodebookTensor
+from ditto_pack_bits import codebook_payload, dequantize
 
 F32P = ctypes.POINTER(ctypes.c_float)
 
@@ -41,7 +42,7 @@ def fptr(a: np.ndarray):
 def c_gemv(lib, ct: CodebookTensor, x: np.ndarray) -> np.ndarray:
     rows, cols = ct.indices.shape
     y = np.zeros(rows, dtype=np.float32)
-    payload = pack_codebook(ct)
+    payload = codebook_payload(ct)
     lib.codebook_gemv_ref(fptr(y), fptr(x), payload,
                           CB_F16 if ct.codebook_type == "f16" else CB_F32, ct.bits,
                           ct.group_size, rows, cols)
@@ -61,7 +62,12 @@ def test_codebook_gemv_equals_dequantize_then_dot(lib, bits, cb_type):
         rows = int(rng.integers(1, 12))
         ct = random_codebook_tensor(rng, rows, cols, bits, G, cb_type, scale=1.0)
         x = rng.normal(size=cols).astype(np.float32)
-        want = dequantize_codebook(ct) @ x.astype(np.float64)
+        W = dequantize_codebook(ct)
+        # the packer's own decoder reads the same payload back to the same weights
+        info = TensorInfo("w", "codebook", (rows, cols), bits, G, cb_type)
+        np.testing.assert_array_equal(dequantize(info, np.frombuffer(codebook_payload(ct),
+                                                                     np.uint8)), W)
+        want = W @ x.astype(np.float64)
         got = c_gemv(lib, ct, x)
         tol = 1e-5 * np.sqrt(cols) * (np.abs(x).max() + 1)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=tol, err_msg=f"cols={cols} G={G}")
@@ -73,7 +79,7 @@ def test_codebook_row_decode_equals_dequantize(lib, bits):
     for cols, G in SHAPES:
         rows = 5
         ct = random_codebook_tensor(rng, rows, cols, bits, G, "f32" if bits % 2 else "f16")
-        payload = pack_codebook(ct)
+        payload = codebook_payload(ct)
         W = dequantize_codebook(ct)
         for r in range(rows):
             out = np.zeros(cols, dtype=np.float32)
@@ -90,7 +96,7 @@ def test_index_packing_follows_format_md():
                             codebooks=np.zeros((1, 1, 1 << bits), np.float32),
                             indices=np.array([idx], dtype=np.uint8), codebook_type="f32")
         cb_bytes = -(-(4 << bits) // 64) * 64  # K f32 centroids, padded to 64 bytes
-        return pack_codebook(ct)[cb_bytes:]
+        return codebook_payload(ct)[cb_bytes:]
 
     assert packed_indices(8, [1, 2, 3, 4, 5, 6, 7, 255]) == bytes([1, 2, 3, 4, 5, 6, 7, 255])
     assert packed_indices(4, [1, 2, 3, 4, 5, 6, 7, 15]) == bytes([0x21, 0x43, 0x65, 0xF7])

@@ -1,0 +1,241 @@
+"""The ditto-run command line under AddressSanitizer + UndefinedBehaviorSanitizer: a forward
+pass that matches the NumPy reference, generation, and every kind of bad input (clear message,
+documented exit code, no sanitizer report)."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
+from tests.fixtures_native import (EXIT_IO, EXIT_MODEL, EXIT_OK, EXIT_PROMPT, EXIT_USAGE,
+                                   dump_logits, rel_error, rewrite_crc, run_native, token_file)
+from tests.native_reference import reference_logits
+
+
+def check(p, code: int, *messages: str) -> str:
+    """Assert exit code, messages on stderr, and no sanitizer report; return stderr."""
+    err = p.stderr.decode(errors="replace")
+    assert "AddressSanitizer" not in err and "runtime error" not in err \
+        and "LeakSanitizer" not in err, err
+    assert p.returncode == code, (p.returncode, err)
+    for m in messages:
+        assert m in err, (m, err)
+    return err
+
+
+# ------------------------------------------------------------------ sanitized runs that work
+
+def test_asan_forward_pass_equals_reference(native_build, native_synth, tmp_path):
+    for m in (native_synth.quant, native_synth.quant_untied):
+        ids = [1, 40, 41, 42, 100, 200, 250, 3, 4]
+        got = dump_logits(native_build.asan, m.path, ids, tmp_path)
+        assert rel_error(got, reference_logits(m.cfg, m.weights, ids)).max() <= 1e-4
+
+
+def test_asan_generate_score_tokens_chat(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    p = run_native(exe, "-m", model, "-p", "héllo wörld", "-n", 20, "--temp", 0.9,
+                   "--top-p", 0.8, "--seed", 3, "--threads", 2)
+    err = check(p, EXIT_OK, "tok/s", "time to first token")
+    stats = json.loads(err.split("stats ", 1)[1].splitlines()[0])
+    assert stats["prompt_tokens"] == len("héllo wörld".encode())
+    assert 1 <= stats["generated_tokens"] <= 20
+    p = run_native(exe, "-m", model, "-p", "hi", "--chat", "-n", 5, "--temp", 0, "--print-ids")
+    check(p, EXIT_OK)
+    assert 1 <= len(json.loads(p.stdout)) <= 5
+    p = run_native(exe, "-m", model, "--score", token_file(tmp_path / "t", [1, 5, 6, 7]))
+    check(p, EXIT_OK)
+    assert json.loads(p.stdout)["n_scored"] == 3
+
+
+def test_tokens_prompt_file_is_byte_exact(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    text = b"line one\r\nline\ttwo\x00end\n\n"
+    (tmp_path / "prompt.txt").write_bytes(text)
+    p = run_native(exe, "-m", model, "-f", tmp_path / "prompt.txt", "--tokens")
+    check(p, EXIT_OK)
+    # the synthetic vocabulary has no merges: byte v is token v + 3
+    assert json.loads(p.stdout) == [b + 3 for b in text]
+    p = run_native(exe, "-m", model, "-p", "<|im_start|>x", "--tokens", "--special", "--bos")
+    check(p, EXIT_OK)
+    assert json.loads(p.stdout) == [1, 1, ord("x") + 3]
+    p = run_native(exe, "-m", model, "-p", "<|im_start|>x", "--tokens")
+    assert json.loads(p.stdout) == [b + 3 for b in b"<|im_start|>x"]
+    p = run_native(exe, "-m", model, "-p", "hi", "--chat", "--tokens")
+    want = [1] + [b + 3 for b in b"user\nhi"] + [2, ord("\n") + 3, 1] + \
+        [b + 3 for b in b"assistant\n"]
+    assert json.loads(p.stdout) == want
+
+
+# ------------------------------------------------------------------ bad model files
+
+def patched(src, tmp_path, name, edit, fix_crc=True):
+    data = bytearray(src.read_bytes())
+    edit(data)
+    if fix_crc:
+        rewrite_crc(data)
+    out = tmp_path / name
+    out.write_bytes(bytes(data))
+    return out
+
+
+def put_u32(off, v):
+    def edit(d):
+        d[off:off + 4] = struct.pack("<I", v)
+    return edit
+
+
+def put_u64(off, v):
+    def edit(d):
+        d[off:off + 8] = struct.pack("<Q", v)
+    return edit
+
+
+ENTRY = 128  # tensor table start; entry i at ENTRY + 128 * i
+
+
+def bad_model_cases(size):
+    return [
+        ("magic", lambda d: d.__setitem__(slice(0, 8), b"NOTDITTO"), False, "bad magic"),
+        ("version", put_u32(8, 2), False, "unsupported format version 2"),
+        ("checksum", lambda d: d.__setitem__(-5, d[-5] ^ 0x40), False, "checksum mismatch"),
+        ("offset_past_end", put_u64(ENTRY + 128 * 3 + 96, (size + 4096) // 64 * 64), True,
+         "extends past the end of the file"),
+        ("misaligned", put_u64(ENTRY + 128 * 3 + 96, size - 4096 + 4), True,
+         "is not a multiple of 64"),
+        ("nbytes", put_u64(ENTRY + 128 * 0 + 104, 1000), True, "nbytes=1000"),
+        ("more_layers", put_u32(64 + 12, 3), True, "blk.2.attn_norm.weight is missing"),
+        ("fewer_layers", put_u32(64 + 12, 1), True, "does not belong to the model"),
+        ("dim", put_u32(64 + 4, 64), True, "but the config needs"),
+        ("untied_without_output", put_u32(64 + 44, 0), True, "output.weight is missing"),
+        ("heads", put_u32(64 + 16, 5), True, "not a multiple of n_kv_heads"),
+        ("theta", lambda d: d.__setitem__(slice(100, 104), struct.pack("<f", float("nan"))),
+         True, "rope_theta"),
+        ("encoding", put_u32(ENTRY + 128 * 0 + 64, 9), True, "invalid encoding parameters"),
+        ("bits", put_u32(ENTRY + 128 * 0 + 72, 12), True, "invalid encoding parameters"),
+        ("n_tensors", put_u32(64 + 48, 100000), True, "does not fit"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_bad_model_file(native_build, native_synth, tmp_path, case):
+    src = native_synth.quant.path
+    name, edit, fix_crc, message = bad_model_cases(src.stat().st_size)[case]
+    bad = patched(src, tmp_path, f"{name}.ditto", edit, fix_crc)
+    p = run_native(native_build.asan, "-m", bad, "-p", "hi", "-n", 2)
+    check(p, EXIT_MODEL, str(bad), message)
+
+
+def test_truncated_empty_missing_and_trailing_files(native_build, native_synth, tmp_path):
+    data = native_synth.quant.path.read_bytes()
+    cases = [("truncated.ditto", data[:-100], "file is truncated"),
+             ("trailing.ditto", data + b"\0" * 64, "trailing data"),
+             ("empty.ditto", b"", "too small to be a Ditto model file"),
+             ("header_only.ditto", data[:64], "file is truncated")]
+    for name, content, message in cases:
+        (tmp_path / name).write_bytes(content)
+        p = run_native(native_build.asan, "-m", tmp_path / name, "-p", "hi")
+        check(p, EXIT_MODEL, name, message)
+    p = run_native(native_build.asan, "-m", tmp_path / "nope.ditto", "-p", "hi")
+    check(p, EXIT_MODEL, "nope.ditto", "cannot open")
+    p = run_native(native_build.asan, "-m", tmp_path, "-p", "hi")
+    check(p, EXIT_MODEL, "not a regular file")
+
+
+# ------------------------------------------------------------------ bad prompts and flags
+
+def test_prompt_longer_than_context(native_build, native_synth):
+    exe, model = native_build.asan, native_synth.quant.path
+    p = run_native(exe, "-m", model, "-p", "0123456789", "--ctx", 4, "-n", 3)
+    check(p, EXIT_PROMPT, "the prompt has 10 tokens but the context holds 4")
+    p = run_native(exe, "-m", model, "-p", "x" * 100, "-n", 3)  # max_seq_len is 64
+    check(p, EXIT_PROMPT, "the prompt has 100 tokens but the context holds 64")
+    p = run_native(exe, "-m", model, "-p", "x", "--ctx", 65)
+    check(p, EXIT_USAGE, "--ctx 65 exceeds the model's max_seq_len 64")
+    # generation that reaches the end of the context stops there
+    p = run_native(exe, "-m", model, "-p", "x" * 60, "-n", 30, "--temp", 0, "--print-ids")
+    check(p, EXIT_OK)
+    assert len(json.loads(p.stdout)) <= 5
+
+
+def test_invalid_utf8_prompt(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    (tmp_path / "bad.txt").write_bytes(b"ok \xff\xfe bytes")
+    p = run_native(exe, "-m", model, "-f", tmp_path / "bad.txt", "-n", 2)
+    check(p, EXIT_PROMPT, "bad.txt", "UTF-8")
+    p = run_native(exe, "-m", model, "-p", b"\xc3\x28", "-n", 2)
+    check(p, EXIT_PROMPT, "UTF-8")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-n", "0"], "-n must be a positive integer"),
+    (["-n", "-5"], "-n must be a positive integer"),
+    (["-n", "abc"], "-n must be a positive integer"),
+    (["--bogus"], "unknown flag '--bogus'"),
+    (["-n"], "flag '-n' needs a value"),
+    (["--temp", "-1"], "--temp must be a number >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--threads", "0"], "--threads must be an integer"),
+    (["--seed", "-3"], "--seed must be a non-negative integer"),
+])
+def test_bad_flags(native_build, native_synth, args, message):
+    p = run_native(native_build.asan, "-m", native_synth.quant.path, "-p", "hi", *args)
+    check(p, EXIT_USAGE, message)
+
+
+def test_missing_arguments(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    check(run_native(exe, "-p", "hi"), EXIT_USAGE, "missing -m MODEL")
+    check(run_native(exe, "-m", model), EXIT_USAGE, "missing prompt")
+    check(run_native(exe, "-m", model, "-p", "a", "-f", "b"), EXIT_USAGE, "only one of")
+    p = run_native(exe, "--help")
+    assert p.returncode == 0 and b"exit codes" in p.stdout
+
+
+def test_bad_token_files(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    (tmp_path / "x.json").write_text("[1, 2, x]")
+    check(run_native(exe, "-m", model, "--ids", tmp_path / "x.json"), EXIT_PROMPT,
+          "x.json", "unexpected character 'x'")
+    token_file(tmp_path / "big.json", [1, 259])
+    check(run_native(exe, "-m", model, "--score", tmp_path / "big.json"), EXIT_PROMPT,
+          "out of range (vocab_size=259)")
+    token_file(tmp_path / "one.json", [5])
+    check(run_native(exe, "-m", model, "--score", tmp_path / "one.json"), EXIT_PROMPT,
+          "needs at least 2 tokens")
+    check(run_native(exe, "-m", model, "-p", "", "--no-bos"), EXIT_PROMPT, "prompt is empty")
+    check(run_native(exe, "-m", model, "-f", tmp_path / "missing.txt"), EXIT_IO,
+          "missing.txt", "cannot read")
+
+
+def test_dump_logits_unwritable_leaves_nothing(native_build, native_synth, tmp_path):
+    out = tmp_path / "no_such_dir" / "logits.f32"
+    p = run_native(native_build.asan, "-m", native_synth.quant.path, "-p", "hi",
+                   "--dump-logits", out)
+    check(p, EXIT_IO, "cannot write")
+    assert not out.parent.exists()
+    # a read-only directory: the temporary file cannot be created, nothing is left
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        p = run_native(native_build.asan, "-m", native_synth.quant.path, "-p", "hi",
+                       "--dump-logits", ro / "l.f32")
+        if os.geteuid() != 0:  # root ignores directory permissions
+            check(p, EXIT_IO, "cannot write")
+            assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_chat_without_chat_format(native_build, native_synth, tmp_path):
+    src = native_synth.quant.path
+    n_tensors = struct.unpack("<I", src.read_bytes()[112:116])[0]
+    chat_at = 128 + 128 * n_tensors + 40  # DittoTokenizerHeader.chat_format
+    bad = patched(src, tmp_path, "nochat.ditto", put_u32(chat_at, 0))
+    p = run_native(native_build.asan, "-m", bad, "-p", "hi", "--chat")
+    check(p, EXIT_USAGE, "--chat: the model has no chat format")
