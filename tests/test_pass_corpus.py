@@ -141,3 +141,25 @@ def test_openmp_region_serialized_matches_naive(corpus_sources, corpus_builds, t
     for k in ref:
         scale = max(1.0, float(np.abs(ref[k]).max(initial=0.0)))
         np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=2e-4 * scale, err_msg=str(k))
+
+
+def test_polybench_style_kernels(corpus_builds):
+    """GEMVs among look-alikes (atax, bicg, gesummv, gemver): the GEMVs are rewritten, the
+    others rejected, and every output equals the unrewritten build."""
+    b = corpus_builds[("polybench", False)]
+    cands = _by_function(b["report"])
+    for name, (_, expected) in gen_corpus.POLYBENCH.items():
+        assert [c["status"] for c in cands[name]] == expected, (name, cands[name])
+    assert b["plain"].keys() == b["blas"].keys() and len(b["plain"]) == len(gen_corpus.POLYBENCH)
+    for k in b["plain"]:
+        ref = b["plain"][k]
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(b["blas"][k], ref, rtol=0, atol=2e-5 * scale * 10,
+                                   err_msg=str(k))
+
+
+def test_committed_corpus_is_generated(corpus_sources):
+    """tests/corpus/*.c are exactly what gen_corpus.py writes (no hand edits)."""
+    for path in corpus_sources.values():
+        committed = gen_corpus.Path(gen_corpus.__file__).parent / path.name
+        assert committed.read_text() == path.read_text(), path.name

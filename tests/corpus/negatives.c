@@ -81,7 +81,9 @@ __attribute__((noinline)) void alias_y_in_A SIG {
     }
 }
 __attribute__((noinline)) void neg_strict_fp SIG {
+#ifdef __clang__
     #pragma clang fp reassociate(off)
+#endif
     (void)y; (void)A; (void)x; (void)m; (void)n; (void)lda;
     (void)alpha; (void)beta; (void)lb;
     for (int i = 0; i < m; i++) {
