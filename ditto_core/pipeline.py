@@ -251,17 +251,43 @@ def _normal_permissions(d: Path) -> None:
 
 
 class _StageLog:
-    """Stage progress on stderr: one line per stage (``[3/6] pack``); the packer draws its
-    own weights bar inside its stage."""
+    """Stage progress on stderr. On a terminal: a rich bar ``build [####  ] 4/6 emit IR``,
+    paused while the packer draws its own weights bar; otherwise one line per stage
+    (``[3/6] pack``). ``close()`` removes the bar."""
 
     def __init__(self, enabled: bool, total: int):
         self.enabled, self.total, self.k = enabled, total, 0
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+            self.bar = Progress(TextColumn("[bold]build[/]"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.description}"), TimeElapsedColumn(),
+                                console=Console(file=sys.stderr), transient=True)
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
 
     def __call__(self, name: str, note: str = "") -> None:
+        if not self.enabled:
+            return
+        text = f"{name}{(' — ' + note) if note else ''}"
+        if self.bar is None:
+            self.k += 1
+            print(f"[{self.k}/{self.total}] {text}", file=sys.stderr, flush=True)
+            return
+        if self.k:
+            self.bar.update(self.task, advance=1)
         self.k += 1
-        if self.enabled:
-            print(f"[{self.k}/{self.total}] {name}{(' — ' + note) if note else ''}",
-                  file=sys.stderr, flush=True)
+        self.bar.update(self.task, description=f"{self.k}/{self.total} {text}")
+        if name == "pack" and not note.startswith("cached"):
+            self.bar.stop()  # one live display at a time: the packer's bar takes over
+        elif not self.bar.live.is_started:
+            self.bar.start()
+
+    def close(self) -> None:
+        if self.bar is not None and self.bar.live.is_started:
+            self.bar.stop()
 
 
 def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
@@ -299,7 +325,6 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         packer = registry.get("packer", options.packer)
     cache = Cache(root=cache_root, enabled=None if options.cache else False)
 
-    log = _StageLog(show_progress, 6)
     timings = Timings()
     record: dict = {"model": str(model), "model_path": str(path), "executable": EXECUTABLE,
                     "model_file": MODEL_FILE, "quantizer": quantizer.name,
@@ -308,6 +333,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                     "options": attrs.asdict(options.quant), "stages": timings.seconds,
                     "cached": {}}
     tmp = _prepare_out_dir(out_dir)
+    log = _StageLog(show_progress, 6)
     try:
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
         key = model_key(path, exporter, quantizer, packer, options.quant)
@@ -359,4 +385,6 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        log.close()
     return record
