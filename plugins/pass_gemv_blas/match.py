@@ -110,6 +110,7 @@ class NestMatcher:
     def __init__(self, fn: Function, cfg: CFG, outer: Loop, inner: Loop):
         self.fn, self.cfg, self.O, self.I = fn, cfg, outer, inner
         self.atom_types: dict = {}
+        self.atom_ext: dict = {}
         self.narrow = False
         self.trunc = False
         self.path_pred: dict = {}
@@ -153,7 +154,9 @@ class NestMatcher:
         return v
 
     # ---- integer polynomials --------------------------------------------------------------
-    def int_poly(self, v: str, depth: int = 0) -> dict:
+    def int_poly(self, v: str, depth: int = 0, ext: str = "sext") -> dict:
+        """Polynomial of integer value ``v``; ``ext``: how a narrow (< 64-bit) invariant atom
+        reached here is widened to i64 ("sext", or "zext" under a zext without nneg)."""
         if depth > 40:
             raise Reject("index expression too deep")
         lit = int_literal(v)
@@ -172,14 +175,19 @@ class NestMatcher:
             ty = self.type_of(v)
             if not re.fullmatch(r"i(8|16|32|64)", ty):
                 raise Reject(f"index uses {v} of type {ty or '?'}")
-            self.atom_types[v] = ty
+            if ty != "i64":
+                if self.atom_ext.setdefault(v, ext) != ext:
+                    raise Reject(f"{v} is used both sign- and zero-extended")
+                self.atom_types[v] = f"{ext}:{ty}"
+            else:
+                self.atom_types[v] = ty
             return P.atom(v)
         d = self.fn.defs[v]
         op = d.op
         narrow = d.ty in ("i8", "i16", "i32")
         if op in ("add", "sub", "mul", "shl", "or"):
-            a = self.int_poly(d.ops[0], depth + 1)
-            b = self.int_poly(d.ops[1], depth + 1)
+            a = self.int_poly(d.ops[0], depth + 1, ext)
+            b = self.int_poly(d.ops[1], depth + 1, ext)
             if narrow and not ({"nsw", "nuw"} & d.flags):
                 self.narrow = True
             if op == "add" or (op == "or" and "disjoint" in d.flags):
@@ -194,11 +202,16 @@ class NestMatcher:
                     raise Reject(f"non-affine index: shift by {d.ops[1]}")
                 return P.scale(a, 1 << c)
             raise Reject(f"non-affine index: {d.text}")
-        if op in ("sext", "zext"):
-            return self.int_poly(d.ops[0], depth + 1)
+        if op == "sext":
+            return self.int_poly(d.ops[0], depth + 1, "sext")
+        if op == "zext":
+            if "nneg" in d.flags:  # operand known non-negative: zext == sext
+                return self.int_poly(d.ops[0], depth + 1, ext)
+            self.narrow = True
+            return self.int_poly(d.ops[0], depth + 1, "zext")
         if op == "trunc":
             self.narrow = True
-            return self.int_poly(d.ops[0], depth + 1)
+            return self.int_poly(d.ops[0], depth + 1, ext)
         raise Reject(f"non-affine index: {v} = {op} ({d.text[:60]})")
 
     def ptr_poly(self, v: str, depth: int = 0) -> tuple[str, dict]:
@@ -426,6 +439,8 @@ class NestMatcher:
         pre = outside_preds[0]
         self.i_phi, self.i_next, i_init, o_latch = self.iv_of(O)
         self.k_phi, self.k_next, k_init, _ = self.iv_of(I)
+        if fn.defs[self.i_phi].ty != "i64" or fn.defs[self.k_phi].ty != "i64":
+            self.narrow = True  # 32-bit IVs: keep every index within [0, INT32_MAX]
         k_range = self.range_of(I, self.k_phi, self.k_next, k_init, I.header)
         if P.uses(k_range.start, IV_I) or P.uses(k_range.end, IV_I):
             raise Reject("inner loop bounds depend on the outer index (triangular)")

@@ -45,7 +45,8 @@ class Emitter:
         if a in self.cache:
             return self.cache[a]
         ty = self.atom_types.get(a, "i64")
-        v = a if ty == "i64" else self.emit(f"sext {ty} {a} to i64")
+        ext, _, ty = ty.rpartition(":")
+        v = a if ty == "i64" else self.emit(f"{ext or 'sext'} {ty} {a} to i64")
         self.cache[a] = v
         return v
 
