@@ -146,3 +146,16 @@ def test_no_candidates_leaves_module_unchanged(tmp_path):
 def test_bad_ir_is_a_ditto_error():
     with pytest.raises(DittoError, match="broken.ll"):
         GemvBlasPass().run(IRModule("define void @f( {", "broken.ll"), OpenBlasTarget())
+
+
+def test_without_blas_target_nothing_is_rewritten(tmp_path):
+    mod = IRModule(clang_ir(tmp_path, MV, "-ffast-math"), "mv.c")
+    new, report = GemvBlasPass().run(mod, None)
+    assert new.text == mod.text
+    assert [(c["status"], c["reason"]) for c in report.candidates] == [
+        ("rejected", "no BLAS target given")]
+
+
+def test_bad_omp_option():
+    with pytest.raises(DittoError, match="omp_threads"):
+        GemvBlasPass(omp_threads="many")

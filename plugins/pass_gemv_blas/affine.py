@@ -13,14 +13,17 @@ Poly = dict  # tuple[str, ...] -> int
 
 
 def const(c: int) -> Poly:
+    """The constant polynomial ``c``."""
     return {(): c} if c else {}
 
 
 def atom(name: str) -> Poly:
+    """The polynomial ``1·name``."""
     return {(name,): 1}
 
 
 def add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+    """``a + sign·b``."""
     out = dict(a)
     for m, c in b.items():
         out[m] = out.get(m, 0) + sign * c
@@ -30,10 +33,12 @@ def add(a: Poly, b: Poly, sign: int = 1) -> Poly:
 
 
 def scale(a: Poly, c: int) -> Poly:
+    """``c·a``."""
     return {m: v * c for m, v in a.items()} if c else {}
 
 
 def mul(a: Poly, b: Poly) -> Poly:
+    """``a·b``."""
     out: Poly = {}
     for ma, ca in a.items():
         for mb, cb in b.items():
@@ -45,6 +50,7 @@ def mul(a: Poly, b: Poly) -> Poly:
 
 
 def uses(a: Poly, name: str) -> bool:
+    """True if atom ``name`` occurs in ``a``."""
     return any(name in m for m in a)
 
 
@@ -77,10 +83,12 @@ def subst(a: Poly, name: str, value: Poly) -> Poly:
 
 
 def exact_div(a: Poly, d: int) -> Poly | None:
+    """``a / d`` when every coefficient is divisible by ``d``, else None."""
     if any(c % d for c in a.values()):
         return None
     return {m: c // d for m, c in a.items()}
 
 
 def is_const(a: Poly, c: int) -> bool:
+    """True if ``a`` is the constant ``c``."""
     return a == const(c)

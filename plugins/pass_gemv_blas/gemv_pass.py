@@ -223,6 +223,11 @@ class GemvBlasPass:
             raise DittoError(f"{module.source or 'IR module'}: input IR does not verify: "
                              f"{err[:300]}")
         found = self.analyse(text)
+        if blas is None:  # nothing to call: report what would have been rewritten
+            for c, m in found:
+                if m is not None:
+                    c.update(status="rejected", reason="no BLAS target given")
+            return IRModule(text, module.source), PassReport(tuple(c for c, _ in found))
         chosen = [(c, m) for c, m in found if m is not None]
         new = self._apply(text, chosen, blas) if chosen else text
         if chosen and _verify(new) is not None:

@@ -87,6 +87,7 @@ def sizeof(ty: str) -> int | None:
 
 
 def int_literal(v: str) -> int | None:
+    """Value of an integer literal operand ("-3", "true"), else None."""
     if re.fullmatch(r"-?\d+", v):
         return int(v)
     if v in ("true", "false"):
@@ -95,10 +96,12 @@ def int_literal(v: str) -> int | None:
 
 
 def is_fp_literal(v: str) -> bool:
+    """True for a floating-point literal operand (``1.500000e+00``, ``0x3FF8000000000000``)."""
     return bool(re.fullmatch(r"-?\d+\.\d+e[+-]\d+|0x[0-9A-Fa-f]+|-?\d+\.\d*", v))
 
 
 def fp_zero(v: str) -> bool:
+    """True for a literal +0.0 or -0.0."""
     if re.fullmatch(r"-?0\.0+e[+-]00", v) or v in ("0.0", "-0.0"):
         return True
     return v in ("0x0000000000000000", "0x8000000000000000")
