@@ -49,6 +49,7 @@ static void usage(FILE *f) {
             "  --score FILE       teacher-forced log-probabilities of the tokens in FILE (JSON)\n"
             "  --dump-logits FILE write float32 logits [n_prompt_tokens, vocab] and exit\n"
             "  --print-ids        print generated token ids as a JSON list instead of text\n"
+            "  --ignore-eos       keep generating after EOS (benchmarks: exactly N tokens)\n"
             "token file: token ids separated by whitespace, commas or brackets (a JSON list works)\n"
             "exit codes: 0 ok, 1 usage, 2 bad model file, 3 bad prompt or token file,\n"
             "            4 I/O error, 5 out of memory\n",
@@ -217,7 +218,7 @@ typedef struct {
     long n_gen, threads, ctx;
     float temp, topp;
     uint64_t seed;
-    int seed_given, chat, bos, special, tokens_only, print_ids; /* bos: -1 default, 0, 1 */
+    int seed_given, chat, bos, special, tokens_only, print_ids, ignore_eos; /* bos: -1 default */
 } Args;
 
 static int parse_args(int argc, char **argv, Args *a) {
@@ -238,6 +239,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--special")) { a->special = 1; continue; }
         else if (!strcmp(o, "--tokens")) { a->tokens_only = 1; continue; }
         else if (!strcmp(o, "--print-ids")) { a->print_ids = 1; continue; }
+        else if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = 1; continue; }
         /* flags with a value */
         static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
             "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits"};
@@ -542,7 +544,7 @@ int main(int argc, char **argv) {
         int next = sampler_sample(&sampler, logits);
         gen_ids[n_gen++] = next;
         if (n_gen == 1) t_first = now_s();
-        if (next == eos) break;
+        if (next == eos && !a.ignore_eos) break;
         if (!a.print_ids) {
             size_t nb = token_decode(tok, &dec, next, 0, out, out_cap);
             fwrite(out, 1, nb, stdout);

@@ -34,15 +34,11 @@ def test_smollm2_fp32_logits_equal_transformers(native_build, smollm2_f32_ditto,
         assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.95
 
 
-@pytest.mark.parametrize("row", [0, 45])
 def test_smollm2_greedy_64_tokens_equal_transformers(native_build, smollm2_f32_ditto,
-                                                     native_hf_smollm2,
-                                                     tmp_path, row):
+                                                     native_hf_smollm2, tmp_path):
     import torch
 
-    ids = golden_rows()[row]["ids_special"]
-    if row == 45:  # a ChatML turn: let the assistant answer
-        ids = ids + [1, 520, 9531, 198]  # "<|im_start|>assistant\n"
+    ids = golden_rows()[0]["ids_special"]  # a Python function: 64 tokens without EOS
     p = run_native(native_build.run, "-m", smollm2_f32_ditto, "--ids",
                    token_file(tmp_path / "p.json", ids), "-n", 64, "--temp", 0, "--print-ids")
     assert p.returncode == 0, p.stderr.decode()
@@ -52,8 +48,8 @@ def test_smollm2_greedy_64_tokens_equal_transformers(native_build, smollm2_f32_d
                                          do_sample=False, eos_token_id=2, pad_token_id=2,
                                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     want = out[0, len(ids):].tolist()
+    assert len(want) == 64
     assert got == want
-    assert 1 <= len(got) <= 64
 
 
 def test_smollm2_chat_generates_coherent_answer(native_build, smollm2_f32_ditto):
