@@ -134,17 +134,28 @@ def smollm2_hf_dir(smollm2_gguf, tmp_path_factory) -> Path:
     return write_smollm2_hf_dir(smollm2_gguf, tmp_path_factory.mktemp("smollm2_hf"))
 
 
-def _export_f32(model: Path, out: Path) -> Path:
+def _export_f32(model, out: Path) -> Path:
+    """Write ``model`` (a path, or an already exported Checkpoint) as an all-f32 .ditto."""
     from ditto_core import pipeline
 
-    pipeline.write_f32(pipeline.export(model), out, show_progress=False)
+    ck = pipeline.export(model) if isinstance(model, (str, Path)) else model
+    pipeline.write_f32(ck, out, show_progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
-def smollm2_f32_ditto(smollm2_gguf, tmp_path_factory) -> Path:
+def smollm2_checkpoint(smollm2_gguf):
+    """The SmolLM2 GGUF through the ``gguf`` exporter (tensors load lazily)."""
+    from ditto_export_gguf import GGUFExporter
+
+    return GGUFExporter().load(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32_ditto(smollm2_checkpoint, tmp_path_factory) -> Path:
     """SmolLM2 GGUF exported to an all-f32 .ditto file (539 MB)."""
-    return _export_f32(smollm2_gguf, tmp_path_factory.mktemp("smollm2_f32") / "model.ditto")
+    return _export_f32(smollm2_checkpoint,
+                       tmp_path_factory.mktemp("smollm2_f32") / "model.ditto")
 
 
 @pytest.fixture(scope="session")

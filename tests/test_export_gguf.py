@@ -18,8 +18,8 @@ GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "smollm2_toke
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    return GGUFExporter().load(smollm2_gguf)
+def smollm2(smollm2_checkpoint):
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core import pipeline
 from ditto_core.cli import cli
 from ditto_core.modelfile import tokenizers_equal
 from ditto_export_hf import HFExporter
@@ -30,9 +29,9 @@ def test_hf_tokenizer_json_matches_llama_cpp_golden_ids(smollm2_hf_dir):
             row["text"]
 
 
-def test_hf_and_gguf_exports_are_identical(smollm2_hf_dir, smollm2_gguf):
+def test_hf_and_gguf_exports_are_identical(smollm2_hf_dir, smollm2_checkpoint):
     a = HFExporter().load(smollm2_hf_dir)
-    b = pipeline.export(smollm2_gguf)
+    b = smollm2_checkpoint
     assert a.config == b.config
     assert tokenizers_equal(a.tokenizer, b.tokenizer)
     assert list(a.shapes) == list(b.shapes) and a.shapes == b.shapes
