@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures_native",
     "tests.fixtures_pass",
     "tests.fixtures_tokenizer",
+    "tests.fixtures_quant",
 ]
