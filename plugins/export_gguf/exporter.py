@@ -68,6 +68,7 @@ class GGUFExporter:
     name = "gguf"
 
     def can_load(self, path: Path) -> bool:
+        """True if ``path`` is a file starting with the GGUF magic (reads 4 bytes)."""
         path = Path(path)
         if not path.is_file():
             return False

@@ -138,6 +138,7 @@ class HFExporter:
     name = "hf"
 
     def can_load(self, path: Path) -> bool:
+        """True if ``path`` is a directory with a config.json (nothing is parsed)."""
         return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
     def load(self, path: Path) -> Checkpoint:
