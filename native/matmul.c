@@ -90,7 +90,8 @@ static void unpack_group(const uint8_t *p, int bits, int idx[8]) {
     for (int j = 0; j < 8; j++) idx[j] = (int)((v >> (j * bits)) & mask);
 }
 
-/* Dot product of row r with x, decoding sub-block by sub-block. */
+/* Dot product of row r with x, decoding sub-block by sub-block. Within a sub-block
+ * [c0, c1), each group of 8 packed indices is unpacked once and its indices used in turn. */
 static float codebook_row_dot(const CodebookLayout *L, int r, const float *x, int cols) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
     float acc = 0.0f;
@@ -100,13 +101,13 @@ static float codebook_row_dot(const CodebookLayout *L, int r, const float *x, in
         float cb[256];
         for (int k = 0; k < L->k; k++) cb[k] = centroid(L, r, s, k);
         float sub = 0.0f;
-        int idx[8], group = -1;
-        for (int c = c0; c < c1; c++) {
-            if (c / 8 != group) { /* entering a new group of 8 indices */
-                group = c / 8;
-                unpack_group(row + (size_t)group * (size_t)L->bits, L->bits, idx);
-            }
-            sub += cb[idx[c % 8]] * x[c];
+        for (int c = c0; c < c1;) {
+            int group = c / 8, j0 = c % 8;
+            int j1 = j0 + (c1 - c) < 8 ? j0 + (c1 - c) : 8; /* stop at the sub-block's end */
+            int idx[8];
+            unpack_group(row + (size_t)group * (size_t)L->bits, L->bits, idx);
+            for (int j = j0; j < j1; j++) sub += cb[idx[j]] * x[group * 8 + j];
+            c = group * 8 + j1;
         }
         acc += sub;
     }
