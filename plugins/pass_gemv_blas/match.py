@@ -493,6 +493,29 @@ class NestMatcher:
             reassoc = bool(REASSOC & nd.flags)
         else:
             raise Reject(f"accumulator updated by {nd.op} (not acc += a*b)")
+        # the term may be scaled: acc += s * A * x (PolyBench gemver); flatten the fmul tree
+        leaves, scal = [], []
+
+        def flatten(v: str, depth: int = 0) -> None:
+            d = fn.defs.get(v)
+            if d is not None and d.op == "fmul" and d.block == I.header and depth < 8:
+                if not REASSOC & d.flags:
+                    raise Reject("scaled reduction term without reassoc flags")
+                flatten(d.ops[0], depth + 1)
+                flatten(d.ops[1], depth + 1)
+            elif (is_fp_literal(v) or self.invariant(v)) and depth > 0:
+                scal.append(v)
+            else:
+                leaves.append(v)
+
+        if len({fa, fb}) == 2 and any(
+                (fn.defs.get(f) is not None and fn.defs[f].op == "fmul") for f in (fa, fb)):
+            flatten(fa, 1)
+            flatten(fb, 1)
+            if len(leaves) != 2:
+                raise Reject("reduction term is not a product of two loads and scalars")
+            fa, fb = leaves
+        inner_factors = tuple(scal)
         loads = []
         for f in (fa, fb):
             ld = fn.defs.get(f)
@@ -579,13 +602,14 @@ class NestMatcher:
                 raise Reject("extra store in the nest (y[i] set to a non-zero value first)")
             pre_zero = True
         init = self.resolve(acc_init)
+        s_term = (1, inner_factors)
         if fp_zero(init):
-            acc_terms = {"S": (1, ())}
+            acc_terms = {"S": s_term}
         elif is_y_load(init):
             ld_ins = fn.defs[self.resolve(init)]
             after_pre = bool(stores["pre"]) and (
                 stores["pre"][0].block != ld_ins.block or stores["pre"][0].line < ld_ins.line)
-            acc_terms = {"S": (1, ())} if after_pre else {"S": (1, ()), "y": (1, ())}
+            acc_terms = {"S": s_term} if after_pre else {"S": s_term, "y": (1, ())}
         else:
             raise Reject(f"accumulator starts at {init} (neither 0 nor y[i])")
         if stores["inner"]:

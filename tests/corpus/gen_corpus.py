@@ -251,7 +251,7 @@ POLYBENCH = {
         for (int j = 0; j < N; j++) x1[i] = x1[i] + 0.75f * A[j][i] * y1[j];
     for (int i = 0; i < N; i++)
         for (int j = 0; j < N; j++) x2[i] = x2[i] + A[i][j] * x1[j];""",
-                       ["rejected", "rewritten"]),
+                       ["rewritten", "rewritten"]),
 }
 
 
