@@ -1,0 +1,252 @@
+/* codebook_avx2.c: AVX2 GEMV for codebook tensors (docs/FORMAT.md "encoding = 1").
+ *
+ * One row at a time, sub-block by sub-block: the sub-block's K = 2^b centroids are converted to
+ * float32 once (F16C for f16 codebooks), then each group of 8 packed indices becomes 8 int32
+ * lanes and 8 weights by a table lookup, multiplied with x[8] into a vector accumulator (FMA).
+ * The lookup, by bit width b:
+ *   b = 1..3  K <= 8 centroids fit in one __m256: vpermps (_mm256_permutevar8x32_ps).
+ *   b = 4     16 centroids in two __m256: vpermps on both, blend on bit 3 of the index, moved to
+ *             the sign bit by a left shift (vblendvps reads only the sign bit).
+ *   b = 5..8  vgatherdps from the converted centroids.
+ * Index decode: b = 1..4 broadcast the group's 8*b <= 32 bits to all lanes and shift lane j
+ * right by j*b (vpsrlvd); b = 8 zero-extends 8 bytes (vpmovzxbd); b = 5..7 pick, for lane j,
+ * the 4 bytes starting at byte (j*b)/8 (vpshufb on the group broadcast to both 128-bit halves),
+ * then shift right by (j*b) % 8 and mask.
+ *
+ * Groups of 8 that straddle two sub-blocks (G % 8 != 0) and a row's last partial group go
+ * through scalar code. The sum is the reference's up to float32 summation order.
+ *
+ * Everything using AVX2 is in functions marked AVX2_FN; the rest is baseline C11.
+ */
+#include "codebook_avx2.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "ditto_format.h"
+#include "matmul.h"
+
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+
+int codebook_avx2_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+/* Where things are in one codebook payload (FORMAT.md). */
+typedef struct {
+    const uint8_t *codebooks; /* [rows][n_sub][k] of f16 or f32 */
+    const uint8_t *indices;   /* [rows][row_bytes] */
+    const uint8_t *end;       /* one past the last index byte (no load may go beyond) */
+    int is_f16, bits, group_size, n_sub, k;
+    size_t row_bytes;
+} Layout;
+
+static Layout layout_of(const uint8_t *payload, uint32_t codebook_type, int bits,
+                        int group_size, int rows, int cols) {
+    Layout L;
+    L.is_f16 = codebook_type == DITTO_CB_F16;
+    L.bits = bits;
+    L.group_size = group_size;
+    L.n_sub = (cols + group_size - 1) / group_size;
+    L.k = 1 << bits;
+    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
+    size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * (size_t)L.k * (L.is_f16 ? 2u : 4u);
+    cb_bytes = (cb_bytes + 63u) & ~(size_t)63u;
+    L.codebooks = payload;
+    L.indices = payload + cb_bytes;
+    L.end = L.indices + (size_t)rows * L.row_bytes;
+    return L;
+}
+
+/* Index c of a packed row (scalar; for heads and tails). */
+static int index_at(const uint8_t *row, int bits, int c) {
+    const uint8_t *p = row + (size_t)(c / 8) * (size_t)bits;
+    uint64_t v = 0;
+    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    return (int)((v >> ((c % 8) * bits)) & ((1u << bits) - 1u));
+}
+
+/* The b bytes of the group at p as a little-endian integer, reading 8 bytes at once when they
+ * lie inside the payload. */
+static uint64_t load_group(const uint8_t *p, int bits, const uint8_t *end) {
+    uint64_t v = 0;
+    if (end - p >= 8) {
+        memcpy(&v, p, 8);
+        return bits == 8 ? v : v & ((UINT64_C(1) << (8 * bits)) - 1u);
+    }
+    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Centroids of sub-block s of row r as float32 into cb[0..k) (cb 32-byte aligned, >= 8). */
+AVX2_FN static void load_centroids(float *cb, const Layout *L, int r, int s) {
+    size_t i0 = ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
+    if (!L->is_f16) {
+        memcpy(cb, L->codebooks + 4 * i0, (size_t)L->k * 4);
+        return;
+    }
+    const uint8_t *src = L->codebooks + 2 * i0;
+    if (L->k < 8) { /* b = 1, 2: pad to one vector */
+        uint16_t h[8] = {0};
+        memcpy(h, src, (size_t)L->k * 2);
+        _mm256_store_ps(cb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
+        return;
+    }
+    for (int k = 0; k < L->k; k += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * (size_t)k));
+        _mm256_store_ps(cb + k, _mm256_cvtph_ps(h));
+    }
+}
+
+/* ---- groups [g0, g1) of one sub-block: acc += W[8g .. 8g+8) * x[8g .. 8g+8) ---- */
+
+/* b = 1..3: lane j = (v >> j*b) & mask, one vpermps. */
+AVX2_FN static __m256 dot_b123(__m256 acc, const uint8_t *row, int bits, int g0, int g1,
+                               const float *x, const float *cb) {
+    const __m256 table = _mm256_load_ps(cb);
+    const __m256i shift = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                             _mm256_set1_epi32(bits));
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *p = row + (size_t)g * (size_t)bits;
+        uint32_t v = p[0];
+        if (bits > 1) v |= (uint32_t)p[1] << 8;
+        if (bits > 2) v |= (uint32_t)p[2] << 16;
+        __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shift), mask);
+        __m256 w = _mm256_permutevar8x32_ps(table, idx);
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    }
+    return acc;
+}
+
+/* One group of b = 4: 8 nibbles in one 32-bit word. vpermps only reads bits 0..2 of each lane,
+ * vblendvps only bit 31, so no mask is needed: bit 3 is moved to bit 31 by a shift of 28. */
+AVX2_FN static inline __m256 lookup_b4(uint32_t v, __m256i shift, __m256 lo, __m256 hi) {
+    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)v), shift);
+    __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                            sel);
+}
+
+AVX2_FN static __m256 dot_b4(__m256 acc, const uint8_t *row, int g0, int g1, const float *x,
+                             const float *cb) {
+    const __m256 lo = _mm256_load_ps(cb), hi = _mm256_load_ps(cb + 8);
+    const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    __m256 acc1 = _mm256_setzero_ps();
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) { /* two groups, two accumulators */
+        uint32_t v[2];
+        memcpy(v, row + 4 * (size_t)g, 8);
+        acc = _mm256_fmadd_ps(lookup_b4(v[0], shift, lo, hi), _mm256_loadu_ps(x + 8 * (size_t)g),
+                              acc);
+        acc1 = _mm256_fmadd_ps(lookup_b4(v[1], shift, lo, hi),
+                               _mm256_loadu_ps(x + 8 * (size_t)g + 8), acc1);
+    }
+    if (g < g1) {
+        uint32_t v;
+        memcpy(&v, row + 4 * (size_t)g, 4);
+        acc = _mm256_fmadd_ps(lookup_b4(v, shift, lo, hi), _mm256_loadu_ps(x + 8 * (size_t)g),
+                              acc);
+    }
+    return _mm256_add_ps(acc, acc1);
+}
+
+/* b = 8: one byte per index, zero-extended, then gathered. */
+AVX2_FN static __m256 dot_b8(__m256 acc, const uint8_t *row, int g0, int g1, const float *x,
+                             const float *cb) {
+    for (int g = g0; g < g1; g++) {
+        __m128i bytes = _mm_loadl_epi64((const __m128i *)(const void *)(row + 8 * (size_t)g));
+        __m256i idx = _mm256_cvtepu8_epi32(bytes);
+        __m256 w = _mm256_i32gather_ps(cb, idx, 4);
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    }
+    return acc;
+}
+
+/* b = 5..7: lane j takes bytes (j*b)/8 .. +3 of the group (vpshufb), shifted right by
+ * (j*b) % 8 and masked; then gathered. */
+AVX2_FN static __m256 dot_b567(__m256 acc, const uint8_t *row, int bits, int g0, int g1,
+                               const float *x, const float *cb, const uint8_t *end) {
+    uint8_t pick[32];
+    int shifts[8];
+    for (int j = 0; j < 8; j++) {
+        int first = j * bits / 8;
+        for (int t = 0; t < 4; t++) {
+            int byte = first + t;
+            /* bytes past the group's 8 read zeros (vpshufb: high bit set) */
+            uint8_t sel = byte < 8 ? (uint8_t)byte : 0x80;
+            pick[4 * j + t] = sel; /* lanes 4..7 index the upper 128-bit copy the same way */
+        }
+        shifts[j] = j * bits % 8;
+    }
+    const __m256i pick_v = _mm256_loadu_si256((const __m256i *)(const void *)pick);
+    const __m256i shift = _mm256_loadu_si256((const __m256i *)(const void *)shifts);
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    for (int g = g0; g < g1; g++) {
+        uint64_t v = load_group(row + (size_t)g * (size_t)bits, bits, end);
+        __m256i both = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)v));
+        __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(both, pick_v), shift),
+                                       mask);
+        __m256 w = _mm256_i32gather_ps(cb, idx, 4);
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    }
+    return acc;
+}
+
+AVX2_FN static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Scalar part of a sub-block: columns [c0, c1) with centroids cb. */
+static float dot_scalar(const uint8_t *row, int bits, int c0, int c1, const float *x,
+                        const float *cb) {
+    float s = 0.0f;
+    for (int c = c0; c < c1; c++) s += cb[index_at(row, bits, c)] * x[c];
+    return s;
+}
+
+/* Dot product of row r with x[cols]. */
+AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, int cols) {
+    const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+    _Alignas(32) float cb[256];
+    memset(cb, 0, 8 * sizeof(float)); /* b < 3: the lanes of the table past K */
+    __m256 acc = _mm256_setzero_ps();
+    float rest = 0.0f;
+    for (int s = 0; s < L->n_sub; s++) {
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols; /* tail sub-block */
+        load_centroids(cb, L, r, s);
+        int g0 = (c0 + 7) / 8, g1 = c1 / 8; /* whole groups inside [c0, c1) */
+        if (g0 >= g1) {
+            rest += dot_scalar(row, L->bits, c0, c1, x, cb);
+            continue;
+        }
+        rest += dot_scalar(row, L->bits, c0, 8 * g0, x, cb);
+        switch (L->bits) {
+        case 4: acc = dot_b4(acc, row, g0, g1, x, cb); break;
+        case 8: acc = dot_b8(acc, row, g0, g1, x, cb); break;
+        case 1: case 2: case 3: acc = dot_b123(acc, row, L->bits, g0, g1, x, cb); break;
+        default: acc = dot_b567(acc, row, L->bits, g0, g1, x, cb, L->end); break;
+        }
+        rest += dot_scalar(row, L->bits, 8 * g1, c1, x, cb);
+    }
+    return hsum(acc) + rest;
+}
+
+void codebook_gemv_avx2(float *y, const float *x, const uint8_t *payload, uint32_t codebook_type,
+                        int bits, int group_size, int rows, int cols) {
+    if (bits < 1 || bits > 8 || group_size < 8 || !codebook_avx2_supported()) {
+        codebook_gemv_ref(y, x, payload, codebook_type, bits, group_size, rows, cols);
+        return;
+    }
+    Layout L = layout_of(payload, codebook_type, bits, group_size, rows, cols);
+    int r;
+#pragma omp parallel for schedule(static) private(r)
+    for (r = 0; r < rows; r++) y[r] = row_dot_avx2(&L, r, x, cols);
+}
