@@ -25,12 +25,23 @@ CONFIGS = [("float", False), ("double", False), ("float", True), ("double", True
 
 
 def parse_output(text: str) -> dict:
-    """``name m n v...`` lines → {(name, m, n): float64 array}."""
+    """``name m n v...`` lines → {(name, m, n): float64 array}; ``calls name m n C`` lines →
+    {("calls", name, m, n): C} (BLAS calls the kernel made)."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
+        if parts[0] == "calls":
+            out[("calls", parts[1], int(parts[2]), int(parts[3]))] = int(parts[4])
+            continue
         out[(parts[0], int(parts[1]), int(parts[2]))] = np.array(parts[3:], dtype=np.float64)
     return out
+
+
+def split_calls(outputs: dict) -> tuple[dict, dict]:
+    """(vectors, calls) of a parse_output dict."""
+    vecs = {k: v for k, v in outputs.items() if k[0] != "calls"}
+    calls = {k[1:]: v for k, v in outputs.items() if k[0] == "calls"}
+    return vecs, calls
 
 
 def run_exe(exe: Path, threads: int = 2) -> dict:

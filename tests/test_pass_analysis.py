@@ -159,3 +159,85 @@ def test_without_blas_target_nothing_is_rewritten(tmp_path):
 def test_bad_omp_option():
     with pytest.raises(DittoError, match="omp_threads"):
         GemvBlasPass(omp_threads="many")
+
+
+#: Hand-written IR (not clang output): 32-bit induction variables, i32 index arithmetic with
+#: nsw, sext'ed indices, `slt` exit tests — the form other front ends (or clang without
+#: IndVarSimplify's widening) produce.
+MV32_IR = r"""
+target datalayout = "e-m:e-p270:32:32-p271:32:32-p272:64:64-i64:64-i128:128-f80:128-n8:16:32:64-S128"
+target triple = "x86_64-pc-linux-gnu"
+
+define void @mv32(ptr %y, ptr %A, ptr %x, i32 %m, i32 %n) {
+entry:
+  %cm = icmp sgt i32 %m, 0
+  br i1 %cm, label %ph, label %exit
+ph:
+  %cn = icmp sgt i32 %n, 0
+  br label %outer
+outer:
+  %i = phi i32 [ 0, %ph ], [ %i.next, %latch ]
+  br i1 %cn, label %inner.ph, label %latch
+inner.ph:
+  %row = mul nsw i32 %i, %n
+  br label %inner
+inner:
+  %k = phi i32 [ 0, %inner.ph ], [ %k.next, %inner ]
+  %acc = phi float [ 0.0, %inner.ph ], [ %acc.next, %inner ]
+  %idx = add nsw i32 %row, %k
+  %idx64 = sext i32 %idx to i64
+  %pa = getelementptr inbounds float, ptr %A, i64 %idx64
+  %a = load float, ptr %pa, align 4
+  %k64 = zext nneg i32 %k to i64
+  %px = getelementptr inbounds float, ptr %x, i64 %k64
+  %xv = load float, ptr %px, align 4
+  %p = fmul reassoc float %a, %xv
+  %acc.next = fadd reassoc float %acc, %p
+  %k.next = add nsw i32 %k, 1
+  %kc = icmp slt i32 %k.next, %n
+  br i1 %kc, label %inner, label %latch
+latch:
+  %r = phi float [ 0.0, %outer ], [ %acc.next, %inner ]
+  %i64 = sext i32 %i to i64
+  %py = getelementptr inbounds float, ptr %y, i64 %i64
+  store float %r, ptr %py, align 4
+  %i.next = add nsw i32 %i, 1
+  %ic = icmp slt i32 %i.next, %m
+  br i1 %ic, label %outer, label %exit
+exit:
+  ret void
+}
+"""
+
+MAIN32 = r"""
+#include <stdio.h>
+void mv32(float *y, const float *A, const float *x, int m, int n);
+int main(void) {
+    enum { M = 23, N = 37 };
+    static float A[M * N], x[N], y[M];
+    for (int i = 0; i < M * N; i++) A[i] = (float)((i * 7) % 13) - 6.0f;
+    for (int k = 0; k < N; k++) x[k] = (float)(k % 5) - 2.0f;
+    mv32(y, A, x, M, N);
+    for (int i = 0; i < M; i++) printf("%.9g\n", y[i]);
+    return 0;
+}
+"""
+
+
+def test_hand_written_i32_induction_variables(tmp_path):
+    import llvmlite.binding as llvm
+    import numpy as np
+
+    from ditto_core.cc import link
+
+    new, report = GemvBlasPass().run(IRModule(MV32_IR, "mv32.ll"), OpenBlasTarget())
+    (c,) = report.candidates
+    assert c["status"] == "rewritten", c
+    main = llvm.parse_assembly(clang_ir(tmp_path, MAIN32, name="main.c"))
+    main.link_in(llvm.parse_assembly(new.text))
+    exe = link(IRModule(str(main), "mv32+main"), OpenBlasTarget(), tmp_path / "mv32")
+    got = np.array(subprocess.run([str(exe)], capture_output=True, text=True,
+                                  check=True).stdout.split(), dtype=np.float64)
+    A = ((np.arange(23 * 37) * 7) % 13 - 6.0).reshape(23, 37)
+    x = np.arange(37) % 5 - 2.0
+    np.testing.assert_array_equal(got, A @ x)  # small integers: exact in fp32

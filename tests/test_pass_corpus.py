@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures_pass import corpus_builds, corpus_sources, gen_corpus  # noqa: F401
+from tests.fixtures_pass import split_calls
 
 POSITIVE = [("float", False), ("double", False), ("float", True), ("double", True)]
 TOL = {"float": 2e-5, "double": 1e-12}
@@ -51,8 +52,21 @@ def test_report_fields(corpus_builds):
 @pytest.mark.parametrize("key,omp", POSITIVE, ids=lambda v: str(v))
 def test_rewritten_results_match_naive(corpus_builds, key, omp):
     b = corpus_builds[(key, omp)]
-    plain, blas = b["plain"], b["blas"]
+    (plain, plain_calls), (blas, calls) = split_calls(b["plain"]), split_calls(b["blas"])
     assert plain.keys() == blas.keys()
+    assert set(plain_calls.values()) == {0}  # the naive build never calls BLAS
+    # the rewritten build calls BLAS exactly when the nest has work (the guard passes)
+    for (name, m, n), c in calls.items():
+        rows = m - m // 3 if name == "row_lower_bound" else m
+        cols = n - 1 if name == "row_k_from_one" else n
+        if name.startswith("poly_"):
+            rows = cols = gen_corpus.POLY_N
+        if rows <= 0 or cols <= 0:
+            assert c == 0, (name, m, n, c)
+        elif omp and name.startswith("omp_"):
+            assert 1 <= c <= 2, (name, m, n, c)  # one call per OpenMP thread with rows
+        else:
+            assert c == 1, (name, m, n, c)
     expected = len(gen_corpus.KERNELS) * len(gen_corpus.SHAPES) + len(gen_corpus.POLY_KERNELS)
     assert len(plain) == expected
     for k in plain:
@@ -114,9 +128,12 @@ def test_negatives_results_unchanged(corpus_builds):
     """Rejected nests are untouched and the aliasing calls fall back through the guard: the
     outputs are bit-identical to the unrewritten program."""
     b = corpus_builds[("negatives", False)]
-    assert b["plain"].keys() == b["blas"].keys() and b["plain"]
-    for k in b["plain"]:
-        np.testing.assert_array_equal(b["blas"][k], b["plain"][k], err_msg=str(k))
+    (plain, _), (blas, calls) = split_calls(b["plain"]), split_calls(b["blas"])
+    assert plain.keys() == blas.keys() and plain
+    for k in plain:
+        np.testing.assert_array_equal(blas[k], plain[k], err_msg=str(k))
+    # the aliasing calls really took the fallback: no BLAS call anywhere
+    assert calls and set(calls.values()) == {0}, calls
 
 
 def test_openmp_region_serialized_matches_naive(corpus_sources, corpus_builds, tmp_path):
@@ -136,7 +153,11 @@ def test_openmp_region_serialized_matches_naive(corpus_sources, corpus_builds, t
     assert all("serialized" in c["blas_threads"] for c in omp)
     assert new.text.count("call void @__kmpc_serialized_parallel(") == 3
     exe = link(new, blas, tmp_path / "region")
-    got, ref = run_exe(exe), corpus_builds[("float", True)]["plain"]
+    (got, calls), (ref, _) = split_calls(run_exe(exe)), split_calls(
+        corpus_builds[("float", True)]["plain"])
+    for (name, m, n), c in calls.items():  # one call per serialized region
+        if name.startswith("omp_"):
+            assert c == (1 if m > 0 and n > 0 else 0), (name, m, n, c)
     assert got.keys() == ref.keys()
     for k in ref:
         scale = max(1.0, float(np.abs(ref[k]).max(initial=0.0)))
@@ -148,13 +169,16 @@ def test_polybench_style_kernels(corpus_builds):
     others rejected, and every output equals the unrewritten build."""
     b = corpus_builds[("polybench", False)]
     cands = _by_function(b["report"])
+    (plain, _), (blas, calls) = split_calls(b["plain"]), split_calls(b["blas"])
     for name, (_, expected) in gen_corpus.POLYBENCH.items():
         assert [c["status"] for c in cands[name]] == expected, (name, cands[name])
-    assert b["plain"].keys() == b["blas"].keys() and len(b["plain"]) == len(gen_corpus.POLYBENCH)
-    for k in b["plain"]:
-        ref = b["plain"][k]
+        n = gen_corpus.PB_N
+        assert calls[(name, n, n)] == expected.count("rewritten"), (name, calls)
+    assert plain.keys() == blas.keys() and len(plain) == len(gen_corpus.POLYBENCH)
+    for k in plain:
+        ref = plain[k]
         scale = max(1.0, float(np.abs(ref).max()))
-        np.testing.assert_allclose(b["blas"][k], ref, rtol=0, atol=2e-5 * scale * 10,
+        np.testing.assert_allclose(blas[k], ref, rtol=0, atol=2e-5 * scale * 10,
                                    err_msg=str(k))
 
 

@@ -126,8 +126,14 @@ class GemvBlasPass:
         serialized: set = set()
         tc = getattr(blas, "thread_control", None)
         set_threads = (tc() or {}).get("set_num_threads") if callable(tc) else None
+        # nest headers -> (tag, preheader), to chain a nest that exits into the next one
+        heads = {(fn.name, g.outer.header): (f"gemv{n}", g.preheader)
+                 for n, (_, (fn, g)) in enumerate(chosen)}
         for n, (cand, (fn, g)) in enumerate(chosen):
             tag = f"gemv{n}"
+            nxt = heads.get((fn.name, g.exit))
+            next_guard = (f"%{nxt[0]}.guard" if nxt is not None
+                          and nxt[1] == g.outer.latches[0] else None)
             routine = "cblas_sgemv" if g.dtype == "float" else "cblas_dgemv"
             symbol = blas.symbol(routine) if blas is not None else routine
             thread = None
@@ -145,9 +151,10 @@ class GemvBlasPass:
                 decls.add(f"declare void @{set_threads}(i32)")
             cand["routine"] = symbol
             cand.setdefault("blas_threads", "1 (set once)" if thread else "library default")
-            body, facts = rewrite.build(g, tag, symbol, thread)
+            body, facts = rewrite.build(g, tag, symbol, thread, next_guard)
             inserts.setdefault(fn.end_line, []).extend(body)
-            for ln, f in rewrite.text_edits(fn.blocks, g, tag, facts["last_block"]).items():
+            for ln, f in rewrite.text_edits(fn.blocks, g, tag, facts["last_block"],
+                                            exit_phis=next_guard is None).items():
                 prev = edits.get(ln)
                 edits[ln] = f if prev is None else (lambda s, p=prev, f=f: f(p(s)))
             ty = g.dtype

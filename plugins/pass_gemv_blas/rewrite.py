@@ -87,12 +87,15 @@ def _at(p: dict, i: dict, k: dict) -> dict:
     return P.subst(P.subst(p, IV_I, i), IV_K, k)
 
 
-def build(g: Gemv, tag: str, symbol: str, thread: dict | None) -> tuple[list[str], dict]:
+def build(g: Gemv, tag: str, symbol: str, thread: dict | None,
+          next_guard: str | None = None) -> tuple[list[str], dict]:
     """Text of the guard and call blocks for ``g``; returns (lines, facts for the report).
 
     ``thread``: for a nest inside an OpenMP outlined function, {"set": symbol of
     ``void set_num_threads(int)``, "flag": name of a module global i32} to make BLAS
-    single-threaded once (see docs/PASS.md, "OpenMP"); None leaves BLAS threading alone."""
+    single-threaded once (see docs/PASS.md, "OpenMP"); None leaves BLAS threading alone.
+    ``next_guard``: label of the guard block of a rewritten nest that directly follows this
+    one (its header is this nest's exit); the call block then branches there."""
     e = Emitter(tag, g.atom_types)
     ty = g.dtype
     i0, i1 = g.i_range.start, g.i_range.end
@@ -180,7 +183,7 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
     call += [f"  call void @{symbol}(i32 {ROW_MAJOR}, i32 {trans}, i32 {m32}, i32 {n32}, "
              f"{ty} {alpha}, ptr {a_ptr}, i32 {ld32}, ptr {x_ptr}, i32 1, {ty} {beta}, "
              f"ptr {y_ptr}, i32 1)",
-             f"  br label %{g.exit.lstrip('%')}"]
+             f"  br label {next_guard or g.exit}"]
     last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.call"
     return guard + call, {"last_block": last_block}
 
@@ -189,7 +192,8 @@ def _relabel(line: str, old: str, new: str) -> str:
     return re.sub(rf"label {re.escape(old)}(?![-\w.$])", f"label {new}", line)
 
 
-def text_edits(fn_blocks: dict, g: Gemv, tag: str, last_block: str) -> dict:
+def text_edits(fn_blocks: dict, g: Gemv, tag: str, last_block: str,
+               exit_phis: bool = True) -> dict:
     """Line edits (line index → function(str) → str) that splice the new blocks in."""
     edits: dict = {}
     guard = f"%{tag}.guard"
@@ -206,7 +210,7 @@ def text_edits(fn_blocks: dict, g: Gemv, tag: str, last_block: str) -> dict:
             add(ins.line, lambda s: re.sub(rf",\s*{re.escape(g.preheader)}\s*\]",
                                            f", {guard} ]", s))
     latch = g.outer.latches[0]
-    for ins in fn_blocks[g.exit].instrs:
+    for ins in (fn_blocks[g.exit].instrs if exit_phis else ()):
         if ins.op == "phi":
             vals = [v for v, b in ins.extra["incoming"] if b == latch]
             if vals:
