@@ -46,9 +46,8 @@ def run_once(exe: Path, model: Path, tokens: int, threads: int) -> dict:
     """One generation; returns the stats line's fields plus peak RSS in bytes."""
     args = [str(exe), "-m", str(model), "-p", PROMPT, "-n", str(tokens), "--temp", "0",
             "--threads", str(threads), "--ignore-eos"]
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)

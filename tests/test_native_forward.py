@@ -8,6 +8,7 @@ import pytest
 
 from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
 from tests.fixtures_native import dump_logits, model_weights, rel_error, run_native, token_file
+from tests.fixtures_quant import rtn_registry, smollm2_packed, smollm2_subset  # noqa: F401
 from tests.fixtures_tokenizer import golden_rows
 from tests.native_reference import reference_logits
 
@@ -141,3 +142,16 @@ def test_greedy_is_argmax_and_tiny_top_p_is_greedy(native_build, native_synth, t
     assert greedy[0] == int(ref[-1].argmax())
     nucleus = _sample(native_build.run, m.path, tmp_path, 5, "--temp", 1.0, "--top-p", 1e-6)
     assert nucleus == greedy
+
+
+@pytest.mark.parametrize("quantizer", ["kmeans", "rtn"])
+def test_real_quantized_smollm2_subset_equals_numpy_reference(native_build, smollm2_packed,
+                                                              tmp_path, quantizer):
+    """SmolLM2 blocks 0, 15, 29 + the tied embedding, quantized by the project's quantizers
+    (b = 4, G = 256, f16 codebooks) and packed by ``bits`` (tests/fixtures_quant.py)."""
+    path, _ = smollm2_packed[quantizer]
+    cfg, w = model_weights(path)
+    ids = golden_rows()[39]["ids_special"]  # "The quick brown fox jumps over the lazy dog."
+    got = dump_logits(native_build.run, path, ids, tmp_path)
+    ref = reference_logits(cfg, w, ids)
+    assert rel_error(got, ref).max() <= 1e-4
