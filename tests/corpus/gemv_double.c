@@ -188,6 +188,16 @@ __attribute__((noinline)) void omp_col_alpha_beta SIG {
         y[i] = alpha * acc + beta * y[i];
     }
 }
+__attribute__((noinline)) void omp_row_dynamic SIG {
+    (void)y; (void)A; (void)x; (void)m; (void)n; (void)lda;
+    (void)alpha; (void)beta; (void)lb;
+    #pragma omp parallel for schedule(dynamic, 16)
+    for (int i = 0; i < m; i++) {
+        T acc = 0;
+        for (int k = 0; k < n; k++) acc += A[i * n + k] * x[k];
+        y[i] = acc;
+    }
+}
 __attribute__((noinline)) void poly_row_2d(T A[37][37], T *y, const T *x, T alpha, T beta) {
     (void)alpha; (void)beta;
     for (int i = 0; i < 37; i++) {
@@ -222,7 +232,8 @@ static const struct { const char *name; kernel_fn fn; } kernels[] = {
     {"col_alpha_beta_i64", col_alpha_beta_i64},
     {"omp_row_set", omp_row_set},
     {"omp_row_acc_i64", omp_row_acc_i64},
-    {"omp_col_alpha_beta", omp_col_alpha_beta}
+    {"omp_col_alpha_beta", omp_col_alpha_beta},
+    {"omp_row_dynamic", omp_row_dynamic}
 };
 static const int shapes[][2] = { {0, 5}, {5, 0}, {1, 1}, {1, 7}, {7, 1}, {3, 5}, {17, 33}, {64, 64}, {131, 257}, {300, 517} };
 

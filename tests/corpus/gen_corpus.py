@@ -126,6 +126,13 @@ KERNELS = {
         for (int k = 0; k < n; k++) acc += A[k * lda + i] * x[k];
         y[i] = alpha * acc + beta * y[i];
     }""",
+    "omp_row_dynamic": """
+    #pragma omp parallel for schedule(dynamic, 16)
+    for (int i = 0; i < m; i++) {
+        T acc = 0;
+        for (int k = 0; k < n; k++) acc += A[i * n + k] * x[k];
+        y[i] = acc;
+    }""",
 }
 
 #: PolyBench-style kernels with constant bounds over 2-D arrays (shape fixed: POLY_N).
