@@ -12,15 +12,24 @@ Reported per method: ``seconds`` for all 210 linear matrices, ``seconds_per_1B_p
 weight), and ``token_embd_rel_error`` (the tied embedding/classifier, for the default policy in
 docs/QUANT.md). ``q4_0``/``q4_1`` are GGUF's own Q4_0 (symmetric, blocks of 32) and Q4_1
 (scale + min, blocks of 32) via ``gguf.quants.quantize``, as an independent reference.
+
+``--quality`` adds an end-to-end check of the embedding policy: the NumPy reference forward
+pass (tests/native_reference.py) over ~256 tokens of real text (the token ids of
+/work/shared/data/smollm2_tokenizer_golden.jsonl), with the weights of the GGUF exporter
+either as they are (reference) or quantized (every matrix; every matrix but token_embd), and
+reports the mean KL divergence of the next-token distributions from the reference, top-1
+agreement and the text's perplexity.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import gguf
 import numba
@@ -77,6 +86,75 @@ def _rtn_method(cbt):
     return run
 
 
+def _text_ids(n_tokens=256):
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / \
+        "smollm2_tokenizer_golden.jsonl"
+    ids = [1]  # <|im_start|> is SmolLM2's BOS
+    for line in path.read_text().splitlines():
+        ids += json.loads(line)["ids_plain"]
+        if len(ids) >= n_tokens:
+            break
+    return np.array(ids[:n_tokens])
+
+
+def quality(args):
+    """KL(p_ref ‖ p_q), top-1 agreement and perplexity of quantized SmolLM2 variants."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ditto_core.plugins import build_registry
+    from tests.native_reference import reference_logits
+
+    reg = build_registry()
+    ck = reg.get("exporter", "gguf").load(bundled_model("smollm2"))
+    ids = _text_ids()
+    ref_w = {n: f() for n, f in ck.tensors.items()}
+
+    def run(w):
+        w = dict(w, **{"output.weight": w["token_embd.weight"]})  # tied classifier
+        logits = reference_logits(ck.config, w, ids).astype(np.float64)
+        logits -= logits.max(axis=-1, keepdims=True)
+        return logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # log-softmax
+
+    ref = run(ref_w)
+    p_ref = np.exp(ref)
+
+    def metrics(logp):
+        kl = float(np.mean(np.sum(p_ref * (ref - logp), axis=-1)))
+        top1 = float(np.mean(logp.argmax(-1) == ref.argmax(-1)))
+        nll = -float(np.mean(logp[np.arange(len(ids) - 1), ids[1:]]))
+        return {"kl_vs_f32": kl, "top1_agreement": top1, "perplexity": math.exp(nll)}
+
+    def rebuild(q):
+        rows, cols = q.indices.shape
+        return q.codebooks[np.arange(rows)[:, None], np.arange(cols)[None, :] // q.group_size,
+                           q.indices]
+
+    out = {"tokens": int(len(ids)), "f32": metrics(ref)}
+    quantizers = {"kmeans_optimal": lambda W, n: quantize_matrix(W, args.bits, args.group_size,
+                                                                 "optimal", args.codebook_type,
+                                                                 0, n)}
+    try:
+        from ditto_quant_rtn import rtn_matrix
+        quantizers["rtn"] = lambda W, n: rtn_matrix(W, args.bits, args.group_size,
+                                                    args.codebook_type, n)
+    except ImportError:
+        pass
+    embd = ref_w["token_embd.weight"]
+    for label, fn in quantizers.items():
+        w = {n: (rebuild(fn(v, n)) if v.ndim == 2 and n != "token_embd.weight" else v)
+             for n, v in ref_w.items()}
+        out[f"{label}_keep_token_embd"] = metrics(run(w))
+        w["token_embd.weight"] = rebuild(fn(embd, "token_embd.weight"))
+        out[f"{label}_all"] = metrics(run(w))
+    # the embedding policy: linear layers at b, token_embd at other bit widths (optimal)
+    w = {n: (rebuild(quantizers["kmeans_optimal"](v, n)) if v.ndim == 2 else v)
+         for n, v in ref_w.items()}
+    for b in [int(x) for x in args.embd_bits.split(",") if x]:
+        w["token_embd.weight"] = rebuild(quantize_matrix(embd, b, args.group_size, "optimal",
+                                                         args.codebook_type, 0, "e"))
+        out[f"kmeans_optimal_token_embd_b{b}"] = metrics(run(w))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bits", type=int, default=4)
@@ -85,8 +163,15 @@ def main(argv=None):
     ap.add_argument("--methods", default="optimal,lloyd,rtn,q4_0,q4_1")
     ap.add_argument("--embd-bits", default="4,5,6",
                     help="bit widths at which to report token_embd's error (optimal)")
+    ap.add_argument("--quality", action="store_true",
+                    help="also measure KL / top-1 / perplexity of quantized models (slow)")
+    ap.add_argument("--quality-only", action="store_true", help="only the --quality part")
     args = ap.parse_args(argv)
 
+    if args.quality_only:
+        json.dump({"quality": quality(args)}, sys.stdout, indent=2)
+        print()
+        return
     mats = load_matrices(bundled_model("smollm2"))
     names = [n for n in mats if n != "token_embd.weight"]
     runners = {"optimal": _kmeans_method("optimal", args.codebook_type),
@@ -136,6 +221,8 @@ def main(argv=None):
         sse, bpw = _kmeans_method("optimal", args.codebook_type)(E, b, args.group_size, "e")
         embd[f"b{b}"] = {"rel_error": sse / e2, "bpw": bpw}
     result["token_embd_optimal_by_bits"] = embd
+    if args.quality:
+        result["quality"] = quality(args)
     json.dump(result, sys.stdout, indent=2)
     print()
 

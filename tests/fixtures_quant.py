@@ -19,8 +19,8 @@ from ditto_core.plugins import build_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Test modules import these fixtures (until tests/conftest.py lists this module); the values are
-# cached here so that each is computed once per session even if several modules import them.
+# Values cached per process, so each is computed once per session even if a test module also
+# imports these fixtures.
 _CACHE: dict = {}
 
 

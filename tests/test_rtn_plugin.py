@@ -8,7 +8,6 @@ from gguf import quants
 
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
-from tests.fixtures_quant import rtn_registry  # noqa: F401  (fixture)
 
 
 def test_registered_from_its_own_distribution(rtn_registry):

@@ -3,11 +3,13 @@ codebooks, methods ``optimal`` and ``lloyd``; docs/QUANT.md)."""
 
 from ditto_core.hookspecs import hookimpl
 
-from .quantizer import (DEFAULT_KEEP_FP32, DEFAULT_METHOD, METHODS, KMeansQuantizer,
-                        check_options, plan_tensors, quantize_matrix)
+from .quantizer import (DEFAULT_KEEP_FP32, DEFAULT_METHOD, EMBEDDING_EXTRA_BITS,
+                        EMBEDDING_NAMES, METHODS, KMeansQuantizer, check_options,
+                        embedding_bits, plan_tensors, quantize_matrix)
 
-__all__ = ["DEFAULT_KEEP_FP32", "DEFAULT_METHOD", "METHODS", "KMeansQuantizer",
-           "check_options", "plan_tensors", "quantize_matrix"]
+__all__ = ["DEFAULT_KEEP_FP32", "DEFAULT_METHOD", "EMBEDDING_EXTRA_BITS", "EMBEDDING_NAMES",
+           "METHODS", "KMeansQuantizer", "check_options", "embedding_bits", "plan_tensors",
+           "quantize_matrix"]
 
 
 @hookimpl

@@ -111,7 +111,7 @@ def optimal_weighted(u, w, k, inv, cent):
             arg[q, i] = bj
         for i in range(ilo, ihi + 1):
             dprev[i] = dcur[i]
-    # backtrack the cluster boundaries
+    # backtrack the cluster boundaries; the SSE is then summed directly (no cancellation)
     i = m
     sse = 0.0
     for q in range(k, 0, -1):
@@ -119,9 +119,11 @@ def optimal_weighted(u, w, k, inv, cent):
         c = p0[i] - p0[j]
         a = p1[i] - p1[j]
         cent[q - 1] = a * inv[c] + mu
-        sse += (p2[i] - p2[j]) - a * a * inv[c]
+        for t in range(j, i):
+            d = u[t] - cent[q - 1]
+            sse += w[t] * d * d
         i = j
-    return max(sse, 0.0)
+    return sse
 
 
 @njit(cache=True)
