@@ -155,6 +155,21 @@ AVX2_FN static __m256 dot_b4(__m256 acc, const uint8_t *row, int g0, int g1, con
     return _mm256_add_ps(acc, acc1);
 }
 
+/* Scalar part of a sub-block: columns [c0, c1) with centroids cb. */
+static float dot_scalar(const uint8_t *row, int bits, int c0, int c1, const float *x,
+                        const float *cb) {
+    float s = 0.0f;
+    for (int c = c0; c < c1; c++) s += cb[index_at(row, bits, c)] * x[c];
+    return s;
+}
+
+AVX2_FN static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* b = 4, four groups (32 weights, 16 index bytes) at a time, by byte planes: the 16 float32
  * centroids are split into 4 tables of 16 bytes (plane k holds byte k of every centroid), each
  * looked up with one vpshufb; two rounds of unpacks (bytes, then 16-bit words) reassemble the
@@ -165,14 +180,14 @@ AVX2_FN static __m256 dot_b4(__m256 acc, const uint8_t *row, int g0, int g1, con
  * 32 for lookup_b4. */
 static const int XP_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-/* The 4 byte planes of the 16 centroids cb[0..16), each broadcast to both 128-bit halves. */
-AVX2_FN static inline void planes_b4(const float *cb, __m256i plane[4]) {
+/* The 4 byte planes of the 16 centroids lo = cb[0..8), hi = cb[8..16), each broadcast to both
+ * 128-bit halves. */
+AVX2_FN static inline void planes_b4(__m256 lo, __m256 hi, __m256i plane[4]) {
     const __m256i transpose = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                                0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     /* per 128-bit half of 4 floats: dword k = byte k of the 4 floats */
-    __m256i a = _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(const void *)cb), transpose);
-    __m256i c = _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(const void *)(cb + 8)),
-                                    transpose);
+    __m256i a = _mm256_shuffle_epi8(_mm256_castps_si256(lo), transpose);
+    __m256i c = _mm256_shuffle_epi8(_mm256_castps_si256(hi), transpose);
     __m256i x = _mm256_permute2x128_si256(a, c, 0x20); /* floats 0-3 | 8-11 */
     __m256i y = _mm256_permute2x128_si256(a, c, 0x31); /* floats 4-7 | 12-15 */
     __m256i t01 = _mm256_unpacklo_epi32(x, y), t23 = _mm256_unpackhi_epi32(x, y);
@@ -182,35 +197,69 @@ AVX2_FN static inline void planes_b4(const float *cb, __m256i plane[4]) {
     plane[3] = _mm256_permute4x64_epi64(t23, 0xdd);
 }
 
-/* Groups [g0, g1) of a b = 4 sub-block, xp = x in XP_ORDER per group of 8. */
-AVX2_FN static __m256 dot_b4_planes(__m256 acc, const uint8_t *row, int g0, int g1,
-                                    const float *x, const float *xp, const float *cb) {
-    __m256i plane[4];
-    planes_b4(cb, plane);
+/* Row r's dot product with x for b = 4 and G % 8 == 0 (no sub-block heads), xp = x in
+ * XP_ORDER per group of 8. Four accumulators, kept across sub-blocks. */
+AVX2_FN static float row_dot_b4_planes(const Layout *L, int r, const float *x, const float *xp,
+                                       int cols) {
+    const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+    const size_t cb0 = (size_t)r * (size_t)L->n_sub * 16u;
     const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-    int g = g0;
-    for (; g + 4 <= g1; g += 4) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(row + 4 * (size_t)g));
-        __m256i idx = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_broadcastsi128_si256(bytes), nibble_shift), low4);
-        __m256i b0 = _mm256_shuffle_epi8(plane[0], idx), b1 = _mm256_shuffle_epi8(plane[1], idx);
-        __m256i b2 = _mm256_shuffle_epi8(plane[2], idx), b3 = _mm256_shuffle_epi8(plane[3], idx);
-        __m256i w01lo = _mm256_unpacklo_epi8(b0, b1), w01hi = _mm256_unpackhi_epi8(b0, b1);
-        __m256i w23lo = _mm256_unpacklo_epi8(b2, b3), w23hi = _mm256_unpackhi_epi8(b2, b3);
-        const float *xg = xp + 8 * (size_t)g;
-        acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w01lo, w23lo)),
-                              _mm256_loadu_ps(xg), acc);
-        acc1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w01lo, w23lo)),
-                               _mm256_loadu_ps(xg + 8), acc1);
-        acc2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w01hi, w23hi)),
-                               _mm256_loadu_ps(xg + 16), acc2);
-        acc3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w01hi, w23hi)),
-                               _mm256_loadu_ps(xg + 24), acc3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    for (int s = 0; s < L->n_sub; s++) {
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols; /* tail sub-block */
+        int g0 = c0 / 8, g1 = c1 / 8;
+        __m256 lo, hi;
+        size_t i0 = cb0 + 16u * (size_t)s;
+        if (L->is_f16) {
+            const uint8_t *src = L->codebooks + 2 * i0;
+            lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)src));
+            hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 16)));
+        } else {
+            lo = _mm256_loadu_ps((const float *)(const void *)(L->codebooks + 4 * i0));
+            hi = _mm256_loadu_ps((const float *)(const void *)(L->codebooks + 4 * i0 + 32));
+        }
+        __m256i plane[4];
+        planes_b4(lo, hi, plane);
+        int g = g0;
+        for (; g + 4 <= g1; g += 4) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(row + 4 * (size_t)g));
+            __m256i idx = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_broadcastsi128_si256(bytes), nibble_shift), low4);
+            __m256i b0 = _mm256_shuffle_epi8(plane[0], idx);
+            __m256i b1 = _mm256_shuffle_epi8(plane[1], idx);
+            __m256i b2 = _mm256_shuffle_epi8(plane[2], idx);
+            __m256i b3 = _mm256_shuffle_epi8(plane[3], idx);
+            __m256i w01lo = _mm256_unpacklo_epi8(b0, b1), w01hi = _mm256_unpackhi_epi8(b0, b1);
+            __m256i w23lo = _mm256_unpacklo_epi8(b2, b3), w23hi = _mm256_unpackhi_epi8(b2, b3);
+            const float *xg = xp + 8 * (size_t)g;
+            acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w01lo, w23lo)),
+                                   _mm256_loadu_ps(xg), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w01lo, w23lo)),
+                                   _mm256_loadu_ps(xg + 8), acc1);
+            acc2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w01hi, w23hi)),
+                                   _mm256_loadu_ps(xg + 16), acc2);
+            acc3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w01hi, w23hi)),
+                                   _mm256_loadu_ps(xg + 24), acc3);
+        }
+        const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        for (; g < g1; g++) { /* 1..3 groups left */
+            uint32_t v;
+            memcpy(&v, row + 4 * (size_t)g, 4);
+            acc0 = _mm256_fmadd_ps(lookup_b4(v, shift, lo, hi), _mm256_loadu_ps(x + 8 * (size_t)g),
+                                   acc0);
+        }
+        if (8 * g1 < c1) { /* the row's last, partial group */
+            _Alignas(32) float cb[16];
+            _mm256_store_ps(cb, lo);
+            _mm256_store_ps(cb + 8, hi);
+            acc0 = _mm256_add_ps(acc0, _mm256_setr_ps(dot_scalar(row, 4, 8 * g1, c1, x, cb), 0, 0,
+                                                      0, 0, 0, 0, 0));
+        }
     }
-    acc = _mm256_add_ps(_mm256_add_ps(acc, acc1), _mm256_add_ps(acc2, acc3));
-    return g < g1 ? dot_b4(acc, row, g, g1, x, cb) : acc;
+    return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 }
 
 /* b = 8: one byte per index, zero-extended, then gathered. */
@@ -255,24 +304,9 @@ AVX2_FN static __m256 dot_b567(__m256 acc, const uint8_t *row, int bits, int g0,
     return acc;
 }
 
-AVX2_FN static float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Scalar part of a sub-block: columns [c0, c1) with centroids cb. */
-static float dot_scalar(const uint8_t *row, int bits, int c0, int c1, const float *x,
-                        const float *cb) {
-    float s = 0.0f;
-    for (int c = c0; c < c1; c++) s += cb[index_at(row, bits, c)] * x[c];
-    return s;
-}
 
 /* Dot product of row r with x[cols]. */
-AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, const float *xp,
-                                  int cols) {
+AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, int cols) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
     _Alignas(32) float cb[256];
     memset(cb, 0, 8 * sizeof(float)); /* b < 3: the lanes of the table past K */
@@ -289,9 +323,7 @@ AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, const 
         }
         rest += dot_scalar(row, L->bits, c0, 8 * g0, x, cb);
         switch (L->bits) {
-        case 4:
-            acc = xp ? dot_b4_planes(acc, row, g0, g1, x, xp, cb) : dot_b4(acc, row, g0, g1, x, cb);
-            break;
+        case 4: acc = dot_b4(acc, row, g0, g1, x, cb); break;
         case 8: acc = dot_b8(acc, row, g0, g1, x, cb); break;
         case 1: case 2: case 3: acc = dot_b123(acc, row, L->bits, g0, g1, x, cb); break;
         default: acc = dot_b567(acc, row, L->bits, g0, g1, x, cb, L->end); break;
@@ -310,13 +342,14 @@ void codebook_gemv_avx2(float *y, const float *x, const uint8_t *payload, uint32
     Layout L = layout_of(payload, codebook_type, bits, group_size, rows, cols);
     /* b = 4: x with each group of 8 in XP_ORDER, shared by all rows (NULL: slower path) */
     float *xp = NULL;
-    if (bits == 4 && group_size >= 32) {
+    if (bits == 4 && group_size % 8 == 0) {
         size_t n = (size_t)(cols / 8) * 8;
         xp = malloc((n > 0 ? n : 8) * sizeof *xp);
         for (size_t c = 0; xp && c < n; c++) xp[c] = x[c - c % 8 + (size_t)XP_ORDER[c % 8]];
     }
     int r;
 #pragma omp parallel for schedule(static) private(r)
-    for (r = 0; r < rows; r++) y[r] = row_dot_avx2(&L, r, x, xp, cols);
+    for (r = 0; r < rows; r++)
+        y[r] = xp ? row_dot_b4_planes(&L, r, x, xp, cols) : row_dot_avx2(&L, r, x, cols);
     free(xp);
 }
