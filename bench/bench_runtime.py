@@ -2,6 +2,7 @@
 naive fp32 GEMV loop, no BLAS) on SmolLM2-135M fp32. Prints one JSON object.
 
     python bench/bench_runtime.py [--model FILE.ditto] [--tokens 128] [--threads 1,2] [--rounds 3]
+                                  [--variants plain,reassoc]
 
 For each thread count: decode tok/s of tg128 (greedy, ``--ignore-eos`` so exactly --tokens
 tokens are generated; the runtime's own ``stats`` line: (generated - 1) / decode seconds),
@@ -28,9 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "def fibonacci(n):"
 
 
-def build(out_dir: Path) -> Path:
-    subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"BUILD={out_dir}", "all"],
-                   check=True)
+#: build variants: extra make variables (native/Makefile)
+VARIANTS = {"plain": [], "reassoc": ["REASSOC=1"]}
+
+
+def build(out_dir: Path, variant: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native"), f"BUILD={out_dir}", "all",
+                    *VARIANTS[variant]], check=True)
     return out_dir / "ditto-run"
 
 
@@ -73,24 +79,29 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="plain",
+                    help="comma list of builds: plain (the naive loop as is), reassoc "
+                         "(REASSOC=1: float reassociation lets clang vectorise the reduction)")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
+    variants = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         tmp = Path(tmp)
-        exe = build(tmp)
+        exes = {v: build(tmp / v, v) for v in variants}
         model = args.model or export_f32(tmp / "smollm2_f32.ditto")
         file_size = model.stat().st_size
-        samples = {t: [] for t in threads}
+        samples = {(v, t): [] for v in variants for t in threads}
         for _ in range(args.rounds):
-            for t in threads:
-                samples[t].append(run_once(exe, model, args.tokens, t))
+            for v in variants:
+                for t in threads:
+                    samples[(v, t)].append(run_once(exes[v], model, args.tokens, t))
         results = {}
-        for t, runs in samples.items():
+        for (v, t), runs in samples.items():
             ctx = runs[0]["ctx"]
             kv = kv_cache_bytes(model, ctx)
             bound = file_size + kv + 64 * 2**20
             peak = max(r["peak_rss_bytes"] for r in runs)
-            results[f"threads_{t}"] = {
+            results[f"{v}/threads_{t}"] = {
                 "tok_per_s_median": statistics.median(r["tok_per_s"] for r in runs),
                 "ttft_ms_median": statistics.median(r["ttft_ms"] for r in runs),
                 "load_ms_median": statistics.median(r["load_ms"] for r in runs),
@@ -100,13 +111,14 @@ def main() -> None:
                                                "peak_rss_bytes")} for r in runs],
             }
         out = {"benchmark": "runtime_plain_fp32", "model": str(model),
-               "model_bytes": file_size, "build": "clang-22 -O3 -fopenmp (native/Makefile)",
+               "model_bytes": file_size, "build": {v: "clang-22 -O3 -fopenmp " + " ".join(VARIANTS[v]) for v in variants},
                "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
                "reference_llama2c_runc_tok_per_s": {"threads_1": 16, "threads_2": 27},
                "results": results}
-        if len(threads) == 2 and all(f"threads_{t}" in results for t in threads):
-            a, b = (results[f"threads_{t}"]["tok_per_s_median"] for t in threads)
-            out[f"speedup_{threads[1]}_vs_{threads[0]}_threads"] = b / a if a else None
+        if len(threads) == 2:
+            for v in variants:
+                a, b = (results[f"{v}/threads_{t}"]["tok_per_s_median"] for t in threads)
+                out[f"{v}/speedup_{threads[1]}_vs_{threads[0]}_threads"] = b / a if a else None
         json.dump(out, sys.stdout, indent=2)
         print()
 
