@@ -191,3 +191,30 @@ def test_committed_corpus_is_generated(corpus_sources):
     for path in corpus_sources.values():
         committed = gen_corpus.Path(gen_corpus.__file__).parent / path.name
         assert committed.read_text() == path.read_text(), path.name
+
+
+def test_strict_fp_corpus_with_allow_strict(corpus_sources, corpus_builds, tmp_path):
+    """Compiled without reassociation (-fno-associative-math: llvm.fmuladd without reassoc),
+    the default pass rejects every nest; allow_strict=True rewrites them all, reports
+    "reassociates": true, and the results stay within fp tolerance of the naive build."""
+    from ditto_core.cc import emit_ir, link, resolve_blas
+    from ditto_pass_gemv_blas import GemvBlasPass
+
+    from tests.fixtures_pass import run_exe
+
+    blas = resolve_blas("openblas")
+    mod = emit_ir([corpus_sources["float"]], workdir=tmp_path,
+                  flags=blas.compile_flags() + ["-fno-associative-math", "-ffp-contract=on"])
+    _, strict = GemvBlasPass().run(mod, blas)
+    gemv = [c for c in strict.candidates if c["kind"] == "gemv"]
+    assert gemv and all(c["status"] == "rejected" and "reassoc" in c["reason"] for c in gemv)
+    new, report = GemvBlasPass(allow_strict=True).run(mod, blas)
+    gemv = [c for c in report.candidates if c["kind"] == "gemv"]
+    assert len(gemv) == len(gen_corpus.KERNELS) + len(gen_corpus.POLY_KERNELS)
+    assert all(c["status"] == "rewritten" and c["reassociates"] for c in gemv)
+    (got, calls), (ref, _) = split_calls(run_exe(link(new, blas, tmp_path / "strict"))), \
+        split_calls(corpus_builds[("float", False)]["plain"])
+    assert sum(calls.values()) > 0
+    for k in ref:
+        scale = max(1.0, float(np.abs(ref[k]).max(initial=0.0)))
+        np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=2e-4 * scale, err_msg=str(k))
