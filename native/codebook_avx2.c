@@ -43,6 +43,10 @@ typedef struct {
     const uint8_t *end;       /* one past the last index byte (no load may go beyond) */
     int is_f16, bits, group_size, n_sub, k;
     size_t row_bytes;
+    /* b = 5..7 decode: lane j of a group = 4 bytes from byte (j*b)/8 (vpshufb control, 0x80 =
+     * zero past the group's 8 bytes; both 128-bit halves alike), shifted right by (j*b) % 8 */
+    uint8_t pick[32];
+    int32_t shift[8];
 } Layout;
 
 static Layout layout_of(const uint8_t *payload, uint32_t codebook_type, int bits,
@@ -59,6 +63,13 @@ static Layout layout_of(const uint8_t *payload, uint32_t codebook_type, int bits
     L.codebooks = payload;
     L.indices = payload + cb_bytes;
     L.end = L.indices + (size_t)rows * L.row_bytes;
+    for (int j = 0; j < 8; j++) {
+        for (int t = 0; t < 4; t++) {
+            int byte = j * bits / 8 + t;
+            L.pick[4 * j + t] = byte < 8 ? (uint8_t)byte : 0x80;
+        }
+        L.shift[j] = j * bits % 8;
+    }
     return L;
 }
 
@@ -104,23 +115,35 @@ AVX2_FN static void load_centroids(float *cb, const Layout *L, int r, int s) {
 
 /* ---- groups [g0, g1) of one sub-block: acc += W[8g .. 8g+8) * x[8g .. 8g+8) ---- */
 
-/* b = 1..3: lane j = (v >> j*b) & mask, one vpermps. */
+/* b = 1..3: lane j = (v >> j*b) & mask, one vpermps. Two accumulators (FMA latency). */
+AVX2_FN static inline __m256 weights_b123(const uint8_t *row, int bits, int g, __m256 table,
+                                          __m256i shift, __m256i mask) {
+    const uint8_t *p = row + (size_t)g * (size_t)bits;
+    uint32_t v = p[0];
+    if (bits > 1) v |= (uint32_t)p[1] << 8;
+    if (bits > 2) v |= (uint32_t)p[2] << 16;
+    __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shift), mask);
+    return _mm256_permutevar8x32_ps(table, idx);
+}
+
 AVX2_FN static __m256 dot_b123(__m256 acc, const uint8_t *row, int bits, int g0, int g1,
                                const float *x, const float *cb) {
     const __m256 table = _mm256_load_ps(cb);
     const __m256i shift = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                              _mm256_set1_epi32(bits));
     const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
-    for (int g = g0; g < g1; g++) {
-        const uint8_t *p = row + (size_t)g * (size_t)bits;
-        uint32_t v = p[0];
-        if (bits > 1) v |= (uint32_t)p[1] << 8;
-        if (bits > 2) v |= (uint32_t)p[2] << 16;
-        __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shift), mask);
-        __m256 w = _mm256_permutevar8x32_ps(table, idx);
-        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    __m256 acc1 = _mm256_setzero_ps();
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        acc = _mm256_fmadd_ps(weights_b123(row, bits, g, table, shift, mask),
+                              _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+        acc1 = _mm256_fmadd_ps(weights_b123(row, bits, g + 1, table, shift, mask),
+                               _mm256_loadu_ps(x + 8 * (size_t)g + 8), acc1);
     }
-    return acc;
+    if (g < g1)
+        acc = _mm256_fmadd_ps(weights_b123(row, bits, g, table, shift, mask),
+                              _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    return _mm256_add_ps(acc, acc1);
 }
 
 /* One group of b = 4: 8 nibbles in one 32-bit word. vpermps only reads bits 0..2 of each lane,
@@ -265,45 +288,53 @@ AVX2_FN static float row_dot_b4_planes(const Layout *L, int r, const float *x, c
 /* b = 8: one byte per index, zero-extended, then gathered. */
 AVX2_FN static __m256 dot_b8(__m256 acc, const uint8_t *row, int g0, int g1, const float *x,
                              const float *cb) {
-    for (int g = g0; g < g1; g++) {
+    __m256 acc1 = _mm256_setzero_ps();
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(row + 8 * (size_t)g));
+        __m256 w0 = _mm256_i32gather_ps(cb, _mm256_cvtepu8_epi32(bytes), 4);
+        __m256 w1 = _mm256_i32gather_ps(cb, _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)), 4);
+        acc = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+        acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8 * (size_t)g + 8), acc1);
+    }
+    if (g < g1) {
         __m128i bytes = _mm_loadl_epi64((const __m128i *)(const void *)(row + 8 * (size_t)g));
-        __m256i idx = _mm256_cvtepu8_epi32(bytes);
-        __m256 w = _mm256_i32gather_ps(cb, idx, 4);
+        __m256 w = _mm256_i32gather_ps(cb, _mm256_cvtepu8_epi32(bytes), 4);
         acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
     }
-    return acc;
+    return _mm256_add_ps(acc, acc1);
 }
 
-/* b = 5..7: lane j takes bytes (j*b)/8 .. +3 of the group (vpshufb), shifted right by
- * (j*b) % 8 and masked; then gathered. */
-AVX2_FN static __m256 dot_b567(__m256 acc, const uint8_t *row, int bits, int g0, int g1,
-                               const float *x, const float *cb, const uint8_t *end) {
-    uint8_t pick[32];
-    int shifts[8];
-    for (int j = 0; j < 8; j++) {
-        int first = j * bits / 8;
-        for (int t = 0; t < 4; t++) {
-            int byte = first + t;
-            /* bytes past the group's 8 read zeros (vpshufb: high bit set) */
-            uint8_t sel = byte < 8 ? (uint8_t)byte : 0x80;
-            pick[4 * j + t] = sel; /* lanes 4..7 index the upper 128-bit copy the same way */
-        }
-        shifts[j] = j * bits % 8;
-    }
-    const __m256i pick_v = _mm256_loadu_si256((const __m256i *)(const void *)pick);
-    const __m256i shift = _mm256_loadu_si256((const __m256i *)(const void *)shifts);
-    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
-    for (int g = g0; g < g1; g++) {
-        uint64_t v = load_group(row + (size_t)g * (size_t)bits, bits, end);
-        __m256i both = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)v));
-        __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(both, pick_v), shift),
-                                       mask);
-        __m256 w = _mm256_i32gather_ps(cb, idx, 4);
-        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * (size_t)g), acc);
-    }
-    return acc;
+/* b = 5..7: lane j takes bytes (j*b)/8 .. +3 of the group (vpshufb with L->pick), shifted
+ * right by (j*b) % 8 (L->shift) and masked; then gathered. */
+AVX2_FN static inline __m256 weights_b567(const uint8_t *row, int g, const Layout *L,
+                                          __m256i pick, __m256i shift, __m256i mask,
+                                          const float *cb) {
+    uint64_t v = load_group(row + (size_t)g * (size_t)L->bits, L->bits, L->end);
+    __m256i both = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)v));
+    __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(both, pick), shift),
+                                   mask);
+    return _mm256_i32gather_ps(cb, idx, 4);
 }
 
+AVX2_FN static __m256 dot_b567(__m256 acc, const uint8_t *row, const Layout *L, int g0, int g1,
+                               const float *x, const float *cb) {
+    const __m256i pick = _mm256_loadu_si256((const __m256i *)(const void *)L->pick);
+    const __m256i shift = _mm256_loadu_si256((const __m256i *)(const void *)L->shift);
+    const __m256i mask = _mm256_set1_epi32((1 << L->bits) - 1);
+    __m256 acc1 = _mm256_setzero_ps();
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        acc = _mm256_fmadd_ps(weights_b567(row, g, L, pick, shift, mask, cb),
+                              _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+        acc1 = _mm256_fmadd_ps(weights_b567(row, g + 1, L, pick, shift, mask, cb),
+                               _mm256_loadu_ps(x + 8 * (size_t)g + 8), acc1);
+    }
+    if (g < g1)
+        acc = _mm256_fmadd_ps(weights_b567(row, g, L, pick, shift, mask, cb),
+                              _mm256_loadu_ps(x + 8 * (size_t)g), acc);
+    return _mm256_add_ps(acc, acc1);
+}
 
 /* Dot product of row r with x[cols]. */
 AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, int cols) {
@@ -326,7 +357,7 @@ AVX2_FN static float row_dot_avx2(const Layout *L, int r, const float *x, int co
         case 4: acc = dot_b4(acc, row, g0, g1, x, cb); break;
         case 8: acc = dot_b8(acc, row, g0, g1, x, cb); break;
         case 1: case 2: case 3: acc = dot_b123(acc, row, L->bits, g0, g1, x, cb); break;
-        default: acc = dot_b567(acc, row, L->bits, g0, g1, x, cb, L->end); break;
+        default: acc = dot_b567(acc, row, L, g0, g1, x, cb); break;
         }
         rest += dot_scalar(row, L->bits, 8 * g1, c1, x, cb);
     }
