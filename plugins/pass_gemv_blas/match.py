@@ -444,9 +444,13 @@ class NestMatcher:
         self.k_phi, self.k_next, k_init, _ = self.iv_of(I)
         if fn.defs[self.i_phi].ty != "i64" or fn.defs[self.k_phi].ty != "i64":
             self.narrow = True  # 32-bit IVs: keep every index within [0, INT32_MAX]
-        k_range = self.range_of(I, self.k_phi, self.k_next, k_init, I.header)
-        if P.uses(k_range.start, IV_I) or P.uses(k_range.end, IV_I):
-            raise Reject("inner loop bounds depend on the outer index (triangular)")
+        try:  # early, so a triangular nest is reported as such
+            k_range = self.range_of(I, self.k_phi, self.k_next, k_init, I.header)
+            if P.uses(k_range.start, IV_I) or P.uses(k_range.end, IV_I):
+                raise Reject("inner loop bounds depend on the outer index (triangular)")
+        except Reject as exc:
+            if "triangular" in str(exc):
+                raise
         exits = O.exits(self.cfg)
         if len(exits) != 1 or exits[0][0] != o_latch:
             raise Reject(f"outer loop has {len(exits)} exit edges (break/return in the nest?)")
@@ -469,6 +473,8 @@ class NestMatcher:
         # bounds
         i_range = self.range_of(O, self.i_phi, self.i_next, i_init, o_latch)
         self.path_pred[I.header] = [b for b in self.cfg.preds[I.header] if b != I.header][0]
+        # again, now that phis on the path resolve
+        k_range = self.range_of(I, self.k_phi, self.k_next, k_init, I.header)
         for p_ in (i_range.start, i_range.end, k_range.start, k_range.end):
             if P.uses(p_, IV_K) or P.uses(p_, IV_I):
                 raise Reject("loop bounds depend on an induction variable (triangular)")
