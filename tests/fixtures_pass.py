@@ -21,7 +21,7 @@ import gen_corpus  # noqa: E402
 
 #: (source key, openmp) built by the fixtures
 CONFIGS = [("float", False), ("double", False), ("float", True), ("double", True),
-           ("negatives", False), ("polybench", False)]
+           ("negatives", False), ("polybench", False), ("random", False)]
 
 
 def parse_output(text: str) -> dict:

@@ -457,14 +457,66 @@ def expected_negatives() -> dict:
     return out
 
 
+def random_kernels(seed: int = 2026, count: int = 48) -> dict:
+    """Random combinations of the recognised features (index type, layout, constant offsets
+    of A/x/y, lower and upper bounds of both loops, operand order, store form): name -> body.
+    Deterministic for a seed (Python's ``random.Random``)."""
+    import random
+
+    rng = random.Random(seed)
+    out = {}
+    for j in range(count):
+        it = rng.choice(["int", "long", "unsigned"])
+        layout = rng.choice(["row", "col"])
+        ld = rng.choice(["n", "lda"]) if layout == "row" else "lda"
+        ca, cx, cy = rng.choice([0, 1, 3]), rng.choice([0, 1]), rng.choice([0, 2])
+        i0 = rng.choice(["0", "1", "lb"] if it != "unsigned" else ["0", "1"])
+        i1 = rng.choice(["m", "m - 1"])
+        k0, k1 = rng.choice(["0", "1"]), rng.choice(["n", "n - 1"])
+        a = f"A[({it})(i) * ({it}){ld} + ({it})k + {ca}]" if layout == "row" else \
+            f"A[({it})k * ({it}){ld} + ({it})(i) + {ca}]"
+        prod = rng.choice([f"{a} * x[k + {cx}]", f"x[k + {cx}] * {a}"])
+        form = rng.choice(["set", "acc", "ab", "sub", "inplace", "alpha"])
+        yi = f"y[i + {cy}]"
+        loop_i = f"for ({it} i = {i0}; i < ({it})({i1}); i++)"
+        loop_k = f"for ({it} k = {k0}; k < ({it})({k1}); k++)"
+        if form == "inplace":
+            body = f"""
+    if (m < 2 || n < 2) return;
+    {loop_i}
+        {loop_k} {yi} += {prod};"""
+        else:
+            store = {"set": f"{yi} = acc;", "acc": f"{yi} += acc;",
+                     "ab": f"{yi} = alpha * acc + beta * {yi};", "sub": f"{yi} -= acc;",
+                     "alpha": f"{yi} = acc * alpha;"}[form]
+            body = f"""
+    if (m < 2 || n < 2) return;
+    {loop_i} {{
+        T acc = 0;
+        {loop_k} acc += {prod};
+        {store}
+    }}"""
+        out[f"rnd{j:02d}_{it}_{layout}_{form}"] = body
+    return out
+
+
+def random_source() -> str:
+    """The random-combination corpus file (float)."""
+    kernels = random_kernels()
+    body = "".join(_kernel(n, b) for n, b in kernels.items())
+    return PRELUDE.format(T="float") + body + _main(list(kernels), "float")
+
+
 def write_all(outdir: Path) -> dict:
-    """Write the three corpus files into ``outdir``; returns {name: path}."""
+    """Write the corpus files into ``outdir``; returns {key: path}."""
     outdir.mkdir(parents=True, exist_ok=True)
     files = {"float": source("float"), "double": source("double"),
-             "negatives": negatives_source(), "polybench": polybench_source()}
+             "negatives": negatives_source(), "polybench": polybench_source(),
+             "random": random_source()}
     paths = {}
     for key, text in files.items():
-        p = outdir / (f"{key}.c" if key in ("negatives", "polybench") else f"gemv_{key}.c")
+        p = outdir / (f"{key}.c" if key in ("negatives", "polybench", "random")
+                      else f"gemv_{key}.c")
         p.write_text(text)
         paths[key] = p
     return paths
