@@ -1,10 +1,12 @@
 """Benchmark: codebook GEMV (docs/FORMAT.md "encoding = 1"), scalar reference
 (native/matmul.c ``codebook_gemv_ref``) vs AVX2 (native/codebook_avx2.c ``codebook_gemv_avx2``)
-on the SmolLM2-135M matrix shapes. Prints one JSON object.
+vs AVX-512 (native/codebook_avx512.c ``codebook_gemv_avx512``, b = 4 only; it is the AVX2
+kernel on a CPU without AVX-512 VBMI) on the SmolLM2-135M matrix shapes. Prints one JSON
+object.
 
     python bench/bench_kernels.py [--bits 4] [--group-size 256] [--threads 1,2] [--rounds 5]
 
-Both kernels are compiled into one shared library with clang-22 -O3 -fopenmp (the runtime's
+All kernels are compiled into one shared library with clang-22 -O3 -fopenmp (the runtime's
 flags; the AVX2 functions carry their own target attribute). The scalar reference is also
 built with ``-march=native`` (``scalar_native``), as the IR pipeline links baseline functions
 for the host CPU, so the speed-up is not flattered by a baseline-only reference. Each figure
@@ -42,13 +44,14 @@ GEMV_ARGS = [F32P, F32P, ctypes.c_char_p, ctypes.c_uint32] + [ctypes.c_int] * 4
 
 
 def build(out: Path, extra: list[str]) -> ctypes.CDLL:
-    """codebook_avx2.c + matmul.c as a shared library (clang-22 -O3 -fopenmp + extra)."""
+    """codebook_avx2.c + codebook_avx512.c + matmul.c as a shared library (clang-22 -O3
+    -fopenmp + extra)."""
     cmd = ["nice", "clang-22", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O3", "-fopenmp",
            "-fPIC", "-shared", *extra, "-o", str(out), str(NATIVE / "codebook_avx2.c"),
-           str(NATIVE / "matmul.c")]
+           str(NATIVE / "codebook_avx512.c"), str(NATIVE / "matmul.c")]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
-    for f in (lib.codebook_gemv_ref, lib.codebook_gemv_avx2):
+    for f in (lib.codebook_gemv_ref, lib.codebook_gemv_avx2, lib.codebook_gemv_avx512):
         f.argtypes = GEMV_ARGS
     lib.omp_set_num_threads.argtypes = [ctypes.c_int]
     return lib
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
         base = build(Path(tmp) / "base.so", [])
         native = build(Path(tmp) / "native.so", ["-march=native"])
         kernels = {"scalar": base.codebook_gemv_ref, "scalar_native": native.codebook_gemv_ref,
-                   "avx2": base.codebook_gemv_avx2}
+                   "avx2": base.codebook_gemv_avx2, "avx512": base.codebook_gemv_avx512}
         results = []
         for rows, cols in SHAPES:
             S = -(-cols // G)
@@ -109,8 +112,11 @@ def main(argv=None) -> int:
                     "speedup_avx2_vs_scalar": round(med["scalar"] / med["avx2"], 2),
                     "speedup_avx2_vs_scalar_native": round(med["scalar_native"] / med["avx2"],
                                                            2),
+                    "speedup_avx512_vs_avx2": round(med["avx2"] / med["avx512"], 2),
                 })
     print(json.dumps({"bench": "bench_kernels", "bits": b, "group_size": G,
+                      "avx2": bool(base.codebook_avx2_supported()),
+                      "avx512": bool(base.codebook_avx512_supported()),
                       "codebook_type": "f16", "rounds": args.rounds, "results": results},
                      indent=1))
     return 0

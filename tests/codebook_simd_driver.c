@@ -1,5 +1,6 @@
-/* codebook_simd_driver.c: codebook_gemv_avx2 (native/codebook_avx2.c) against the scalar
- * reference codebook_gemv_ref (native/matmul.c) on random payloads, for tests/test_kernels_simd.py
+/* codebook_simd_driver.c: codebook_gemv_avx2 (native/codebook_avx2.c) and codebook_gemv_avx512
+ * (native/codebook_avx512.c) against the scalar reference codebook_gemv_ref (native/matmul.c)
+ * on random payloads, for tests/test_kernels_simd.py
  * (built plainly, under ASan+UBSan, and through Ditto's own IR pipeline).
  *
  * Every payload and x is malloc'ed at its exact size, so a sanitizer build catches any read
@@ -7,7 +8,7 @@
  * group too: kernels must ignore them). f16 codebooks are random normal and subnormal halves.
  *
  * For every b in 1..8, G in {8,16,32,64,256,7,100,2,24}, cols in a list with tails, and both
- * codebook types: per row |avx2 - ref| <= 1e-5 * sum_c |W[r][c] x[c]| (the bound of a
+ * codebook types: per row and kernel |simd - ref| <= 1e-5 * sum_c |W[r][c] x[c]| (the bound of a
  * reordered float32 sum), W decoded with codebook_row_ref. Prints "cases N max_rel E" and
  * exits 0, or prints the first failure and exits 1.
  */
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "codebook_avx2.h"
+#include "codebook_avx512.h"
 #include "ditto_format.h"
 #include "matmul.h"
 
@@ -47,7 +49,8 @@ static int check(int bits, int G, int rows, int cols, uint32_t type, double *max
     uint8_t *payload = malloc(nbytes);
     float *x = malloc((size_t)cols * sizeof *x), *w = malloc((size_t)cols * sizeof *w);
     float *y_ref = malloc((size_t)rows * sizeof *y_ref), *y = malloc((size_t)rows * sizeof *y);
-    if (!payload || !x || !w || !y_ref || !y) {
+    float *y5 = malloc((size_t)rows * sizeof *y5);
+    if (!payload || !x || !w || !y_ref || !y || !y5) {
         fprintf(stderr, "out of memory\n");
         exit(2);
     }
@@ -67,17 +70,22 @@ static int check(int bits, int G, int rows, int cols, uint32_t type, double *max
 
     codebook_gemv_ref(y_ref, x, payload, type, bits, G, rows, cols);
     codebook_gemv_avx2(y, x, payload, type, bits, G, rows, cols);
+    codebook_gemv_avx512(y5, x, payload, type, bits, G, rows, cols);
     int ok = 1;
     for (int r = 0; r < rows && ok; r++) {
         codebook_row_ref(w, payload, type, bits, G, rows, cols, r);
         double bound = 0.0;
         for (int c = 0; c < cols; c++) bound += fabs((double)w[c] * (double)x[c]);
-        double err = fabs((double)y[r] - (double)y_ref[r]);
-        if (bound > 0 && err / bound > *max_rel) *max_rel = err / bound;
-        if (!(err <= 1e-5 * bound)) {
-            printf("FAIL b=%d G=%d rows=%d cols=%d type=%u row %d: avx2 %.9g ref %.9g (bound %g)\n",
-                   bits, G, rows, cols, type, r, (double)y[r], (double)y_ref[r], bound);
-            ok = 0;
+        for (int kernel = 0; kernel < 2 && ok; kernel++) {
+            float got = kernel == 0 ? y[r] : y5[r];
+            double err = fabs((double)got - (double)y_ref[r]);
+            if (bound > 0 && err / bound > *max_rel) *max_rel = err / bound;
+            if (!(err <= 1e-5 * bound)) {
+                printf("FAIL %s b=%d G=%d rows=%d cols=%d type=%u row %d: %.9g ref %.9g "
+                       "(bound %g)\n", kernel == 0 ? "avx2" : "avx512", bits, G, rows, cols,
+                       type, r, (double)got, (double)y_ref[r], bound);
+                ok = 0;
+            }
         }
     }
     free(payload);
@@ -85,15 +93,17 @@ static int check(int bits, int G, int rows, int cols, uint32_t type, double *max
     free(w);
     free(y_ref);
     free(y);
+    free(y5);
     return ok;
 }
 
 int main(void) {
-    static const int group_sizes[] = {8, 16, 32, 64, 256, 7, 100, 2, 24};
+    static const int group_sizes[] = {8, 16, 32, 64, 256, 7, 100, 2, 24, 48};
     static const int col_list[] = {1, 5, 8, 9, 16, 23, 64, 100, 255, 257, 576, 1000};
     int cases = 0;
     double max_rel = 0.0;
     if (!codebook_avx2_supported()) printf("note: no AVX2/FMA/F16C, reference fallback only\n");
+    if (!codebook_avx512_supported()) printf("note: no AVX-512 VBMI, AVX2 fallback only\n");
     for (int bits = 1; bits <= 8; bits++)
         for (size_t g = 0; g < sizeof group_sizes / sizeof *group_sizes; g++)
             for (size_t c = 0; c < sizeof col_list / sizeof *col_list; c++)
