@@ -5,7 +5,6 @@ import subprocess
 
 import numpy as np
 
-from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
 from tests.fixtures_native import NATIVE, dump_logits, rel_error
 
 

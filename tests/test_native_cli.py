@@ -6,10 +6,8 @@ import json
 import os
 import struct
 
-import numpy as np
 import pytest
 
-from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
 from tests.fixtures_native import (EXIT_IO, EXIT_MODEL, EXIT_OK, EXIT_PROMPT, EXIT_USAGE,
                                    dump_logits, rel_error, rewrite_crc, run_native, token_file)
 from tests.native_reference import reference_logits

@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 
-from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
 from tests.fixtures_native import dump_logits, model_weights, rel_error, run_native, token_file
 from tests.fixtures_quant import rtn_registry, smollm2_packed, smollm2_subset  # noqa: F401
 from tests.fixtures_tokenizer import golden_rows

@@ -8,7 +8,6 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.fixtures_native import *  # noqa: F401,F403  (until conftest lists tests.fixtures_native)
 from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
 from ditto_core.modelfile import TensorInfo
 from ditto_core.types import CodebookTensor
