@@ -7,7 +7,9 @@ the q/k row permutation of GGUF files is not undone because it permutes whole ro
 method here works within a row, so errors and times are unchanged. Only quantization is
 timed (loading is not); numba kernels are compiled (or loaded from cache) before timing.
 
-Reported per method: ``seconds`` for all 210 linear matrices, ``seconds_per_1B_params``,
+Reported per method: ``seconds`` (wall) for all 210 linear matrices, ``cpu_seconds`` (process
+CPU time, all threads: on a machine shared with other jobs, cpu_seconds / 2 is what 2 free
+cores would take), ``seconds_per_1B_params``,
 ``total_rel_error`` = Σ‖W − Ŵ‖² / Σ‖W‖² over those matrices, ``bpw`` (payload bits per
 weight), and ``token_embd_rel_error`` (the tied embedding/classifier, for the default policy in
 docs/QUANT.md). ``q4_0``/``q4_1`` are GGUF's own Q4_0 (symmetric, blocks of 32) and Q4_1
@@ -57,20 +59,24 @@ def _gguf_method(kind):
     qtype = getattr(gguf.GGMLQuantizationType, kind)
 
     def run(W, bits, group_size, name):
+        t0, c0 = time.perf_counter(), time.process_time()
         q = quants.quantize(W, qtype)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         Wh = quants.dequantize(q, qtype)
         d = W.astype(np.float64) - Wh
-        return float((d * d).sum()), 8.0 * q.nbytes / W.size
+        return float((d * d).sum()), 8.0 * q.nbytes / W.size, dt, dc
     return run
 
 
 def _kmeans_method(method, cbt):
     def run(W, bits, group_size, name):
+        t0, c0 = time.perf_counter(), time.process_time()
         q = quantize_matrix(W, bits, group_size, method, cbt, 0, name)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
         s = -(-W.shape[1] // group_size)
         nbytes = W.size * bits / 8 + W.shape[0] * s * (1 << bits) * (2 if cbt == "f16" else 4)
-        return q.rel_error * norm2, 8.0 * nbytes / W.size
+        return q.rel_error * norm2, 8.0 * nbytes / W.size, dt, dc
     return run
 
 
@@ -78,11 +84,13 @@ def _rtn_method(cbt):
     from ditto_quant_rtn import rtn_matrix
 
     def run(W, bits, group_size, name):
+        t0, c0 = time.perf_counter(), time.process_time()
         q = rtn_matrix(W, bits, group_size, cbt, name)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         norm2 = float((W.astype(np.float64) ** 2).sum())
         s = -(-W.shape[1] // group_size)
         nbytes = W.size * bits / 8 + W.shape[0] * s * (1 << bits) * (2 if cbt == "f16" else 4)
-        return q.rel_error * norm2, 8.0 * nbytes / W.size
+        return q.rel_error * norm2, 8.0 * nbytes / W.size, dt, dc
     return run
 
 
@@ -186,8 +194,9 @@ def main(argv=None):
     result = {"model": "SmolLM2-135M-Instruct (bundled GGUF)", "bits": args.bits,
               "group_size": args.group_size, "codebook_type": args.codebook_type,
               "numba_threads": numba.get_num_threads(), "cpu_count": os.cpu_count(),
-              "n_matrices": len(names), "methods": {}}
-    totals = {m: [0.0, 0.0, 0.0, 0.0] for m in methods}  # seconds, sse, bits, weights
+              "n_matrices": len(names), "load_average_before": os.getloadavg(),
+              "methods": {}}
+    totals = {m: [0.0, 0.0, 0.0, 0.0, 0.0] for m in methods}  # s, sse, bits, weights, cpu s
     norm2 = 0.0
     n_params = 0
     for name in names:
@@ -195,30 +204,32 @@ def main(argv=None):
         norm2 += float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
         n_params += W.size
         for m in methods:
-            t0 = time.perf_counter()
-            sse, bpw = runners[m](W, args.bits, args.group_size, name)
-            totals[m][0] += time.perf_counter() - t0
+            sse, bpw, dt, dc = runners[m](W, args.bits, args.group_size, name)
+            totals[m][0] += dt
             totals[m][1] += sse
             totals[m][2] += bpw * W.size
             totals[m][3] += W.size
+            totals[m][4] += dc
     E = mats["token_embd.weight"]()
     e2 = float(np.dot(E.ravel().astype(np.float64), E.ravel().astype(np.float64)))
     for m in methods:
-        sec, sse, bits, nw = totals[m]
+        sec, sse, bits, nw, cpu = totals[m]
         row = {"seconds": round(sec, 3), "seconds_per_1B_params": round(sec / n_params * 1e9, 1),
-               "total_rel_error": sse / norm2, "bpw": bits / nw}
-        esse, _ = runners[m](E, args.bits, args.group_size, "token_embd.weight")
+               "cpu_seconds": round(cpu, 3), "total_rel_error": sse / norm2, "bpw": bits / nw}
+        esse = runners[m](E, args.bits, args.group_size, "token_embd.weight")[0]
         row["token_embd_rel_error"] = esse / e2
         result["methods"][m] = row
     if "optimal" in methods:
         opt = result["methods"]["optimal"]["total_rel_error"]
         for m in methods:
             result["methods"][m]["error_vs_optimal"] = result["methods"][m]["total_rel_error"] / opt
+    result["load_average_after"] = os.getloadavg()
     result["linear_params"] = n_params
     result["token_embd_params"] = E.size
     embd = {}
     for b in [int(x) for x in args.embd_bits.split(",") if x]:
-        sse, bpw = _kmeans_method("optimal", args.codebook_type)(E, b, args.group_size, "e")
+        sse, bpw, _, _ = _kmeans_method("optimal", args.codebook_type)(E, b, args.group_size,
+                                                                        "e")
         embd[f"b{b}"] = {"rel_error": sse / e2, "bpw": bpw}
     result["token_embd_optimal_by_bits"] = embd
     if args.quality:

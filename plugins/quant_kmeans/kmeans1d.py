@@ -342,13 +342,16 @@ def matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, ce
 def assign_nearest(W, group_size, codebooks, indices):
     """Index of the nearest centroid (float32 codebooks [rows, S, k], each ascending) for every
     weight of ``W`` (float32 [rows, cols]) into ``indices`` (uint8 [rows, cols]); a weight exactly
-    between two centroids takes the lower index. Returns the SSE per row, float64 [rows]."""
+    between two centroids takes the lower index. Returns (SSE per row, ‖row‖² per row), both
+    float64 [rows]."""
     rows, cols = W.shape
     k = codebooks.shape[2]
     S = codebooks.shape[1]
     sse = np.zeros(rows, np.float64)
+    norm2 = np.zeros(rows, np.float64)
     for r in prange(rows):
         acc = 0.0
+        nrm = 0.0
         mids = np.empty(max(k - 1, 1), np.float64)
         for s in range(S):
             a = s * group_size
@@ -370,5 +373,7 @@ def assign_nearest(W, group_size, codebooks, indices):
                 indices[r, c] = lo
                 d = x - np.float64(cb[lo])
                 acc += d * d
+                nrm += x * x
         sse[r] = acc
-    return sse
+        norm2[r] = nrm
+    return sse, norm2

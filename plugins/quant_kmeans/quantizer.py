@@ -82,6 +82,13 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
 
     Raises DittoError for b/G out of range, a non-2-D W, NaN/Inf (naming ``name`` and (row,
     col)), or a centroid that overflows f16 (use ``codebook_type="f32"``)."""
+    return _quantize(W, bits, group_size, method, codebook_type, seed, name, restarts,
+                     max_iter, tol)[0]
+
+
+def _quantize(W, bits, group_size, method, codebook_type, seed, name,
+              restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL):
+    """``quantize_matrix`` returning (CodebookTensor, ‖W − Ŵ‖², ‖W‖²)."""
     opts = QuantOptions(bits=bits, group_size=group_size, method=method,
                         codebook_type=codebook_type, seed=seed)
     check_options(opts)
@@ -105,12 +112,12 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
         raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} of row {pos[0]} sub-block "
                          f"{pos[1]} overflows {codebook_type}; use --codebook-type f32")
     indices = np.empty((rows, cols), np.uint8)
-    sse = kmeans1d.assign_nearest(W, group_size, cb, indices)
-    norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
-    err = float(sse.sum())
+    sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
+    err = float(sse_rows.sum())
+    norm2 = float(norm_rows.sum())
     rel = err / norm2 if norm2 > 0 else 0.0
     return CodebookTensor(bits=bits, group_size=group_size, codebooks=cb, indices=indices,
-                          codebook_type=codebook_type, rel_error=rel)
+                          codebook_type=codebook_type, rel_error=rel), err, norm2
 
 
 def embedding_bits(bits: int, extra: int = EMBEDDING_EXTRA_BITS) -> int:
@@ -169,10 +176,9 @@ class KMeansQuantizer:
                     continue
                 t0 = time.perf_counter()
                 bits, group_size, cb_type = params
-                q = quantize_matrix(W, bits, group_size, method, cb_type, options.seed, name)
+                q, sse, norm2 = _quantize(W, bits, group_size, method, cb_type, options.seed,
+                                          name)
                 dt = time.perf_counter() - t0
-                norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
-                sse = q.rel_error * norm2
                 totals["sse"] += sse
                 totals["norm2"] += norm2
                 report["tensors"][name] = {"encoding": "codebook", "bits": bits,
