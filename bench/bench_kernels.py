@@ -10,9 +10,11 @@ All kernels are compiled into one shared library with clang-22 -O3 -fopenmp (the
 flags; the AVX2 functions carry their own target attribute). The scalar reference is also
 built with ``-march=native`` (``scalar_native``), as the IR pipeline links baseline functions
 for the host CPU, so the speed-up is not flattered by a baseline-only reference. Each figure
-is the median over ``--rounds`` rounds of the mean time of a burst of calls; the kernels
-alternate within each round so machine noise hits all alike. GB/s = payload bytes (codebooks
-+ packed indices) read per second; us = microseconds per GEMV.
+is the median (``us_min``: the minimum) over ``--rounds`` rounds of the mean time of a burst of
+calls; the kernels alternate within each round so machine noise hits all alike. GB/s = payload
+bytes (codebooks + packed indices) read per second; us = microseconds per GEMV. Threads are
+set with omp_set_num_threads; the OpenMP wait policy is the environment's (libomp's default
+spins briefly between parallel regions; OMP_WAIT_POLICY=passive adds a wake-up per GEMV).
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
                 results.append({
                     "rows": rows, "cols": cols, "threads": t, "payload_bytes": len(payload),
                     "us": {k: round(v * 1e6, 2) for k, v in med.items()},
+                    "us_min": {k: round(min(v) * 1e6, 2) for k, v in samples.items()},
                     "GB_s": {k: round(len(payload) / v / 1e9, 3) for k, v in med.items()},
                     "speedup_avx2_vs_scalar": round(med["scalar"] / med["avx2"], 2),
                     "speedup_avx2_vs_scalar_native": round(med["scalar_native"] / med["avx2"],
