@@ -41,6 +41,7 @@ def test_asan_generate_score_tokens_chat(native_build, native_synth, tmp_path):
     stats = json.loads(err.split("stats ", 1)[1].splitlines()[0])
     assert stats["prompt_tokens"] == len("héllo wörld".encode())
     assert 1 <= stats["generated_tokens"] <= 20
+    assert stats["ctx"] == stats["prompt_tokens"] + 20 - 1  # KV cache only for what is used
     p = run_native(exe, "-m", model, "-p", "hi", "--chat", "-n", 5, "--temp", 0, "--print-ids")
     check(p, EXIT_OK)
     assert 1 <= len(json.loads(p.stdout)) <= 5
