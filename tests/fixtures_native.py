@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ditto_core.format import CB_F16, CB_F32  # noqa: F401  (re-exported for the tests)
 from ditto_core.modelfile import ModelFile, TensorInfo, write_model
 from ditto_core.types import CodebookTensor, ModelConfig, TokenizerSpec
 from ditto_pack_bits import codebook_payload, dequantize
@@ -25,13 +26,11 @@ from ditto_pack_bits import codebook_payload, dequantize
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
 
-CB_F32, CB_F16 = 0, 1
-
 # exit codes of ditto-run (native/README.md)
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_PROMPT, EXIT_IO, EXIT_OOM = 0, 1, 2, 3, 4, 5
 
 
-# ----------------------------------------------------------------------------- codebook payload
+# ----------------------------------------------------------------------------- codebook tensors
 
 def dequantize_codebook(ct: CodebookTensor) -> np.ndarray:
     """W[r, c] = codebooks[r, c // G, indices[r, c]] as float64 [rows, cols]."""
