@@ -56,7 +56,11 @@ static uint64_t roundup64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
 
 uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint32_t bits,
                                 uint32_t group_size, uint64_t rows, uint64_t cols) {
-    if (rows == 0 || cols == 0 || rows > (1ull << 31) || cols > (1ull << 31)) return 0;
+    /* int-sized dimensions (the kernels index with int) and at most 2^40 weights, so no
+     * size below can overflow 64 bits */
+    if (rows == 0 || cols == 0 || rows > 0x7fffffffull || cols > 0x7fffffffull ||
+        rows * cols > (1ull << 40))
+        return 0;
     if (encoding == DITTO_ENC_F32) return rows * cols * 4u;
     if (encoding != DITTO_ENC_CODEBOOK) return 0;
     if (bits < 1 || bits > 8 || group_size < 2) return 0;

@@ -145,3 +145,6 @@ def test_expected_nbytes_formula(lib):
     assert lib.tensor_expected_nbytes(1, CB_F32, 4, 1, rows, cols) == 0  # G < 2
     assert lib.tensor_expected_nbytes(1, 7, 4, 8, rows, cols) == 0  # unknown codebook type
     assert lib.tensor_expected_nbytes(5, 0, 0, 0, rows, cols) == 0  # unknown encoding
+    # dimensions the int-indexed kernels cannot address, or sizes that would overflow
+    assert lib.tensor_expected_nbytes(0, 0, 0, 0, 1, 2**31) == 0
+    assert lib.tensor_expected_nbytes(1, CB_F32, 8, 2, 2**31 - 1, 2**31 - 1) == 0
