@@ -5,8 +5,10 @@
  * lanes and 8 weights by a table lookup, multiplied with x[8] into a vector accumulator (FMA).
  * The lookup, by bit width b:
  *   b = 1..3  K <= 8 centroids fit in one __m256: vpermps (_mm256_permutevar8x32_ps).
- *   b = 4     16 centroids in two __m256: vpermps on both, blend on bit 3 of the index, moved to
- *             the sign bit by a left shift (vblendvps reads only the sign bit).
+ *   b = 4     G % 8 == 0 (the default): byte planes, 32 weights per step with in-lane shuffles
+ *             only (see row_dot_b4_planes). Otherwise 16 centroids in two __m256: vpermps on
+ *             both, blend on bit 3 of the index, moved to the sign bit by a left shift
+ *             (vblendvps reads only the sign bit).
  *   b = 5..8  vgatherdps from the converted centroids.
  * Index decode: b = 1..4 broadcast the group's 8*b <= 32 bits to all lanes and shift lane j
  * right by j*b (vpsrlvd); b = 8 zero-extends 8 bytes (vpmovzxbd); b = 5..7 pick, for lane j,

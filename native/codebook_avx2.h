@@ -16,8 +16,9 @@ int codebook_avx2_supported(void);
 /* y[rows] = W x[cols] for a codebook tensor given as its raw payload, exactly the parameters
  * of codebook_gemv_ref(): codebook_type DITTO_CB_F16 / DITTO_CB_F32, bits b in 1..8,
  * group_size G >= 2, S = ceil(cols / G) sub-blocks per row. OpenMP over rows inside (static
- * schedule), like the reference. Fast paths: b = 1..4 (centroids in registers, vpermps),
- * b = 5..8 (vgatherdps from the sub-block's centroids). Any G: groups of 8 indices that lie
+ * schedule), like the reference. Fast paths: b = 4 with G % 8 == 0 (byte-plane lookup with
+ * vpshufb), b = 1..4 (centroids in registers, vpermps), b = 5..8 (vgatherdps from the
+ * sub-block's centroids). Any G: groups of 8 indices that lie
  * inside one sub-block go through SIMD, the rest (sub-block heads/tails when G % 8 != 0, a
  * row's last partial group) through scalar code. G < 8, or a CPU without AVX2/FMA/F16C, calls
  * codebook_gemv_ref(). */
