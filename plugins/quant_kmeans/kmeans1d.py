@@ -3,16 +3,18 @@
 Every sub-block (G consecutive weights of one row, the row's tail possibly shorter) is clustered
 independently into K = 2^b centroids, so the work is a parallel loop (``numba.prange``) over
 sub-blocks whose iterations share nothing: the result does not depend on the thread count.
+Sub-blocks arrive sorted (``sort_sub_blocks``, NumPy's SIMD sort).
 
 Two methods:
 
 * ``optimal`` (method 0): the globally optimal 1-D k-means partition by dynamic programming over
   the sorted block (Wang & Song 2011, "Ckmeans.1d.dp", R Journal 3(2)). The layer recurrence
-  ``D[q][i] = min_j D[q-1][j] + SSE(j, i)`` has monotone arg-minima because the 1-D SSE cost is
-  a Monge matrix (Grønlund et al. 2017, "Fast exact k-means, k-medians and Bregman divergence
-  clustering in 1D", §2), so each layer is computed by divide and conquer in O(n log n):
-  O(k · n · log n) per block. The block is first reduced to its distinct values with
-  multiplicities (n ≤ G), SSE(j, i) comes from prefix sums in O(1) with a reciprocal table.
+  ``D[q][i] = min_j D[q-1][j] + SSE(j, i)`` has arg-minima monotone in both indices because the
+  1-D SSE cost satisfies the quadrangle inequality (Grønlund et al. 2017, "Fast exact k-means,
+  k-medians and Bregman divergence clustering in 1D", §2), so each cell scans only the window
+  ``[J[q-1][i], J[q][i+1]]`` (Knuth's speed-up, Yao 1980). The block is first reduced to its
+  distinct values with multiplicities (n ≤ G); SSE(j, i) comes from prefix sums in O(1) with a
+  reciprocal table.
 * ``lloyd`` (method 1): Lloyd's iteration (Lloyd 1982) from a seeded k-means++ initialisation
   (Arthur & Vassilvitskii 2007), several restarts, best kept; iterates until the relative
   decrease of the SSE is ≤ ``tol`` or ``max_iter`` is reached. Each iteration never increases
