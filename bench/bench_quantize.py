@@ -1,6 +1,7 @@
 """Benchmark the quantizers on SmolLM2-135M's linear layers; prints one JSON object.
 
-    python bench/bench_quantize.py [--bits 4] [--group-size 256] [--methods optimal,lloyd,rtn,q4_0,q4_1]
+    python bench/bench_quantize.py [--bits 4] [--group-size 256] [--quality]
+        [--methods optimal,lloyd,rtn,q4_0,q4_1]
 
 Weights come straight from the bundled SmolLM2 GGUF (``gguf.quants.dequantize``, fp32 [out, in]);
 the q/k row permutation of GGUF files is not undone because it permutes whole rows and every
