@@ -7,11 +7,11 @@ naive fp32 GEMV loop, no BLAS) on SmolLM2-135M fp32. Prints one JSON object.
 For each thread count: decode tok/s of tg128 (greedy, ``--ignore-eos`` so exactly --tokens
 tokens are generated; the runtime's own ``stats`` line: (generated - 1) / decode seconds),
 time to first token (prompt evaluation + first sample, model load excluded; load time is given
-separately), and the peak RSS of the process (``wait4`` rusage), checked against the bound
-file size + KV cache + 64 MiB. Without --model, SmolLM2's GGUF is exported to an all-f32 .ditto
-in a temporary directory first. Rounds alternate thread counts so machine noise hits both alike;
-the JSON gives every sample and the medians. Reference on this machine (shared/README.md):
-llama2.c run.c fp32 16 / 27 tok/s at 1 / 2 threads (its build uses -Ofast).
+separately), and the peak RSS of the process (its VmHWM, from the stats line), checked against
+the bound file size + KV cache + 64 MiB. Without --model, SmolLM2's GGUF is exported to an
+all-f32 .ditto in a temporary directory first. Rounds alternate builds and thread counts so
+machine noise hits all alike; the JSON gives every sample and the medians. Reference on this
+machine (shared/README.md): llama2.c run.c fp32 16 / 27 tok/s at 1 / 2 threads (its build uses -Ofast).
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def run_once(exe: Path, model: Path, tokens: int, threads: int) -> dict:
         raise SystemExit(f"{exe}: exit {proc.returncode}:\n{stderr}")
     line = next(ln for ln in stderr.splitlines() if ln.startswith("stats "))
     stats = json.loads(line[len("stats "):])
-    stats["peak_rss_bytes"] = usage.ru_maxrss * 1024  # Linux: KiB
+    # the program's own VmHWM (wait4's ru_maxrss would also count the pre-exec fork of this
+    # Python process); fall back to ru_maxrss where /proc is missing
+    kib = stats.get("peak_rss_kib", -1)
+    stats["peak_rss_bytes"] = (kib if kib > 0 else usage.ru_maxrss) * 1024
     return stats
 
 

@@ -292,6 +292,19 @@ static int parse_args(int argc, char **argv, Args *a) {
     return -1;
 }
 
+/* Peak resident set size of this process in KiB (Linux /proc/self/status VmHWM, which exec
+ * resets, unlike getrusage's ru_maxrss), or -1 where unavailable. */
+static long peak_rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
 /* Log of the stats line on stderr (machine-readable for bench/bench_runtime.py). */
 static void print_stats(double load_s, long n_prompt, double prompt_s, double ttft_s,
                         long n_gen, double gen_s, long ctx) {
@@ -307,9 +320,9 @@ static void print_stats(double load_s, long n_prompt, double prompt_s, double tt
     fprintf(stderr,
             "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
             "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
-            "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld}\n",
+            "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld, \"peak_rss_kib\": %ld}\n",
             load_s * 1e3, n_prompt, prompt_s * 1e3, ttft_s * 1e3, n_gen, gen_s * 1e3, tps,
-            threads, ctx);
+            threads, ctx, peak_rss_kib());
 }
 
 int main(int argc, char **argv) {
