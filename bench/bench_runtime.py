@@ -11,7 +11,7 @@ separately), and the peak RSS of the process (its VmHWM, from the stats line), c
 the bound file size + KV cache + 64 MiB. Without --model, SmolLM2's GGUF is exported to an
 all-f32 .ditto in a temporary directory first. Rounds alternate builds and thread counts so
 machine noise hits all alike; the JSON gives every sample and the medians. Reference on this
-machine (shared/README.md): llama2.c run.c fp32 16 / 27 tok/s at 1 / 2 threads (its build uses -Ofast).
+machine (shared/README.md): llama2.c run.c fp32 16 / 27 tok/s at 1 / 2 threads (built -Ofast).
 """
 
 from __future__ import annotations
