@@ -50,7 +50,7 @@ static void usage(FILE *f) {
             "  --dump-logits FILE write float32 logits [n_prompt_tokens, vocab] and exit\n"
             "  --print-ids        print generated token ids as a JSON list instead of text\n"
             "  --ignore-eos       keep generating after EOS (benchmarks: exactly N tokens)\n"
-            "token file: token ids separated by whitespace, commas or brackets (a JSON list works)\n"
+            "token file: ids separated by whitespace, commas or brackets (a JSON list works)\n"
             "exit codes: 0 ok, 1 usage, 2 bad model file, 3 bad prompt or token file,\n"
             "            4 I/O error, 5 out of memory\n",
             prog, prog);
@@ -414,7 +414,8 @@ int main(int argc, char **argv) {
             static const char post[] = "<|im_end|>\n<|im_start|>assistant\n";
             ok = !encode_append(tok, pre, strlen(pre), 1, a.bos == 1, &ids, &n_ids, &cap, err,
                                 sizeof err) &&
-                 !encode_append(tok, text, len, a.special, 0, &ids, &n_ids, &cap, err, sizeof err) &&
+                 !encode_append(tok, text, len, a.special, 0, &ids, &n_ids, &cap, err,
+                                sizeof err) &&
                  !encode_append(tok, post, strlen(post), 1, 0, &ids, &n_ids, &cap, err, sizeof err);
         } else {
             int bos = a.bos >= 0 ? a.bos : (a.tokens_only ? 0 : -1);

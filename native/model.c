@@ -182,11 +182,13 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
             return fail(m, err, errlen, "tensor %s: offset %llu is not a multiple of %u",
                         e->name, (unsigned long long)e->offset, DITTO_ALIGN);
         if (e->offset < data_start)
-            return fail(m, err, errlen, "tensor %s: offset %llu overlaps the metadata (data starts at %llu)",
+            return fail(m, err, errlen,
+                        "tensor %s: offset %llu overlaps the metadata (data starts at %llu)",
                         e->name, (unsigned long long)e->offset, (unsigned long long)data_start);
         if (e->offset > m->size || e->nbytes > m->size - e->offset)
             return fail(m, err, errlen,
-                        "tensor %s: payload [%llu, %llu) extends past the end of the file (%zu bytes)",
+                        "tensor %s: payload [%llu, %llu) extends past the end of the file "
+                        "(%zu bytes)",
                         e->name, (unsigned long long)e->offset,
                         (unsigned long long)(e->offset + e->nbytes), m->size);
         for (uint32_t j = 0; j < i; j++)
@@ -206,19 +208,22 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
 
 static int bind_weights(Model *m, char *err, size_t errlen) {
     const DittoConfig *c = &m->config;
-    uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim, kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim;
+    uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
     int found = 0;
     char name[DITTO_NAME_BYTES + 32];
-    if (!(m->token_embd = need(m, "token_embd.weight", c->vocab_size, c->dim, 0, &found, err, errlen)))
-        return -1;
+    m->token_embd = need(m, "token_embd.weight", c->vocab_size, c->dim, 0, &found, err, errlen);
+    if (!m->token_embd) return -1;
     if (!(m->output_norm = need(m, "output_norm.weight", 1, c->dim, 1, &found, err, errlen)))
         return -1;
     if (c->tied_embeddings) {
         if (find_tensor(m, "output.weight"))
-            return fail(m, err, errlen, "config says tied_embeddings=1 but the file has output.weight");
+            return fail(m, err, errlen,
+                        "config says tied_embeddings=1 but the file has output.weight");
         m->output = m->token_embd;
-    } else if (!(m->output = need(m, "output.weight", c->vocab_size, c->dim, 0, &found, err, errlen))) {
-        return -1;
+    } else {
+        m->output = need(m, "output.weight", c->vocab_size, c->dim, 0, &found, err, errlen);
+        if (!m->output) return -1;
     }
     m->layers = calloc(c->n_layers, sizeof(LayerWeights));
     if (!m->layers) return fail(m, err, errlen, "out of memory");
