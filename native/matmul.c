@@ -43,17 +43,8 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Layout of one codebook tensor payload (FORMAT.md). */
-typedef struct {
-    const uint8_t *codebooks; /* [rows][n_sub][K] of f16 or f32 */
-    const uint8_t *indices;   /* [rows][row_bytes] */
-    int is_f16;
-    int bits, group_size, n_sub, k;
-    size_t row_bytes;
-} CodebookLayout;
-
-static CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, int bits,
-                                      int group_size, int rows, int cols) {
+CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, int bits,
+                               int group_size, int rows, int cols) {
     CodebookLayout L;
     L.is_f16 = codebook_type == DITTO_CB_F16;
     L.bits = bits;

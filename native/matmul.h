@@ -8,12 +8,27 @@
 #ifndef DITTO_MATMUL_H
 #define DITTO_MATMUL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model.h"
 
 /* y[d] = W[d, n] x[n]; W row-major float32. The canonical GEMV nest, OpenMP over rows. */
 void matmul(float *y, const float *x, const float *W, int n, int d);
+
+/* Where things are in one codebook tensor payload (FORMAT.md "encoding = 1"). */
+typedef struct {
+    const uint8_t *codebooks; /* [rows][n_sub][k] of f16 or f32 */
+    const uint8_t *indices;   /* [rows][row_bytes] bit-packed indices */
+    int is_f16;               /* codebook_type == DITTO_CB_F16 */
+    int bits, group_size;     /* b, G */
+    int n_sub, k;             /* S = ceil(cols / G) sub-blocks per row, K = 2^b centroids */
+    size_t row_bytes;         /* ceil(cols / 8) * b */
+} CodebookLayout;
+
+/* The layout of a codebook payload (parameters as for codebook_gemv_ref below). */
+CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, int bits,
+                               int group_size, int rows, int cols);
 
 /* y[rows] = W x[cols] for a codebook tensor (FORMAT.md "encoding = 1") given as its raw payload:
  * codebooks [rows][S][2^b] of codebook_type (DITTO_CB_F16 / DITTO_CB_F32), padded to 64 bytes,
