@@ -1,6 +1,8 @@
 /* matmul.c: GEMV kernels and the dispatcher by tensor encoding (docs/FORMAT.md "Encodings"). */
 #include "matmul.h"
 
+#include "codebook_avx512.h"
+
 #include <string.h>
 
 /* y[d] = W[d, n] x[n]. Kept naive on purpose: the rewrite stage turns this nest into
@@ -130,8 +132,10 @@ void gemv(float *y, const float *x, const Tensor *W) {
         matmul(y, x, (const float *)(const void *)W->data, (int)W->cols, (int)W->rows);
         break;
     case DITTO_ENC_CODEBOOK:
-        codebook_gemv_ref(y, x, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
-                          (int)W->rows, (int)W->cols);
+        /* SIMD kernel chain: AVX-512 (b = 4) -> AVX2 (any b) -> codebook_gemv_ref, chosen at
+         * run time from the CPU's features (docs/KERNELS.md) */
+        codebook_gemv_avx512(y, x, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
+                             (int)W->rows, (int)W->cols);
         break;
     default: /* model_open() rejects other encodings */
         memset(y, 0, W->rows * sizeof(float));

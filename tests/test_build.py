@@ -80,7 +80,12 @@ def test_rebuild_hits_cache(tiny_builds, build_cache_root, tmp_path):
     rec2 = build_model("tinycoder", tmp_path / "q", build_cache_root, quantizer="kmeans",
                        quant=pipeline.QuantOptions(bits=3, group_size=64))
     assert rec2["cached"] == {"model": False, "compile": True}
-    assert rec2["bpw"] < 16
+    with ModelFile.open(tmp_path / "q" / "model.ditto") as mf:
+        bits = {n: (t.encoding, t.bits, t.group_size) for n, t in mf.tensors.items()}
+    # linear layers at b = 3; the embedding/classifier at b + 2 (docs/QUANT.md policy); norms f32
+    assert bits["blk.0.attn_q.weight"] == ("codebook", 3, 64)
+    assert bits["token_embd.weight"] == ("codebook", 5, 64)
+    assert bits["blk.0.attn_norm.weight"][0] == "f32"
 
 
 def test_cli_build_and_run(tiny_builds, build_cache_root, tmp_path):
