@@ -38,7 +38,8 @@ int codebook_avx2_supported(void) {
            __builtin_cpu_supports("f16c");
 }
 
-/* Where things are in one codebook payload (FORMAT.md). */
+/* Where things are in one codebook payload (FORMAT.md): matmul.h's CodebookLayout plus what
+ * the SIMD paths need on top of it. */
 typedef struct {
     const uint8_t *codebooks; /* [rows][n_sub][k] of f16 or f32 */
     const uint8_t *indices;   /* [rows][row_bytes] */
@@ -53,17 +54,16 @@ typedef struct {
 
 static Layout layout_of(const uint8_t *payload, uint32_t codebook_type, int bits,
                         int group_size, int rows, int cols) {
+    CodebookLayout C = codebook_layout(payload, codebook_type, bits, group_size, rows, cols);
     Layout L;
-    L.is_f16 = codebook_type == DITTO_CB_F16;
-    L.bits = bits;
-    L.group_size = group_size;
-    L.n_sub = (cols + group_size - 1) / group_size;
-    L.k = 1 << bits;
-    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
-    size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * (size_t)L.k * (L.is_f16 ? 2u : 4u);
-    cb_bytes = (cb_bytes + 63u) & ~(size_t)63u;
-    L.codebooks = payload;
-    L.indices = payload + cb_bytes;
+    L.codebooks = C.codebooks;
+    L.indices = C.indices;
+    L.is_f16 = C.is_f16;
+    L.bits = C.bits;
+    L.group_size = C.group_size;
+    L.n_sub = C.n_sub;
+    L.k = C.k;
+    L.row_bytes = C.row_bytes;
     L.end = L.indices + (size_t)rows * L.row_bytes;
     for (int j = 0; j < 8; j++) {
         for (int t = 0; t < 4; t++) {
