@@ -434,6 +434,8 @@ def write_model(path, config: ModelConfig, tokenizer: TokenizerSpec,
                            meta_size=meta_size))
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates the file 0600; give it the mode open() would (0666 minus the umask)
+        os.chmod(tmp_name, 0o666 & ~_current_umask())
         os.replace(tmp_name, path)
     except BaseException as exc:
         try:
@@ -447,6 +449,13 @@ def write_model(path, config: ModelConfig, tokenizer: TokenizerSpec,
     return laid
 
 
+def _current_umask() -> int:
+    """The process umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 # --------------------------------------------------------------------------------------------
 # Reader
 # --------------------------------------------------------------------------------------------
@@ -458,7 +467,8 @@ class ModelFile:
     (ModelConfig; ``rope_theta``/``norm_eps`` as stored, float32-rounded), ``tokenizer``
     (TokenizerSpec), ``tensors`` (name -> TensorInfo, in file order).
 
-    Opening raises DittoError naming the file for: bad magic, unknown version, a size different
+    Opening raises DittoError naming the file for: bad magic, unknown version, non-zero reserved
+    header bytes 32..63, a size different
     from the header's ``file_size`` (truncated), a CRC-32 mismatch (unless ``verify=False``), a
     tensor payload outside the file or not 64-byte aligned or of the wrong length, or a config
     that does not match the tensors.
@@ -485,6 +495,11 @@ class ModelFile:
         if h["version"] != F.VERSION:
             raise DittoError(f"{where}: unsupported Ditto format version {h['version']} "
                              f"(this Ditto reads version {F.VERSION})")
+        if any(h["reserved"]):
+            first = next(i for i, x in enumerate(h["reserved"]) if x)
+            raise DittoError(f"{where}: header reserved bytes 32..63 must be zero, byte "
+                             f"{32 + first} is 0x{h['reserved'][first]:02x} (a newer or "
+                             f"damaged file; the CRC does not cover the header)")
         if h["file_size"] != size:
             raise DittoError(f"{where}: file is {size} bytes but its header says "
                              f"{h['file_size']}: truncated or damaged")

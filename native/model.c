@@ -300,6 +300,14 @@ int model_open(Model *m, const char *path, char *err, size_t errlen) {
              h.version, DITTO_VERSION);
         goto bad;
     }
+    for (size_t i = 0; i < sizeof h.reserved; i++) {
+        if (h.reserved[i] != 0) {
+            fail(m, err, errlen, "header reserved bytes 32..63 must be zero, byte %zu is 0x%02x "
+                 "(a newer or damaged file; the CRC does not cover the header)",
+                 (size_t)32 + i, (unsigned)h.reserved[i]);
+            goto bad;
+        }
+    }
     if (h.file_size > m->size) {
         fail(m, err, errlen, "file is truncated: header says %llu bytes, file has %zu",
              (unsigned long long)h.file_size, m->size);

@@ -141,6 +141,44 @@ def test_refuses_unknown_version(written):
         ModelFile(path)
 
 
+def test_refuses_nonzero_reserved_header_bytes(written):
+    """FORMAT.md: header bytes 32..63 are reserved and zero; the CRC covers [64, size) only, so
+    the reader must check them itself."""
+    path = written[0]
+    for at in (32, 63):
+        raw = bytearray(path.read_bytes())
+        raw[32:64] = bytes(32)
+        raw[at] = 0x01
+        path.write_bytes(bytes(raw))
+        with pytest.raises(DittoError, match=f"{path}: header reserved bytes 32..63 must be "
+                                             f"zero, byte {at} is 0x01"):
+            ModelFile(path)
+    raw = bytearray(path.read_bytes())
+    raw[32:64] = bytes(32)
+    path.write_bytes(bytes(raw))
+    assert ModelFile(path).file_size == len(raw)  # zeros again: accepted
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_file_mode_follows_umask(tmp_path, umask):
+    """write_model's temp file (mkstemp, 0600) gets 0666 & ~umask before the rename, the mode
+    open(path, "w") would give."""
+    infos = plan()
+    data = payloads_for(infos)
+    path = tmp_path / f"m{umask:o}.ditto"
+    old = os.umask(umask)
+    try:
+        write_model(path, CFG, tiny_tokenizer(), infos, ((t.name, data[t.name]) for t in infos))
+        ref = tmp_path / "ref"
+        ref.write_bytes(b"")  # a file created the ordinary way under the same umask
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert path.stat().st_mode & 0o777 == ref.stat().st_mode & 0o777
+    assert os.umask(old) == old  # the process umask is left as it was
+    os.umask(old)
+
+
 def test_refuses_truncated(written):
     path = written[0]
     raw = path.read_bytes()

@@ -116,10 +116,13 @@ def bad_model_cases(size):
         ("encoding", put_u32(ENTRY + 128 * 0 + 64, 9), True, "invalid encoding parameters"),
         ("bits", put_u32(ENTRY + 128 * 0 + 72, 12), True, "invalid encoding parameters"),
         ("n_tensors", put_u32(64 + 48, 100000), True, "does not fit"),
+        # FORMAT.md: header bytes 32..63 are reserved, zero (outside the CRC, so checked alone)
+        ("reserved", lambda d: d.__setitem__(47, 0x5A), False,
+         "header reserved bytes 32..63 must be zero, byte 47 is 0x5a"),
     ]
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(16))
 def test_bad_model_file(native_build, native_synth, tmp_path, case):
     src = native_synth.quant.path
     name, edit, fix_crc, message = bad_model_cases(src.stat().st_size)[case]
