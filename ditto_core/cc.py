@@ -7,8 +7,10 @@ the host CPU and a link against the chosen BLAS target (docs/BUILD.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -123,6 +125,81 @@ def link(module: IRModule, blas, out: Path, *, extra_flags=(),
                                                      extra_flags=list(extra_flags))
 
 
+#: File name suffixes ``ditto cc`` accepts as C sources (clang decides the language by it).
+C_SUFFIXES = (".c", ".i")
+
+
+def check_sources(sources: Sequence[Path]) -> None:
+    """Raise DittoError naming the first of ``sources`` that is missing, a directory, or not a
+    C source file (by its suffix, ``C_SUFFIXES``, as clang decides the language by it)."""
+    if not sources:
+        raise DittoError("emit IR: no C sources given")
+    for s in sources:
+        if not s.exists():
+            raise DittoError(f"{s}: no such C source file")
+        if s.is_dir():
+            raise DittoError(f"{s}: is a directory, not a C source file")
+        if s.suffix not in C_SUFFIXES:
+            raise DittoError(f"{s}: not a C source file (expected a {' or '.join(C_SUFFIXES)}"
+                             " file)")
+
+
+def check_destination(path: Path, what: str) -> None:
+    """Raise DittoError (``<path>: <problem>``) when the output file ``path`` (``what``: e.g.
+    "executable") cannot be written: it is a directory, or its nearest existing ancestor is not
+    a writable directory. Creates nothing."""
+    if path.is_dir():
+        raise DittoError(f"{path}: is a directory (the {what} must be a file path)")
+    anc = path.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise DittoError(f"{path}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise DittoError(f"{path}: directory {anc} is not writable")
+
+
+def publish_outputs(pairs: Sequence[tuple[Path, Path]]) -> None:
+    """Copy each staged file to its destination (``(staged, dest)`` pairs), all or nothing:
+    missing parent directories are created, every file is first copied to a temp name beside
+    its destination, and only then are they renamed into place. On failure the temps and the
+    directories created here are removed and DittoError (``<dest>: cannot write it: ...``) is
+    raised."""
+    created: list[Path] = []
+    temps: list[tuple[Path, Path]] = []
+    dest = None
+    try:
+        for staged, dest in pairs:
+            missing = []
+            p = dest.parent
+            while not p.exists() and p != p.parent:
+                missing.append(p)
+                p = p.parent
+            for m in reversed(missing):
+                try:
+                    m.mkdir()
+                except OSError as exc:
+                    raise DittoError(f"{dest}: cannot create the directory {m}: "
+                                     f"{exc.strerror or exc}") from None
+                created.append(m)
+            fd, t = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            os.close(fd)
+            temps.append((Path(t), dest))
+            shutil.copyfile(staged, t)
+            shutil.copymode(staged, t)
+        for t, dest in temps:
+            os.replace(t, dest)
+    except (OSError, DittoError) as exc:
+        for t, _ in temps:
+            t.unlink(missing_ok=True)
+        for m in reversed(created):
+            with contextlib.suppress(OSError):
+                m.rmdir()
+        if isinstance(exc, DittoError):
+            raise
+        raise DittoError(f"{dest}: cannot write it: {exc.strerror or exc}") from None
+
+
 def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool = False,
               rewrite: bool = True, report=None, flags=(), passes=None, ir_out=None,
               link_flags=()) -> tuple[Path, PassReport]:
@@ -135,13 +212,29 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
 
     ``report``: path of a JSON report (passes, candidates with status/reason, options);
     ``ir_out``: path to save the final (rewritten) IR text. Returns (executable path, the merged
-    PassReport). Raises DittoError for a missing source, a compile or link failure (with the
-    tool's stderr), an unknown or unavailable BLAS target; nothing is left at ``out`` then.
+    PassReport). Raises DittoError for a missing or non-C source, an output path that cannot be
+    written (a directory, an unwritable or impossible parent), a compile or link failure (with
+    the tool's stderr), an unknown or unavailable BLAS target. Outputs are all or nothing: the
+    executable, report and IR are staged in a temp directory and published together at the
+    end, so on any failure none of them is written or changed.
     """
     if isinstance(sources, (str, Path)):
         sources = [sources]
     sources = [Path(s) for s in sources]
     out = Path(out)
+    check_sources(sources)
+    dests = [(out, "executable")]
+    if report is not None:
+        dests.append((Path(report), "report"))
+    if ir_out is not None:
+        dests.append((Path(ir_out), "IR file"))
+    seen: dict[str, Path] = {os.path.realpath(s): s for s in sources}
+    for path, what in dests:
+        check_destination(path, what)
+        real = os.path.realpath(path)
+        if real in seen:
+            raise DittoError(f"{path}: the {what} would overwrite {seen[real]}")
+        seen[real] = path
     target = resolve_blas(blas)
     cflags = list(flags)
     if openmp:
@@ -149,18 +242,22 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
     if target is not None:
         cflags = target.compile_flags() + cflags
     with tempfile.TemporaryDirectory(prefix="ditto-cc-") as tmp:
-        module = emit_ir(sources, workdir=Path(tmp), include_dirs=include_dirs,
+        tmp = Path(tmp)
+        module = emit_ir(sources, workdir=tmp / "ir", include_dirs=include_dirs,
                          defines=defines, flags=cflags)
         results: list[dict] = []
         if rewrite:
             module, results = run_passes(module, target, passes)
+        staged = [(link(module, target, tmp / "out" / "exe", extra_flags=link_flags), out)]
+        if report is not None:
+            staged.append((tmp / "out" / "report.json", Path(report)))
+            staged[-1][0].write_text(json.dumps({
+                "sources": [str(s) for s in sources], "executable": str(out),
+                "blas": target.name if target is not None else None, "rewrite": rewrite,
+                "openmp": openmp, "passes": results,
+                "summary": summary_lines(results, rewrite)}, indent=2, default=str) + "\n")
         if ir_out is not None:
-            Path(ir_out).write_text(module.text)
-        link(module, target, out, extra_flags=link_flags)
-    merged = merge_reports(results)
-    if report is not None:
-        write_json_atomic(Path(report), {
-            "sources": [str(s) for s in sources], "executable": str(out),
-            "blas": target.name if target is not None else None, "rewrite": rewrite,
-            "openmp": openmp, "passes": results, "summary": summary_lines(results, rewrite)})
-    return out, merged
+            staged.append((tmp / "out" / "final.ll", Path(ir_out)))
+            staged[-1][0].write_text(module.text)
+        publish_outputs(staged)
+    return out, merge_reports(results)

@@ -29,7 +29,7 @@ def _stdout() -> Console:
 
 
 def reports_errors(func):
-    """Turn DittoError into ``error: ...`` on stderr and exit code 1."""
+    """Turn DittoError into ``error: ...`` on stderr and exit code 1, Ctrl-C into exit 130."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -127,6 +127,11 @@ def inspect_cmd(file, as_json, no_verify):
     fixed header/metadata) to it."""
     from .modelfile import ModelFile
 
+    if file.is_dir():
+        hint = ""
+        if (file / "model.ditto").is_file():
+            hint = f"; did you mean {file / 'model.ditto'}?"
+        raise DittoError(f"{file}: is a directory, not a model file{hint}")
     with ModelFile.open(file, verify=not no_verify) as mf:
         s = inspect_summary(mf)
     if as_json:
@@ -249,8 +254,8 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
         click.echo(f"{'total':>10}: {record['total_seconds']:8.2f} s"
                    + (f" (cached: {', '.join(cached)})" if cached else ""), err=True)
         click.echo(f"bpw {record['bpw']:.3f}, {record['pack']['file_bytes']:,} bytes", err=True)
-    for line in record["pass_summary"]:
-        click.echo(line, err=True)
+        for line in record["pass_summary"]:
+            click.echo(line, err=True)
     click.echo(str(out_dir))
 
 

@@ -45,6 +45,9 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
     except DittoError as exc:  # same form as the rest of the ditto CLI
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # like `ditto build`: nothing written, exit 130
+        click.echo("interrupted", err=True)
+        raise SystemExit(130) from None
     for line in summary_lines(_results_from(merged, list(passes) or None), rewrite):
         click.echo(line, err=True)
     click.echo(str(exe))

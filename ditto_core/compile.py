@@ -16,7 +16,7 @@ from typing import Callable
 
 import attrs
 
-from .cache import Cache, file_hash, make_key, materialize, tree_hash
+from .cache import Cache, file_hash, make_key, tree_hash
 from .cc import emit_ir, link, resolve_blas, run_passes, summary_lines
 from .errors import DittoError
 from .plugins import get_registry
@@ -108,10 +108,8 @@ def build_runtime(out: Path, *, blas="openblas", rewrite: bool = True, openmp: b
     sources = runtime_sources(src_dir)
     cache = cache if cache is not None else Cache(enabled=False)
     key = compile_key(sources, target, rewrite, openmp, extra_flags)
-    hit = cache.get("compile", key)
-    if hit is not None and (hit[0] / "executable").is_file():
-        entry, meta = hit
-        materialize(entry / "executable", out)
+    meta = cache.fetch("compile", key, {"executable": out})
+    if meta is not None:
         passes = tuple(meta.get("passes", ()))
         return CompileResult(out, passes, {"emit_ir": 0.0, "rewrite": 0.0, "link": 0.0},
                              True, key, tuple(summary_lines(list(passes), rewrite)))

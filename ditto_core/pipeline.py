@@ -207,34 +207,71 @@ def model_key(path: Path, exporter, quantizer, packer, options: QuantOptions) ->
     })
 
 
-def _prepare_out_dir(out_dir: Path) -> Path:
-    """Check that ``out_dir`` may be (re)placed and return a fresh temp dir beside it."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise DittoError(f"{out_dir}: exists and is not a directory")
-        if any(out_dir.iterdir()) and not (out_dir / "build.json").is_file():
-            raise DittoError(f"{out_dir}: exists, is not empty and is not a Ditto build "
-                             "directory (no build.json); refusing to replace it")
+#: What a build directory holds; only a directory holding nothing else is replaced.
+BUILD_OUTPUTS = frozenset({EXECUTABLE, MODEL_FILE, "build.json"})
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Raise DittoError unless ``out_dir`` is absent, empty, or an earlier build holding only
+    the build's own outputs (``BUILD_OUTPUTS``); the message lists the unexpected entries, and
+    nothing is touched."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise DittoError(f"{out_dir}: exists and is not a directory")
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-", dir=out_dir.parent))
+        entries = sorted(out_dir.iterdir())
+    except OSError as exc:
+        raise DittoError(f"{out_dir}: cannot list it: {exc.strerror or exc}") from None
+    if not entries:
+        return
+    if not (out_dir / "build.json").is_file():
+        raise DittoError(f"{out_dir}: exists, is not empty and is not a Ditto build "
+                         "directory (no build.json); refusing to replace it")
+    extra = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries
+             if p.name not in BUILD_OUTPUTS or not (p.is_file() and not p.is_symlink())]
+    if extra:
+        raise DittoError(f"{out_dir}: holds files that are not build outputs "
+                         f"({', '.join(extra)}); refusing to replace it (move them away or "
+                         "use another -o)")
+
+
+def _prepare_out_dir(out_dir: Path) -> Path:
+    """Check that ``out_dir`` may be (re)placed and return a fresh temp dir beside it.
+    Raises DittoError for the current directory (or one holding it), a non-directory, a
+    directory holding anything besides an earlier build's outputs, or an unwritable parent."""
+    here = Path.cwd().resolve()
+    target = out_dir.resolve()
+    if target == here or target in here.parents:
+        raise DittoError(f"{out_dir}: cannot replace the current directory (or one holding "
+                         "it); use another -o")
+    _check_replaceable(out_dir)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
     except OSError as exc:
         raise DittoError(f"{out_dir}: cannot create the output directory: "
                          f"{exc.strerror or exc}") from None
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:
-    """Move the finished build ``tmp`` to ``out_dir`` (replacing an older build there)."""
+    """Move the finished build ``tmp`` to ``out_dir`` (replacing an older build there, checked
+    again: files added to it during the build are never deleted). Raises DittoError."""
+    _check_replaceable(out_dir)
     old = None
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-        os.rename(out_dir, old)
     try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        if old is not None:
-            os.rename(old, out_dir)
-        raise
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except BaseException:
+            if old is not None:
+                os.rename(old, out_dir)
+            raise
+    except OSError as exc:
+        raise DittoError(f"{out_dir}: cannot replace it with the new build: "
+                         f"{exc.strerror or exc}") from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -325,7 +362,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     flags, BLAS, passes, host CPU). Returns the build.json record. Raises DittoError for
     unknown components (PluginError listing the choices), an unavailable BLAS target, a model
     that does not load, a compile or link failure."""
-    from .cache import Cache, materialize
+    from .cache import Cache
     from .compile import build_runtime
     from .cc import resolve_blas
 
@@ -359,13 +396,15 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
         key = model_key(path, exporter, quantizer, packer, options.quant)
         record["model_sha256"] = model_fingerprint(path)
-        hit = cache.get("model", key)
-        if hit is not None and (hit[0] / MODEL_FILE).is_file():
+        hit = cache.fetch("model", key, {MODEL_FILE: tmp / MODEL_FILE})
+        if hit is not None and not isinstance(hit.get("pack"), dict):
+            (tmp / MODEL_FILE).unlink(missing_ok=True)  # an entry without its pack summary
+            hit = None
+        if hit is not None:
             for name in ("export", "quantize", "pack"):
                 log(name, "cached")
                 timings.seconds[name] = 0.0
-            materialize(hit[0] / MODEL_FILE, tmp / MODEL_FILE)
-            summary = hit[1]["pack"]
+            summary = hit["pack"]
             record["cached"]["model"] = True
         else:
             log("export", f"{path.name} with {exporter.name}")

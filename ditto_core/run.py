@@ -29,7 +29,8 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
     model file is missing."""
     d = Path(build_dir)
     if not d.is_dir():
-        raise DittoError(f"{d}: not a build directory (run `ditto build MODEL -o {d}` first)")
+        raise DittoError(f"{d}: not a build directory (build one first: `ditto build MODEL "
+                         f"--quantizer kmeans --blas openblas -o {d}`)")
     meta_path = d / "build.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -49,6 +50,8 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
 def run_command(build_dir: Path, args: Sequence[str]) -> list[str]:
     """The command line ``ditto run`` executes (see the module docstring)."""
     exe, model, _ = find_build(build_dir)
+    if len(exe.parts) == 1:  # DIR is ".": "./ditto-run", so it is never looked up on $PATH
+        exe = os.path.join(os.curdir, exe)
     args = list(args)
     if "-m" in args:
         return [str(exe), *args]
@@ -73,7 +76,22 @@ def run_command_cli(build_dir, args):
     except DittoError as exc:  # same form as the rest of the ditto CLI
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
-    raise SystemExit(subprocess.run(cmd).returncode)
+    try:
+        code = subprocess.run(cmd).returncode
+    except KeyboardInterrupt:  # the child got the SIGINT too and has ended
+        click.echo("interrupted", err=True)
+        raise SystemExit(130) from None
+    except OSError as exc:
+        click.echo(f"error: {cmd[0]}: cannot run it: {exc.strerror or exc}", err=True)
+        raise SystemExit(1) from None
+    raise SystemExit(exit_status(code))
+
+
+def exit_status(returncode: int) -> int:
+    """A child's exit status as a POSIX shell reports it: the exit code 0-255 itself, and
+    128 + N for death by signal N (subprocess returns -N; e.g. SIGPIPE 13 → 141, SIGINT → 130).
+    """
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def register(group: click.Group) -> None:
