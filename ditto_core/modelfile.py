@@ -102,6 +102,19 @@ def codebook_nbytes(rows: int, cols: int, bits: int, group_size: int, codebook_t
     return codebook_bytes(rows, cols, bits, group_size, codebook_type) + rows * row_bytes
 
 
+#: why a planned CODEBOOK tensor was stored as f32 instead (quantizer plans and reports)
+REASON_CODEBOOK_LARGER = "codebook larger than f32"
+
+
+def codebook_saves_space(rows: int, cols: int, bits: int, group_size: int,
+                         codebook_type: str) -> bool:
+    """True when a [rows, cols] matrix is strictly smaller as a CODEBOOK payload (b bits, group
+    size G, ``codebook_type`` centroids; ``codebook_nbytes``, FORMAT.md) than as f32
+    (``4 · rows · cols`` bytes). False e.g. for rows of 16 at b = 6 (64 f16 centroids per 16
+    weights ≈ 70 bpw). Quantizers keep such a tensor in f32 with ``REASON_CODEBOOK_LARGER``."""
+    return codebook_nbytes(rows, cols, bits, group_size, codebook_type) < f32_nbytes((rows, cols))
+
+
 def _check_codebook_params(bits, group_size, codebook_type):
     if not 1 <= bits <= 8:
         raise DittoError(f"codebook bit width b must be in 1..8, got {bits}")

@@ -214,29 +214,35 @@ def _checkpoint(rng, poison=None):
 
 
 def test_plan_mixed_precision():
-    shapes = {"token_embd.weight": (10, 4), "blk.0.attn_norm.weight": (4,),
-              "blk.0.attn_q.weight": (4, 4), "blk.0.ffn_up.weight": (8, 4),
-              "blk.1.ffn_up.weight": (8, 4)}
-    plan = plan_tensors(shapes, QuantOptions(bits=3, group_size=4,
+    shapes = {"token_embd.weight": (100, 64), "blk.0.attn_norm.weight": (64,),
+              "blk.0.attn_q.weight": (64, 64), "blk.0.ffn_up.weight": (8, 64),
+              "blk.1.ffn_up.weight": (8, 64)}
+    plan = plan_tensors(shapes, QuantOptions(bits=3, group_size=16,
                                              keep_fp32=("blk.0.ffn_*",)))
     assert plan["blk.0.attn_norm.weight"] == ("f32", None)
     assert plan["blk.0.ffn_up.weight"] == ("f32", None)
-    assert plan["blk.1.ffn_up.weight"] == ("codebook", (3, 4, "f16"))
-    assert plan["token_embd.weight"] == ("codebook", (5, 4, "f16"))  # default policy: b + 2
-    assert plan_tensors({"output.weight": (10, 4)}, QuantOptions(bits=7))["output.weight"] == \
-        ("codebook", (8, 256, "f16"))
+    assert plan["blk.1.ffn_up.weight"] == ("codebook", (3, 16, "f16"))
+    # default policy: b + 2 bits, one codebook per row (G' = max(G, cols) = 64)
+    assert plan["token_embd.weight"] == ("codebook", (5, 64, "f16"))
+    assert plan_tensors({"output.weight": (1000, 2048)}, QuantOptions(bits=7))["output.weight"] \
+        == ("codebook", (8, 2048, "f16"))
+    # G already ≥ the row: kept as given (still one sub-block per row)
+    assert plan_tensors({"output.weight": (1000, 200)}, QuantOptions(bits=2))["output.weight"] \
+        == ("codebook", (4, 256, "f16"))
     kept = plan_tensors(shapes, QuantOptions(keep_fp32=("token_embd.weight",)))
     assert kept["token_embd.weight"] == ("f32", None)
 
 
 def test_quantizer_component_report_and_values():
     ck, data = _checkpoint(np.random.default_rng(0))
-    qm = KMeansQuantizer().quantize(ck, QuantOptions(bits=4, group_size=8,
+    qm = KMeansQuantizer().quantize(ck, QuantOptions(bits=2, group_size=8,
                                                      keep_fp32=("blk.0.attn_v.weight",)))
     out = dict(qm.tensors())
     assert list(out) == list(ck.shapes)
     assert isinstance(out["blk.0.attn_q.weight"], CodebookTensor)
-    assert (out["blk.0.attn_q.weight"].bits, out["token_embd.weight"].bits) == (4, 6)
+    q, e = out["blk.0.attn_q.weight"], out["token_embd.weight"]
+    assert (q.bits, q.group_size, e.bits, e.group_size) == (2, 8, 4, 16)  # embedding: b+2, row
+    assert qm.report["method"] == "optimal"
     np.testing.assert_array_equal(out["blk.0.attn_v.weight"], data["blk.0.attn_v.weight"])
     np.testing.assert_array_equal(out["output_norm.weight"], data["output_norm.weight"])
     rep = qm.report["tensors"]
@@ -245,7 +251,7 @@ def test_quantizer_component_report_and_values():
         if isinstance(v, CodebookTensor):
             W = data[name].astype(np.float64)
             rec = v.codebooks[np.arange(W.shape[0])[:, None],
-                              np.arange(W.shape[1])[None, :] // 8, v.indices]
+                              np.arange(W.shape[1])[None, :] // v.group_size, v.indices]
             e = ((W - rec) ** 2).sum()
             assert rep[name]["rel_error"] == pytest.approx(e / (W ** 2).sum(), rel=1e-9)
             sse += e

@@ -18,7 +18,8 @@ def _total(report, names):
 
 def test_kmeans_beats_rtn(smollm2_packed):
     """At the same b = 4, G = 256 (all matrices but the embedding, which kmeans' default
-    policy gives 6 bits), kmeans has the lower total and per-tensor relative error."""
+    policy gives 6 bits and one codebook per row), kmeans has the lower total and per-tensor
+    relative error."""
     kt = smollm2_packed["kmeans"][1]["report"]
     rt = smollm2_packed["rtn"][1]["report"]
     linear = [n for n, v in kt["tensors"].items()
@@ -29,7 +30,8 @@ def test_kmeans_beats_rtn(smollm2_packed):
     assert 0 < k < r
     assert all(kt["tensors"][n]["rel_error"] < rt["tensors"][n]["rel_error"] for n in linear)
     # whole files: kmeans (embedding at 6 bits) vs rtn (4 bits everywhere)
-    assert kt["tensors"]["token_embd.weight"]["bits"] == 6
+    emb = kt["tensors"]["token_embd.weight"]
+    assert (emb["encoding"], emb["bits"], emb["group_size"]) == ("codebook", 6, 576)
     assert 0 < smollm2_packed["kmeans"][1]["total_rel_error"] < \
         smollm2_packed["rtn"][1]["total_rel_error"]
 
@@ -58,9 +60,11 @@ def test_file_size_near_theoretical(smollm2_packed, quantizer):
             assert len(t.shape) == 1  # only norms stay f32 by default
             theoretical += 4 * t.n_weights
         else:
-            b = 6 if quantizer == "kmeans" and t.name == "token_embd.weight" else 4
-            assert (t.bits, t.group_size, t.codebook_type) == (b, 256, "f16")
-            s = math.ceil(t.cols / 256)
+            b, g = 4, 256
+            if quantizer == "kmeans" and t.name == "token_embd.weight":
+                b, g = 6, 576  # the default policy: b + 2 bits, one codebook per row
+            assert (t.bits, t.group_size, t.codebook_type) == (b, g, "f16")
+            s = math.ceil(t.cols / g)
             theoretical += t.n_weights * b // 8 + t.rows * s * (1 << b) * 2
     size = path.stat().st_size
     header = 64 + mf.meta_size  # fixed header, config, tensor table, tokenizer
@@ -74,3 +78,7 @@ def test_file_size_near_theoretical(smollm2_packed, quantizer):
     assert 8 * q.nbytes / q.n_weights == pytest.approx(4 + 3 * 16 * 16 / 576, abs=1e-3)
     d = mf.tensors["blk.0.ffn_down.weight"]
     assert 8 * d.nbytes / d.n_weights == pytest.approx(5.0, abs=1e-3)
+    if quantizer == "kmeans":  # 6-bit indices + 64 f16 centroids per row of 576: 7.78 bpw
+        e = mf.tensors["token_embd.weight"]
+        assert 8 * e.nbytes / e.n_weights == pytest.approx(6 + 64 * 16 / 576, abs=1e-3)
+        assert e.nbytes < 4 * e.n_weights

@@ -67,8 +67,10 @@ class BitsPacker:
         Returns a summary: ``path``, ``file_bytes``, ``n_weights``, ``bpw`` (8 · file bytes /
         weights), ``theoretical_bytes`` (indices + codebooks + f32 tensors, no padding or
         metadata), ``overhead_bytes`` (file − theoretical), ``seconds``, ``total_rel_error`` (from
-        the quantizer's report, if any), per-tensor ``tensors``
-        (encoding, b, G, bytes, bpw, rel_error when quantized) and the quantizer's ``report``.
+        the quantizer's report, if any), ``quantizer`` and ``method`` (the resolved method, from
+        the report), per-tensor ``tensors`` (encoding, b, G, bytes, bpw, rel_error when
+        quantized, ``reason`` when the quantizer kept it f32 and said why) and the quantizer's
+        ``report``.
         Raises DittoError (naming the tensor) if a tensor does not match its plan."""
         out = Path(out)
         infos = plan_infos(model)
@@ -127,6 +129,8 @@ class BitsPacker:
                 row.update(bits=t.bits, group_size=t.group_size, codebook_type=t.codebook_type)
             if t.name in per_tensor and "rel_error" in per_tensor[t.name]:
                 row["rel_error"] = per_tensor[t.name]["rel_error"]
+            if t.encoding == "f32" and "reason" in per_tensor.get(t.name, {}):
+                row["reason"] = per_tensor[t.name]["reason"]
             tensors[t.name] = row
         return {
             "path": str(out),
@@ -138,6 +142,8 @@ class BitsPacker:
             "overhead_fraction": (file_bytes - theo) / theo,
             "seconds": seconds,
             "total_rel_error": model.report.get("total_rel_error"),
+            "quantizer": model.report.get("quantizer"),
+            "method": model.report.get("method"),
             "tensors": tensors,
             "report": model.report,
         }

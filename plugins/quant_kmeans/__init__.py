@@ -5,11 +5,13 @@ from ditto_core.hookspecs import hookimpl
 
 from .quantizer import (DEFAULT_KEEP_FP32, DEFAULT_METHOD, EMBEDDING_EXTRA_BITS,
                         EMBEDDING_NAMES, METHODS, KMeansQuantizer, check_options,
-                        embedding_bits, plan_tensors, quantize_matrix)
+                        embedding_bits, embedding_group_size, plan_tensors, plan_with_reasons,
+                        quantize_matrix)
 
 __all__ = ["DEFAULT_KEEP_FP32", "DEFAULT_METHOD", "EMBEDDING_EXTRA_BITS", "EMBEDDING_NAMES",
-           "METHODS", "KMeansQuantizer", "check_options", "embedding_bits", "plan_tensors",
-           "quantize_matrix"]
+           "METHODS", "KMeansQuantizer", "check_options", "embedding_bits",
+           "embedding_group_size", "plan_tensors",
+           "plan_with_reasons", "quantize_matrix"]
 
 
 @hookimpl

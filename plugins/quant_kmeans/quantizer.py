@@ -17,6 +17,8 @@ import numpy as np
 
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
+from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
+                                  f32_nbytes)
 from ditto_core.types import Checkpoint, CodebookTensor, QuantizedModel
 
 from . import kmeans1d
@@ -33,9 +35,12 @@ LLOYD_TOL = 1e-6
 DEFAULT_KEEP_FP32: tuple[str, ...] = ()
 
 #: The embedding and the classifier (tied in SmolLM2) are quantized with this many more bits
-#: than the other matrices (capped at 8), same G and codebook type. docs/QUANT.md "Default
-#: policy": on SmolLM2 at b = 4 this takes the next-token KL divergence from 0.61 (embedding at
-#: 4 bits) to 0.252, against 0.250 with the embedding kept in f32, at 35 % of the f32 size.
+#: than the other matrices (capped at 8), with one codebook per row (group size max(G, cols)),
+#: same codebook type. docs/QUANT.md "Default policy": on SmolLM2 at b = 4 (rows of 576) this
+#: takes the next-token KL divergence from 0.608 (embedding at b = 4, G = 256) to 0.256, against
+#: 0.250 with the embedding in f32, at 7.78 bpw; b + 2 at G = 256 (the previous default) gave
+#: 0.252 at 11.33 bpw (its 64-weight tail sub-block carries 64 centroids), b + 1 at G = 256
+#: 0.266 at 7.67 bpw.
 EMBEDDING_EXTRA_BITS = 2
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
@@ -125,23 +130,61 @@ def embedding_bits(bits: int, extra: int = EMBEDDING_EXTRA_BITS) -> int:
     return min(8, bits + extra)
 
 
+def embedding_group_size(group_size: int, cols: int) -> int:
+    """Group size of token_embd/output (the default policy): ``max(G, cols)``, i.e. one
+    codebook per row, so a row's tail sub-block never carries 2^b' centroids for a few
+    weights (docs/QUANT.md)."""
+    return max(int(group_size), int(cols))
+
+
 def plan_tensors(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
                  embedding_extra_bits: int = EMBEDDING_EXTRA_BITS):
-    """The quantize plan: name → ("f32", None) for vectors (norms) and names matching a
-    ``keep_fp32`` glob (fnmatch) or ``default_keep``; ("codebook", (b', G, codebook_type)) for
-    the embedding/classifier with b' = ``embedding_bits(b)``; else ("codebook", (b, G,
-    codebook_type))."""
+    """The quantize plan: name → ("f32", None) or ("codebook", (b, G, codebook_type)); see
+    ``plan_with_reasons`` (this is its plan alone)."""
+    return plan_with_reasons(shapes, options, default_keep, embedding_extra_bits)[0]
+
+
+def plan_with_reasons(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
+                      embedding_extra_bits: int = EMBEDDING_EXTRA_BITS):
+    """The quantize plan and, for every tensor planned f32, why.
+
+    ``shapes``: name → shape. Returns ``(plan, reasons)``: ``plan[name]`` is ("f32", None) for
+    vectors (reason "vector"), names matching a ``keep_fp32`` glob (fnmatch) or
+    ``default_keep`` (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would take
+    at least the bytes of f32 (``ditto_core.modelfile.codebook_saves_space``; reason
+    ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
+    ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' =
+    ``embedding_bits(b)``, G' = ``embedding_group_size(G, cols)``; else ("codebook", (b, G,
+    codebook_type)). ``reasons[name]`` is a
+    dict {``reason``, and for the size rule ``codebook_bytes``, ``f32_bytes``, ``bits``,
+    ``group_size``}."""
     keep = tuple(options.keep_fp32) + tuple(default_keep)
-    plan = {}
+    plan, reasons = {}, {}
     for name, shape in shapes.items():
-        if len(shape) != 2 or any(fnmatch.fnmatchcase(name, p) for p in keep):
+        if len(shape) != 2:
             plan[name] = ("f32", None)
+            reasons[name] = {"reason": "vector"}
             continue
-        bits = options.bits
+        glob = next((p for p in keep if fnmatch.fnmatchcase(name, p)), None)
+        if glob is not None:
+            plan[name] = ("f32", None)
+            reasons[name] = {"reason": f"keep_fp32 {glob}"}
+            continue
+        rows, cols = (int(x) for x in shape)
+        bits, group_size = options.bits, options.group_size
         if name in EMBEDDING_NAMES:
             bits = embedding_bits(bits, embedding_extra_bits)
-        plan[name] = ("codebook", (bits, options.group_size, options.codebook_type))
-    return plan
+            group_size = embedding_group_size(group_size, cols)
+        params = (bits, group_size, options.codebook_type)
+        if not codebook_saves_space(rows, cols, *params):
+            plan[name] = ("f32", None)
+            reasons[name] = {"reason": REASON_CODEBOOK_LARGER,
+                             "codebook_bytes": codebook_nbytes(rows, cols, *params),
+                             "f32_bytes": f32_nbytes(shape), "bits": bits,
+                             "group_size": group_size}
+            continue
+        plan[name] = ("codebook", params)
+    return plan, reasons
 
 
 class KMeansQuantizer:
@@ -152,18 +195,20 @@ class KMeansQuantizer:
     def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
         """Plan every tensor now; quantize lazily, one tensor at a time, as the packer pulls.
 
-        ``report`` (filled as tensors are produced): ``quantizer``, ``method``, ``bits``,
-        ``group_size``, ``codebook_type``, per tensor ``{encoding, rel_error, sse, norm2,
-        seconds}``, and running totals ``total_rel_error`` (Σ‖W−Ŵ‖² / Σ‖W‖² over quantized
+        ``report``: ``quantizer``, ``method`` (the resolved one: ``optimal`` when none was
+        given), ``bits``, ``embedding_bits``, ``group_size``, ``codebook_type``; per tensor
+        planned f32, at once, ``{encoding: "f32", reason, ...}`` (``plan_with_reasons``); per
+        quantized tensor, as it is produced, ``{encoding, bits, rel_error, sse, norm2,
+        seconds}``; and running totals ``total_rel_error`` (Σ‖W−Ŵ‖² / Σ‖W‖² over quantized
         tensors), ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now)
         and for non-finite weights (when the tensor is reached)."""
-        method = check_options(options)
-        plan = plan_tensors(checkpoint.shapes, options)
+        method = check_options(options)  # before any tensor is touched
+        plan, reasons = plan_with_reasons(checkpoint.shapes, options)
         report = {"quantizer": self.name, "method": method, "bits": options.bits,
                   "embedding_bits": embedding_bits(options.bits),
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
-                  "tensors": {}, "total_rel_error": 0.0, "quantized_weights": 0,
-                  "seconds": 0.0}
+                  "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()},
+                  "total_rel_error": 0.0, "quantized_weights": 0, "seconds": 0.0}
         totals = {"sse": 0.0, "norm2": 0.0}
 
         def tensors():
@@ -171,7 +216,6 @@ class KMeansQuantizer:
                 W = np.ascontiguousarray(checkpoint.tensors[name](), dtype=np.float32)
                 if encoding == "f32":
                     check_finite(W, name)
-                    report["tensors"][name] = {"encoding": "f32"}
                     yield name, W
                     continue
                 t0 = time.perf_counter()
@@ -182,6 +226,7 @@ class KMeansQuantizer:
                 totals["sse"] += sse
                 totals["norm2"] += norm2
                 report["tensors"][name] = {"encoding": "codebook", "bits": bits,
+                                           "group_size": group_size,
                                            "rel_error": q.rel_error,
                                            "sse": sse, "norm2": norm2, "seconds": dt}
                 report["quantized_weights"] += W.size

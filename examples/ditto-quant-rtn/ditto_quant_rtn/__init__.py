@@ -18,6 +18,8 @@ import numpy as np
 
 from ditto_core.errors import DittoError
 from ditto_core.hookspecs import hookimpl
+from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
+                                  f32_nbytes)
 from ditto_core.types import CodebookTensor, QuantizedModel
 
 _CB_NP = {"f16": np.float16, "f32": np.float32}
@@ -83,24 +85,33 @@ class RTNQuantizer:
     name = "rtn"
 
     def quantize(self, checkpoint, options) -> QuantizedModel:
-        """Plan (vectors and ``keep_fp32`` globs stay f32, matrices become CODEBOOK with the
-        options' b, G and codebook type) and quantize lazily. ``report`` holds per-tensor
+        """Plan (vectors, ``keep_fp32`` globs and matrices whose CODEBOOK payload would not be
+        smaller than f32 — reported with reason "codebook larger than f32" — stay f32; other
+        matrices become CODEBOOK with the options' b, G and codebook type) and quantize
+        lazily. ``report`` holds per-tensor
         ``rel_error``, ``sse``, ``norm2`` and ``total_rel_error``. Raises DittoError for bad
         options or non-finite weights."""
         if options.method not in (None, "rtn"):
             raise DittoError(f"rtn: unknown method {options.method!r} (rtn has one method)")
         rtn_matrix(np.zeros((1, 2), np.float32), options.bits, options.group_size,
                    options.codebook_type)  # validates the options up front
-        plan = {}
+        plan, kept = {}, {}
+        params = (options.bits, options.group_size, options.codebook_type)
         for name, shape in checkpoint.shapes.items():
-            keep = len(shape) != 2 or any(fnmatch.fnmatchcase(name, p)
-                                          for p in options.keep_fp32)
-            plan[name] = (("f32", None) if keep else
-                          ("codebook", (options.bits, options.group_size,
-                                        options.codebook_type)))
-        report = {"quantizer": "rtn", "bits": options.bits, "group_size": options.group_size,
-                  "codebook_type": options.codebook_type, "tensors": {},
-                  "total_rel_error": 0.0}
+            if len(shape) != 2 or any(fnmatch.fnmatchcase(name, p) for p in options.keep_fp32):
+                plan[name] = ("f32", None)
+            elif not codebook_saves_space(int(shape[0]), int(shape[1]), *params):
+                # a codebook at least as large as f32 (e.g. 2^b centroids per short row)
+                plan[name] = ("f32", None)
+                kept[name] = {"encoding": "f32", "reason": REASON_CODEBOOK_LARGER,
+                              "codebook_bytes": codebook_nbytes(int(shape[0]), int(shape[1]),
+                                                                *params),
+                              "f32_bytes": f32_nbytes(shape)}
+            else:
+                plan[name] = ("codebook", params)
+        report = {"quantizer": "rtn", "method": "rtn", "bits": options.bits,
+                  "group_size": options.group_size, "codebook_type": options.codebook_type,
+                  "tensors": kept, "total_rel_error": 0.0}
         totals = [0.0, 0.0]
 
         def tensors():
@@ -110,7 +121,7 @@ class RTNQuantizer:
                     if not np.isfinite(W).all():
                         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(W))[0])
                         raise DittoError(f"tensor {name!r} has a non-finite value at {pos}")
-                    report["tensors"][name] = {"encoding": "f32"}
+                    report["tensors"].setdefault(name, {"encoding": "f32"})
                     yield name, W
                     continue
                 q = rtn_matrix(W, options.bits, options.group_size, options.codebook_type, name)
