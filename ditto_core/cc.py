@@ -164,9 +164,11 @@ def publish_outputs(pairs: Sequence[tuple[Path, Path]]) -> None:
     missing parent directories are created, every file is first copied to a temp name beside
     its destination, and only then are they renamed into place. On failure the temps and the
     directories created here are removed and DittoError (``<dest>: cannot write it: ...``) is
-    raised."""
+    raised; outputs already renamed into place are removed again (an earlier file at a
+    destination is restored)."""
     created: list[Path] = []
     temps: list[tuple[Path, Path]] = []
+    done: list[tuple[Path, Path | None]] = []
     dest = None
     try:
         for staged, dest in pairs:
@@ -188,16 +190,34 @@ def publish_outputs(pairs: Sequence[tuple[Path, Path]]) -> None:
             shutil.copyfile(staged, t)
             shutil.copymode(staged, t)
         for t, dest in temps:
+            backup = None
+            if dest.exists():  # kept (as a second link) until every output is in place
+                backup = dest.parent / f".{dest.name}.bak-{os.getpid()}"
+                backup.unlink(missing_ok=True)
+                try:
+                    os.link(dest, backup)
+                except OSError:
+                    shutil.copy2(dest, backup)
+            done.append((dest, backup))
             os.replace(t, dest)
     except (OSError, DittoError) as exc:
         for t, _ in temps:
             t.unlink(missing_ok=True)
+        for d, backup in reversed(done):  # undo the outputs already renamed into place
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, d)
+                else:
+                    d.unlink()
         for m in reversed(created):
             with contextlib.suppress(OSError):
                 m.rmdir()
         if isinstance(exc, DittoError):
             raise
         raise DittoError(f"{dest}: cannot write it: {exc.strerror or exc}") from None
+    for _, backup in done:
+        if backup is not None:
+            backup.unlink(missing_ok=True)
 
 
 def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool = False,
