@@ -70,7 +70,7 @@ def merge_reports(results: list[dict]) -> PassReport:
 
 
 def summary_lines(results: list[dict], rewrite: bool = True) -> list[str]:
-    """Human summary, one line per pass, e.g. ``"gemv-blas: rewrote 1/1 GEMV nests (21 other
+    """Human summary, one line per pass, e.g. ``"gemv-blas: rewrote N/M GEMV nests (K other
     loop nests left alone)"``. A candidate counts as a GEMV nest when its report says
     ``"kind": "gemv"`` (the pass found a GEMV reduction in it, whether or not it could be
     rewritten); a pass that does not classify its candidates is summarised as

@@ -276,3 +276,22 @@ def test_cache_api_rejects_mismatch(tmp_path):
     assert c.fetch("s", "k", {"f.bin": dst}) is None
     assert not dst.exists() and not entry.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_build_md_summary_line_is_a_template_real_output_matches(tiny_builds):
+    """Bug 10: docs/BUILD.md shows the pass summary line as a template (no count that drifts
+    from the runtime's real loop nests), and the real line of a build has that shape."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "BUILD.md").read_text()
+    assert not re.search(r"rewrote \d+/\d+ GEMV nests \(\d+ other", doc)
+    template = "gemv-blas: rewrote N/M GEMV nests (K other loop nests left alone)"
+    assert template in doc
+    pattern = re.sub(r"\b[NMK]\b", r"(\\d+)", re.escape(template))
+    line = tiny_builds["rewrite"][1]["pass_summary"][0]
+    m = re.fullmatch(pattern, line)
+    assert m, line
+    gemv = next(p for p in tiny_builds["rewrite"][1]["passes"] if p["name"] == "gemv-blas")
+    assert int(m.group(1)) == gemv["rewritten"]
+    assert int(m.group(2)) + int(m.group(3)) == gemv["total"]
