@@ -120,9 +120,32 @@ def _checkpoint():
 def test_bad_options_raise_before_any_tensor_is_loaded(kw, match):
     with pytest.raises(DittoError, match=match):
         KMeansQuantizer().quantize(_checkpoint(), QuantOptions(**kw))
+    with pytest.raises(DittoError, match=match):  # and without a checkpoint at all
+        KMeansQuantizer().check_options(QuantOptions(**kw))
 
 
 def test_report_names_the_resolved_method():
     for method, want in ((None, "optimal"), ("lloyd", "lloyd")):
         qm = KMeansQuantizer().quantize(_checkpoint(), QuantOptions(method=method))
         assert qm.report["method"] == want  # planned without loading a tensor
+        assert KMeansQuantizer().check_options(QuantOptions(method=method)) == want
+
+
+def test_rtn_plugin_applies_the_same_rule(rtn_registry):
+    """The example third-party quantizer plans with the same size rule and names its method."""
+    rtn = rtn_registry.get("quantizer", "rtn")
+    ck = _checkpoint()  # dim 16: rows of 16 weights; no tensor may be loaded while planning
+    qm = rtn.quantize(ck, QuantOptions(bits=8, group_size=100000, codebook_type="f32"))
+    assert all(p == ("f32", None) for p in qm.plan.values())
+    assert qm.report["tensors"]["blk.0.attn_q.weight"] == {
+        "encoding": "f32", "reason": LARGER, "codebook_bytes": 16 * 256 * 4 + 16 * 2 * 8,
+        "f32_bytes": 16 * 16 * 4}
+    assert qm.report["method"] == "rtn"
+    qm = rtn.quantize(ck, QuantOptions(bits=2, group_size=8))
+    # 16 rows · 2 sub-blocks · 4 f16 centroids = 256 bytes + 16·2·2 index bytes < 1024
+    assert qm.plan["blk.0.attn_q.weight"] == ("codebook", (2, 8, "f16"))
+    with pytest.raises(DittoError, match="unknown method 'foo'"):
+        rtn.quantize(ck, QuantOptions(method="foo"))
+    with pytest.raises(DittoError, match="bit width b must be in 1..8, got 9"):
+        rtn.check_options(QuantOptions(bits=9))
+    assert rtn.check_options(QuantOptions()) == "rtn"

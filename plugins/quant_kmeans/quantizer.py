@@ -192,6 +192,11 @@ class KMeansQuantizer:
 
     name = "kmeans"
 
+    def check_options(self, options: QuantOptions) -> str:
+        """Validate b, G, codebook type and method without a checkpoint (a pipeline may call
+        this before exporting); return the resolved method. Raises DittoError."""
+        return check_options(options)
+
     def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
         """Plan every tensor now; quantize lazily, one tensor at a time, as the packer pulls.
 

@@ -84,6 +84,15 @@ class RTNQuantizer:
 
     name = "rtn"
 
+    def check_options(self, options) -> str:
+        """Validate method, b, G and codebook type without a checkpoint (a pipeline may call
+        this before exporting); return the method ("rtn"). Raises DittoError."""
+        if options.method not in (None, "rtn"):
+            raise DittoError(f"rtn: unknown method {options.method!r} (rtn has one method)")
+        rtn_matrix(np.zeros((1, 2), np.float32), options.bits, options.group_size,
+                   options.codebook_type)
+        return "rtn"
+
     def quantize(self, checkpoint, options) -> QuantizedModel:
         """Plan (vectors, ``keep_fp32`` globs and matrices whose CODEBOOK payload would not be
         smaller than f32 — reported with reason "codebook larger than f32" — stay f32; other
@@ -91,10 +100,7 @@ class RTNQuantizer:
         lazily. ``report`` holds per-tensor
         ``rel_error``, ``sse``, ``norm2`` and ``total_rel_error``. Raises DittoError for bad
         options or non-finite weights."""
-        if options.method not in (None, "rtn"):
-            raise DittoError(f"rtn: unknown method {options.method!r} (rtn has one method)")
-        rtn_matrix(np.zeros((1, 2), np.float32), options.bits, options.group_size,
-                   options.codebook_type)  # validates the options up front
+        self.check_options(options)
         plan, kept = {}, {}
         params = (options.bits, options.group_size, options.codebook_type)
         for name, shape in checkpoint.shapes.items():
