@@ -31,10 +31,15 @@ def cache_dir(tiny_builds, build_cache_root, tmp_path):
     dst = tmp_path / "cache"
     key = tiny_builds["rewrite"][1]["compile_key"]
     shutil.copytree(build_cache_root / "compile" / key, dst / "compile" / key)
-    for entry in (build_cache_root / "model").iterdir():
-        f = entry / "model.ditto"
-        if f.is_file() and f.stat().st_size < 20 << 20:  # tinycoder's, not SmolLM2's
+    want = cache_mod.file_hash(tiny_builds["rewrite"][0] / "model.ditto")
+    for entry in (build_cache_root / "model").iterdir():  # the tinycoder fp32 entry only
+        try:
+            files = json.loads((entry / "meta.json").read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if files.get("model.ditto", {}).get("sha256") == want:
             shutil.copytree(entry, dst / "model" / entry.name)
+    assert len(list((dst / "model").iterdir())) == 1
     return dst
 
 
