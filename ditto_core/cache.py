@@ -78,6 +78,15 @@ def make_key(parts: Mapping) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _sha256(path: Path) -> str:
+    """SHA-256 hex of a file's bytes now (no memo: used to verify cache entries)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def copy_hashed(src: Path, dst: Path) -> tuple[int, str]:
     """Copy ``src`` to a new file ``dst`` (a private inode, never a hard link) and return
     (bytes copied, SHA-256 hex of those bytes), computed in the same single read pass.
@@ -206,7 +215,7 @@ class Cache:
         if why is None:
             for name, rec in files.items():
                 try:
-                    digest = hashlib.sha256((d / name).read_bytes()).hexdigest()
+                    digest = _sha256(d / name)
                 except OSError as exc:
                     why = f"{name}: {_reason(exc)}"
                     break

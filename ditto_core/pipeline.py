@@ -217,7 +217,10 @@ def _check_replaceable(out_dir: Path) -> None:
     nothing is touched."""
     if not out_dir.exists() and not out_dir.is_symlink():
         return
-    if out_dir.is_symlink() or not out_dir.is_dir():
+    if out_dir.is_symlink():
+        raise DittoError(f"{out_dir}: is a symbolic link; refusing to replace it (give the "
+                         "directory it points to as -o)")
+    if not out_dir.is_dir():
         raise DittoError(f"{out_dir}: exists and is not a directory")
     try:
         entries = sorted(out_dir.iterdir())
@@ -240,9 +243,12 @@ def _prepare_out_dir(out_dir: Path) -> Path:
     """Check that ``out_dir`` may be (re)placed and return a fresh temp dir beside it.
     Raises DittoError for the current directory (or one holding it), a non-directory, a
     directory holding anything besides an earlier build's outputs, or an unwritable parent."""
-    here = Path.cwd().resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current directory was deleted: it cannot be the target
+        here = None
     target = out_dir.resolve()
-    if target == here or target in here.parents:
+    if here is not None and (target == here or target in here.parents):
         raise DittoError(f"{out_dir}: cannot replace the current directory (or one holding "
                          "it); use another -o")
     _check_replaceable(out_dir)
