@@ -48,6 +48,9 @@ class Quantizer(Protocol):
         """Plan and (lazily) quantize every tensor. Raises DittoError for bad options or
         non-finite weights (naming tensor and position)."""
 
+    # Optional: ``check_options(options) -> None`` raising DittoError for bad options; when a
+    # quantizer has it, ``ditto build`` calls it before the export stage starts.
+
 
 @runtime_checkable
 class Packer(Protocol):

@@ -378,6 +378,9 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     # fail early, before any work: unknown or unusable components
     blas = resolve_blas(registry.get("blas", options.blas))
     quantizer = registry.get("quantizer", options.quantizer)
+    check_options = getattr(quantizer, "check_options", None)  # optional: bad --method etc.
+    if check_options is not None:
+        check_options(options.quant)
     path = resolve_model(model)
     exporter = choose_exporter(path, options.exporter, registry)
     if options.packer is None:
