@@ -21,22 +21,15 @@ import time
 from pathlib import Path
 
 from ditto_core import pipeline
-from ditto_core.run import run_build
+from ditto_core.run import run_stats
 
 PROMPT = "def fibonacci(n):"
 
 
 def decode_tok_s(build_dir: Path, tokens: int, threads: int) -> float:
     """Decode tok/s reported by the executable's ``stats`` JSON line on stderr."""
-    proc = run_build(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0",
-                                 "--threads", str(threads)], capture_output=True, text=True,
-                     timeout=1200)
-    if proc.returncode != 0:
-        raise SystemExit(f"{build_dir}: exit {proc.returncode}: {proc.stderr}")
-    for line in proc.stderr.splitlines():
-        if line.startswith("stats "):
-            return float(json.loads(line[len("stats "):])["tok_per_s"])
-    raise SystemExit(f"{build_dir}: no stats line in stderr:\n{proc.stderr}")
+    return float(run_stats(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0",
+                                       "--threads", str(threads)])["tok_per_s"])
 
 
 def main(argv=None) -> int:

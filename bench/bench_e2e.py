@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ditto_core import pipeline
-from ditto_core.run import run_build
+from ditto_core.run import run_stats
 
 PROMPT = "def fibonacci(n):"
 CONFIGS = {
@@ -34,16 +34,9 @@ CONFIGS = {
 
 
 def measure(build_dir: Path, tokens: int, threads: int) -> dict:
-    """tok/s, TTFT (ms) and peak RSS (MiB) from the executable's ``stats`` line on stderr."""
-    proc = run_build(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0", "--ignore-eos",
-                                 "--threads", str(threads)], capture_output=True, text=True,
-                     timeout=1200)
-    if proc.returncode != 0:
-        raise SystemExit(f"{build_dir}: exit {proc.returncode}: {proc.stderr}")
-    for line in proc.stderr.splitlines():
-        if line.startswith("stats "):
-            return json.loads(line[len("stats "):])
-    raise SystemExit(f"{build_dir}: no stats line in stderr:\n{proc.stderr}")
+    """tok/s, TTFT (ms) and peak RSS (KiB) from the executable's ``stats`` line."""
+    return run_stats(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0", "--ignore-eos",
+                                 "--threads", str(threads)])
 
 
 def main(argv=None) -> int:

@@ -64,6 +64,19 @@ def run_build(build_dir: Path, args: Sequence[str] = (), **kwargs) -> subprocess
     return subprocess.run(run_command(build_dir, args), **kwargs)
 
 
+def run_stats(build_dir: Path, args: Sequence[str], timeout: float = 1200) -> dict:
+    """Run the build's executable with ``args`` and return its ``stats`` JSON line (stderr):
+    ``tok_per_s`` (decode tok/s), ``ttft_ms``, ``load_ms``, ``peak_rss_kib``, ... (native/README.md).
+    Raises DittoError naming the build if it fails or prints no stats line."""
+    proc = run_build(build_dir, args, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise DittoError(f"{build_dir}: exit {proc.returncode}: {proc.stderr.strip()}")
+    for line in proc.stderr.splitlines():
+        if line.startswith("stats "):
+            return json.loads(line[len("stats "):])
+    raise DittoError(f"{build_dir}: no stats line on stderr:\n{proc.stderr}")
+
+
 @click.command("run", context_settings={"ignore_unknown_options": True,
                                         "allow_interspersed_args": False})
 @click.argument("build_dir", type=click.Path(path_type=Path))
