@@ -582,6 +582,7 @@ int main(int argc, char **argv) {
         fwrite(out, 1, nb, stdout);
         printf("\n");
     }
+    fflush(stdout); /* the text first, then the stats on (unbuffered) stderr */
     print_stats(t_loaded - t_start, n_ids, t_prompt - t_loaded, t_first - t_loaded, n_gen,
                 t_end - t_first, ctx);
 
