@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -91,10 +92,17 @@ static int parse_float(const char *s, float *out) {
 
 /* ---------------------------------------------------------------- files */
 
-/* Read a whole file; returns NULL with errno set on failure. *len gets its size. */
+/* Read a whole file; returns NULL with errno set on failure (EISDIR for a directory). *len
+ * gets its size. */
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -116,6 +124,14 @@ static char *read_file(const char *path, size_t *len) {
     fclose(f);
     *len = n;
     return buf;
+}
+
+/* Report a read_file() failure on stderr, naming the path. */
+static void read_error(const char *path) {
+    if (errno == EISDIR)
+        fprintf(stderr, "%s: error: %s: is a directory, not a file\n", prog, path);
+    else
+        fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, path, strerror(errno));
 }
 
 /* Parse a token file: ids separated by whitespace, commas, '[' or ']'. Returns the count, or
@@ -366,7 +382,7 @@ int main(int argc, char **argv) {
         size_t len;
         char *text = read_file(token_path, &len);
         if (!text) {
-            fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, token_path, strerror(errno));
+            read_error(token_path);
             rc = EXIT_IO;
             goto done;
         }
@@ -383,8 +399,7 @@ int main(int argc, char **argv) {
         if (a.prompt_file) {
             text = read_file(a.prompt_file, &len);
             if (!text) {
-                fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, a.prompt_file,
-                        strerror(errno));
+                read_error(a.prompt_file);
                 rc = EXIT_IO;
                 goto done;
             }

@@ -214,6 +214,13 @@ def test_bad_token_files(native_build, native_synth, tmp_path):
           "missing.txt", "cannot read")
 
 
+def test_directory_as_input_file(native_build, native_synth, tmp_path):
+    exe, model = native_build.asan, native_synth.quant.path
+    for flag in ("-f", "--ids", "--score"):
+        err = check(run_native(exe, "-m", model, flag, tmp_path), EXIT_IO)
+        assert f"ditto-run: error: {tmp_path}: is a directory, not a file\n" in err, err
+
+
 def test_dump_logits_unwritable_leaves_nothing(native_build, native_synth, tmp_path):
     out = tmp_path / "no_such_dir" / "logits.f32"
     p = run_native(native_build.asan, "-m", native_synth.quant.path, "-p", "hi",
