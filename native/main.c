@@ -284,8 +284,11 @@ static int parse_args(int argc, char **argv, Args *a) {
             if (parse_float(v, &a->temp) || a->temp < 0.0f)
                 return usage_error("--temp must be a number >= 0, got '%s'", v);
         } else if (!strcmp(o, "--top-p")) {
-            if (parse_float(v, &a->topp) || a->topp <= 0.0f || a->topp > 1.0f)
+            if (parse_float(v, &a->topp) || a->topp > 1.0f ||
+                (a->topp <= 0.0f && strtod(v, NULL) <= 0.0))
                 return usage_error("--top-p must be in (0, 1], got '%s'", v);
+            if (a->topp <= 0.0f) /* positive, but below the smallest float */
+                return usage_error("--top-p must be > 0 as a float; '%s' rounds to 0", v);
         } else if (!strcmp(o, "--seed")) {
             char *end;
             errno = 0;

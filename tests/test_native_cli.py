@@ -181,6 +181,7 @@ def test_invalid_utf8_prompt(native_build, native_synth, tmp_path):
     (["--temp", "-1"], "--temp must be a number >= 0"),
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1e-50"], "ditto-run: --top-p must be > 0 as a float; '1e-50' rounds to 0\n"),
     (["--threads", "0"], "--threads must be an integer"),
     (["--seed", "-3"], "--seed must be a non-negative integer"),
 ])
