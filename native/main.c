@@ -41,7 +41,7 @@ static void usage(FILE *f) {
             "  --top-p P          nucleus sampling mass in (0, 1]; 1 = off (default 0.9)\n"
             "  --seed S           PRNG seed (default: from the clock, printed to stderr)\n"
             "  --threads T        OpenMP threads (default: all cores)\n"
-            "  --ctx C            KV cache positions (default: prompt + N, at most max_seq_len)\n"
+            "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
             "  --chat             wrap the prompt in the model's chat template (ChatML)\n"
             "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
             "                     --tokens and --chat default to no BOS)\n"

@@ -197,6 +197,8 @@ def test_missing_arguments(native_build, native_synth, tmp_path):
     check(run_native(exe, "-m", model, "-p", "a", "-f", "b"), EXIT_USAGE, "only one of")
     p = run_native(exe, "--help")
     assert p.returncode == 0 and b"exit codes" in p.stdout
+    # the --ctx default the help states is what the run uses (stats ctx = prompt + N - 1)
+    assert b"(default: prompt + N - 1, at most max_seq_len)" in p.stdout
 
 
 def test_bad_token_files(native_build, native_synth, tmp_path):
