@@ -324,18 +324,24 @@ static long peak_rss_kib(void) {
     return kib;
 }
 
-/* Log of the stats line on stderr (machine-readable for bench/bench_runtime.py). */
-static void print_stats(double load_s, long n_prompt, double prompt_s, double ttft_s,
-                        long n_gen, double gen_s, long ctx) {
+/* The stats line on stderr (machine-readable for bench/bench_runtime.py), after a
+ * human-readable line: for generation (eval_what NULL) TTFT and tok/s; for --score and
+ * --dump-logits, "<eval_what> N tokens in X ms" (N = n_eval, X = prompt_s). */
+static void print_stats(const char *eval_what, long n_eval, double load_s, long n_prompt,
+                        double prompt_s, double ttft_s, long n_gen, double gen_s, long ctx) {
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
     double tps = (n_gen > 1 && gen_s > 0) ? (double)(n_gen - 1) / gen_s : 0.0;
-    fprintf(stderr,
-            "%s: prompt %ld tokens, time to first token %.1f ms, %ld tokens generated, "
-            "%.2f tok/s\n",
-            prog, n_prompt, ttft_s * 1e3, n_gen, tps);
+    if (eval_what)
+        fprintf(stderr, "%s: %s %ld tokens in %.1f ms\n", prog, eval_what, n_eval,
+                prompt_s * 1e3);
+    else
+        fprintf(stderr,
+                "%s: prompt %ld tokens, time to first token %.1f ms, %ld tokens generated, "
+                "%.2f tok/s\n",
+                prog, n_prompt, ttft_s * 1e3, n_gen, tps);
     fprintf(stderr,
             "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
             "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
@@ -519,7 +525,8 @@ int main(int argc, char **argv) {
                "\"perplexity\": %.6f}\n",
                n_scored, sum, -sum / n_scored, exp(-sum / n_scored));
         double t_end = now_s();
-        print_stats(t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0, ctx);
+        print_stats("scored", n_scored, t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0,
+                    ctx);
         goto done;
     }
 
@@ -542,7 +549,8 @@ int main(int argc, char **argv) {
             goto done;
         }
         double t_end = now_s();
-        print_stats(t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0, ctx);
+        print_stats("computed the logits of", n_ids, t_loaded - t_start, n_ids,
+                    t_end - t_loaded, 0.0, 0, 0.0, ctx);
         goto done;
     }
 
@@ -601,8 +609,8 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     fflush(stdout); /* the text first, then the stats on (unbuffered) stderr */
-    print_stats(t_loaded - t_start, n_ids, t_prompt - t_loaded, t_first - t_loaded, n_gen,
-                t_end - t_first, ctx);
+    print_stats(NULL, 0, t_loaded - t_start, n_ids, t_prompt - t_loaded, t_first - t_loaded,
+                n_gen, t_end - t_first, ctx);
 
 done:
     if (fflush(stdout) != 0 && rc == EXIT_OK) {

@@ -4,6 +4,7 @@ documented exit code, no sanitizer report)."""
 
 import json
 import os
+import re
 import struct
 
 import pytest
@@ -46,8 +47,18 @@ def test_asan_generate_score_tokens_chat(native_build, native_synth, tmp_path):
     check(p, EXIT_OK)
     assert 1 <= len(json.loads(p.stdout)) <= 5
     p = run_native(exe, "-m", model, "--score", token_file(tmp_path / "t", [1, 5, 6, 7]))
-    check(p, EXIT_OK)
+    err = check(p, EXIT_OK)
     assert json.loads(p.stdout)["n_scored"] == 3
+    # --score / --dump-logits: a line that fits the mode (no TTFT, no tok/s), stats unchanged
+    assert re.search(r"^ditto-run: scored 3 tokens in \d+\.\d ms$", err, re.M), err
+    assert "time to first token" not in err and "tok/s" not in err
+    assert json.loads(err.split("stats ", 1)[1].splitlines()[0])["prompt_tokens"] == 4
+    p = run_native(exe, "-m", model, "--ids", tmp_path / "t", "--dump-logits", tmp_path / "l")
+    err = check(p, EXIT_OK)
+    assert re.search(r"^ditto-run: computed the logits of 4 tokens in \d+\.\d ms$", err,
+                     re.M), err
+    assert "time to first token" not in err and "tok/s" not in err
+    assert json.loads(err.split("stats ", 1)[1].splitlines()[0])["generated_tokens"] == 0
 
 
 def test_tokens_prompt_file_is_byte_exact(native_build, native_synth, tmp_path):
