@@ -241,6 +241,14 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
     with `ditto run DIR -p "def fib(n):"`. The build is atomic: a failure leaves no DIR."""
     from . import pipeline
 
+    if quantizer == "none":  # it keeps every tensor in fp32: say so if quantize options were given
+        ctx = click.get_current_context()
+        given = [f"--{n.replace('_', '-')}" for n in ("bits", "group_size", "keep_fp32", "method",
+                                                      "codebook_type", "seed")
+                 if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
+                       "(every tensor stays fp32)", err=True)
     opts = pipeline.BuildOptions(
         quantizer=quantizer, blas=blas, exporter=exporter, rewrite=rewrite, openmp=openmp,
         cache=cache,

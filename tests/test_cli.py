@@ -92,3 +92,18 @@ def test_build_unknown_components_fail_before_work(tmp_path):
                                  "-o", str(out)])
     assert r.exit_code == 1 and "unknown BLAS target 'nope'" in r.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_build_quantizer_none_warns_about_ignored_quantize_options(tmp_path):
+    out = tmp_path / "b"
+    # --blas nope fails fast, after the warning; exit code is the failure's, not the warning's
+    r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "none", "--blas", "nope",
+                                 "--bits", "3", "--group-size", "64", "-o", str(out)])
+    assert r.exit_code == 1 and "unknown BLAS target 'nope'" in r.stderr
+    assert r.stderr.splitlines()[0] == \
+        "warning: --bits, --group-size ignored with --quantizer none (every tensor stays fp32)"
+    # no quantize option given, or a quantizer that uses them: no warning
+    for q, extra in (("none", []), ("kmeans", ["--bits", "3"])):
+        r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", q, "--blas", "nope",
+                                     *extra, "-o", str(out)])
+        assert r.exit_code == 1 and "warning" not in r.stderr, r.stderr
