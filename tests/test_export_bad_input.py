@@ -119,6 +119,19 @@ def test_truncated_gguf(tiny_gguf, tmp_path):
     bad.write_bytes(data[: len(data) // 2])
     r, out, outdir = run_export(bad, tmp_path)
     assert_refused(r, out, outdir, bad, "truncated")
+    assert r.stderr == (f"error: {bad}: truncated or corrupt GGUF ({len(data) // 2:,} bytes; "
+                        "the gguf reader failed with ValueError)\n")
+
+
+@pytest.mark.parametrize("keep", [30, 1000, -1])  # in the header, in the metadata, last byte
+def test_truncated_gguf_message_has_no_numpy_internals(tiny_gguf, tmp_path, keep):
+    bad = tmp_path / "tiny.gguf"
+    data = tiny_gguf.read_bytes()[:keep]
+    bad.write_bytes(data)
+    r, out, outdir = run_export(bad, tmp_path)
+    assert_refused(r, out, outdir, f"{bad}: truncated or corrupt GGUF ({len(data):,} bytes; "
+                   "the gguf reader failed with ")
+    assert "When changing to a larger dtype" not in r.stderr and "array" not in r.stderr
 
 
 def _write_gguf(path: Path, arch: str, tokenizer: bool):

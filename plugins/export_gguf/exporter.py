@@ -46,8 +46,11 @@ def _read_gguf(path: Path):
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as exc:  # the gguf package raises ValueError/IndexError/... on bad files
-        raise DittoError(f"{path}: unreadable or truncated GGUF file: "
-                         f"{type(exc).__name__}: {exc}") from None
+        # its messages are numpy internals ("cannot reshape array ...", "When changing to a
+        # larger dtype ..."): name the file, its size and only the kind of failure
+        size = Path(path).stat().st_size
+        raise DittoError(f"{path}: truncated or corrupt GGUF ({size:,} bytes; the gguf reader "
+                         f"failed with {type(exc).__name__})") from None
 
 
 def _metadata(reader) -> dict:
