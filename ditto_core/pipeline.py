@@ -256,6 +256,12 @@ def _prepare_out_dir(out_dir: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
     except OSError as exc:
+        for anc in (out_dir.parent, *out_dir.parent.parents):  # e.g. -o afile/sub
+            if anc.exists() or anc.is_symlink():
+                if not anc.is_dir():
+                    raise DittoError(f"{anc}: is not a directory, so -o {out_dir} cannot be "
+                                     "created") from None
+                break
         raise DittoError(f"{out_dir}: cannot create the output directory: "
                          f"{exc.strerror or exc}") from None
 

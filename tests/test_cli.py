@@ -107,3 +107,14 @@ def test_build_quantizer_none_warns_about_ignored_quantize_options(tmp_path):
         r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", q, "--blas", "nope",
                                      *extra, "-o", str(out)])
         assert r.exit_code == 1 and "warning" not in r.stderr, r.stderr
+
+
+def test_build_output_under_a_regular_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("user data")
+    for out in (afile / "sub", afile / "sub" / "deeper"):
+        r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "none", "--blas",
+                                     "openblas", "-o", str(out), "-q"])
+        assert r.exit_code == 1, r.output
+        assert r.stderr == f"error: {afile}: is not a directory, so -o {out} cannot be created\n"
+        assert afile.read_text() == "user data" and sorted(tmp_path.iterdir()) == [afile]
