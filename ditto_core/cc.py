@@ -95,21 +95,6 @@ def summary_lines(results: list[dict], rewrite: bool = True) -> list[str]:
     return lines
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write ``obj`` as indented JSON to ``path`` via a temp file in the same directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def emit_ir(sources: Sequence[Path], *, workdir: Path, include_dirs=(), defines=(),
             flags=(), emitter: str = DEFAULT_EMITTER) -> IRModule:
     """Stage 4: the registered IR emitter ``emitter`` on ``sources``."""
