@@ -4,7 +4,7 @@ files of the bundled models.
 ``smollm2_hf_dir`` is built WITHOUT Ditto's exporters, from the ``gguf`` package's dequantized
 weights, so the HF→Ditto vs GGUF→Ditto comparison checks two independent paths:
 - weights renamed to HF names; q/k rows put back in HF order with the index formula of
-  /work/shared/README.md (GGUF row ``h·d + 2i + half`` is HF row ``h·d + half·d/2 + i``),
+  llama.cpp's HF→GGUF converter, undone (GGUF row ``h·d + 2i + half`` is HF row ``h·d + half·d/2 + i``),
   written as float32 safetensors so logits can be compared tightly;
 - config.json written by ``transformers.LlamaConfig`` (tie_word_embeddings, rope θ, RMSNorm ε
   from the GGUF);

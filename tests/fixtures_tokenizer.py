@@ -5,7 +5,7 @@
 - ``smollm2_spec`` / ``smollm2_ctok``: SmolLM2's tokenizer as the GGUF exporter reads it, serialized
   to a model-file tokenizer block (ditto_core.modelfile.serialize_tokenizer) and loaded in C.
 - ``smollm2_hf``: the reference: HF ``tokenizers`` built straight from the GGUF's vocab and merges
-  (the recipe of ../shared/README.md), independent of Ditto's exporter, as a tokenizer.json.
+  (the recipe of tests/data/README.md), independent of Ditto's exporter, as a tokenizer.json.
 - ``smollm2_tok_model``: a tiny .ditto file with SmolLM2's tokenizer, for the program's --tokens.
 - ``spm_model``: a SentencePiece BPE model (byte_fallback) trained by the ``sentencepiece``
   library on Python standard-library source, and ``spec_from_sentencepiece`` to convert it.
@@ -34,7 +34,7 @@ from ditto_core.types import TokenizerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
-GOLDEN = ROOT.parent / "shared" / "data" / "smollm2_tokenizer_golden.jsonl"
+GOLDEN = ROOT / "tests" / "data" / "smollm2_tokenizer_golden.jsonl"
 TOKENIZER_SOURCES = [NATIVE / "tokenizer.c", NATIVE / "unicode_tables.c"]
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
@@ -200,7 +200,7 @@ def _gguf_spec(path: str) -> TokenizerSpec:
 @functools.lru_cache(maxsize=None)
 def _hf_from_gguf(path: str, out_dir: str):
     """HF ``tokenizers`` built from the GGUF's own vocab and merges (the recipe of
-    ../shared/README.md, tests/fixtures_hf.py ``build_bytelevel_tokenizer``), saved as a
+    tests/data/README.md, tests/fixtures_hf.py ``build_bytelevel_tokenizer``), saved as a
     tokenizer.json and loaded back from it."""
     import gguf
     from tokenizers import Tokenizer
@@ -230,7 +230,8 @@ def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8) -> 
 
 
 def golden_rows() -> list[dict]:
-    """Rows of ../shared/data/smollm2_tokenizer_golden.jsonl (llama.cpp's token ids)."""
+    """Rows of tests/data/smollm2_tokenizer_golden.jsonl (llama.cpp's token ids; provenance in
+    tests/data/README.md)."""
     with open(GOLDEN, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 

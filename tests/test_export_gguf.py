@@ -1,5 +1,5 @@
 """GGUF exporter on the real models: config, dequantized tensors in HF q/k order, tokenizers
-checked against llama.cpp's golden token ids (/work/shared/data)."""
+checked against llama.cpp's golden token ids (tests/data)."""
 
 import json
 from pathlib import Path

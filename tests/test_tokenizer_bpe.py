@@ -1,5 +1,5 @@
 """Byte-level BPE in C (native/tokenizer.c) on SmolLM2's vocabulary, against references:
-llama.cpp's token ids (../shared/data/smollm2_tokenizer_golden.jsonl) and HF ``tokenizers``
+llama.cpp's token ids (tests/data/smollm2_tokenizer_golden.jsonl) and HF ``tokenizers``
 built from the same GGUF."""
 
 from __future__ import annotations
