@@ -350,256 +350,242 @@ static void print_stats(const char *eval_what, long n_eval, double load_s, long 
             threads, ctx, peak_rss_kib());
 }
 
-int main(int argc, char **argv) {
-    Args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc >= 0) return rc;
-#ifdef _OPENMP
-    if (a.threads > 0) omp_set_num_threads((int)a.threads);
-#endif
-    char err[1024] = "";
-    double t_start = now_s();
-
+/* What a run has opened and computed, shared by the modes below. */
+typedef struct {
     Model model;
-    if (model_open(&model, a.model_path, err, sizeof err)) {
-        fprintf(stderr, "%s: error: %s\n", prog, err);
-        return EXIT_MODEL;
-    }
-    const DittoConfig *cfg = &model.config;
-    Tokenizer *tok = tokenizer_new(model.tokenizer_block, model.tokenizer_block_len,
-                                   cfg->vocab_size, err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "%s: error: %s: tokenizer: %s\n", prog, a.model_path, err);
-        model_close(&model);
-        return EXIT_MODEL;
-    }
-
-    int32_t *ids = NULL;
-    long n_ids = 0, cap = 0;
-    rc = EXIT_OK;
+    Tokenizer *tok;
     RunState state;
-    memset(&state, 0, sizeof state);
     Sampler sampler;
-    memset(&sampler, 0, sizeof sampler);
-    int32_t *gen_ids = NULL;
-    float *dump = NULL;
-    char *out = NULL;
+    int32_t *ids; /* the input tokens */
+    long n_ids;
+    long ctx;     /* KV cache positions */
+    double t_start, t_loaded;
+} Run;
 
-    /* ---- the input tokens */
-    const char *token_path = a.score_file ? a.score_file : a.ids_file;
-    if (token_path) {
-        size_t len;
-        char *text = read_file(token_path, &len);
+/* The input tokens of a text prompt (-p or -f), wrapped in the ChatML turn with --chat.
+ * Returns an exit code; on success r->ids / r->n_ids hold the tokens. */
+static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
+    size_t len;
+    char *text;
+    if (a->prompt_file) {
+        text = read_file(a->prompt_file, &len);
         if (!text) {
-            read_error(token_path);
-            rc = EXIT_IO;
-            goto done;
-        }
-        n_ids = parse_token_file(token_path, text, len, cfg->vocab_size, &ids, err, sizeof err);
-        free(text);
-        if (n_ids < 0) {
-            fprintf(stderr, "%s: error: %s\n", prog, err);
-            rc = EXIT_PROMPT;
-            goto done;
+            read_error(a->prompt_file);
+            return EXIT_IO;
         }
     } else {
-        size_t len;
-        char *text;
-        if (a.prompt_file) {
-            text = read_file(a.prompt_file, &len);
-            if (!text) {
-                read_error(a.prompt_file);
-                rc = EXIT_IO;
-                goto done;
-            }
-        } else {
-            len = strlen(a.prompt);
-            text = malloc(len + 1);
-            if (text) memcpy(text, a.prompt, len + 1);
-        }
-        cap = (long)len + 16;
-        ids = malloc((size_t)cap * sizeof(int32_t));
-        if (!text || !ids) {
-            free(text);
-            fprintf(stderr, "%s: error: out of memory\n", prog);
-            rc = EXIT_OOM;
-            goto done;
-        }
-        int ok;
-        if (a.chat) {
-            if (tokenizer_chat_format(tok) != DITTO_CHAT_CHATML) {
-                free(text);
-                fprintf(stderr, "%s: error: %s: --chat: the model has no chat format\n", prog,
-                        a.model_path);
-                rc = EXIT_USAGE;
-                goto done;
-            }
-            static const char pre[] = "<|im_start|>user\n";
-            static const char post[] = "<|im_end|>\n<|im_start|>assistant\n";
-            ok = !encode_append(tok, pre, strlen(pre), 1, a.bos == 1, &ids, &n_ids, &cap, err,
-                                sizeof err) &&
-                 !encode_append(tok, text, len, a.special, 0, &ids, &n_ids, &cap, err,
-                                sizeof err) &&
-                 !encode_append(tok, post, strlen(post), 1, 0, &ids, &n_ids, &cap, err, sizeof err);
-        } else {
-            int bos = a.bos >= 0 ? a.bos : (a.tokens_only ? 0 : -1);
-            if (bos < 0) { /* the model file's default */
-                const DittoTokenizerHeader *th =
-                    (const DittoTokenizerHeader *)(const void *)model.tokenizer_block;
-                bos = th->add_bos != 0;
-            }
-            ok = !encode_append(tok, text, len, a.special, bos, &ids, &n_ids, &cap, err,
-                                sizeof err);
-        }
+        len = strlen(a->prompt);
+        text = malloc(len + 1);
+        if (text) memcpy(text, a->prompt, len + 1);
+    }
+    long cap = (long)len + 16;
+    r->ids = malloc((size_t)cap * sizeof(int32_t));
+    if (!text || !r->ids) {
         free(text);
-        if (!ok) {
-            fprintf(stderr, "%s: error: %s: %s\n", prog,
-                    a.prompt_file ? a.prompt_file : "prompt", err);
-            rc = EXIT_PROMPT;
-            goto done;
+        fprintf(stderr, "%s: error: out of memory\n", prog);
+        return EXIT_OOM;
+    }
+    int ok;
+    if (a->chat) {
+        if (tokenizer_chat_format(r->tok) != DITTO_CHAT_CHATML) {
+            free(text);
+            fprintf(stderr, "%s: error: %s: --chat: the model has no chat format\n", prog,
+                    a->model_path);
+            return EXIT_USAGE;
         }
+        static const char pre[] = "<|im_start|>user\n";
+        static const char post[] = "<|im_end|>\n<|im_start|>assistant\n";
+        ok = !encode_append(r->tok, pre, strlen(pre), 1, a->bos == 1, &r->ids, &r->n_ids, &cap,
+                            err, errlen) &&
+             !encode_append(r->tok, text, len, a->special, 0, &r->ids, &r->n_ids, &cap, err,
+                            errlen) &&
+             !encode_append(r->tok, post, strlen(post), 1, 0, &r->ids, &r->n_ids, &cap, err,
+                            errlen);
+    } else {
+        int bos = a->bos >= 0 ? a->bos : (a->tokens_only ? 0 : -1);
+        if (bos < 0) { /* the model file's default */
+            const DittoTokenizerHeader *th =
+                (const DittoTokenizerHeader *)(const void *)r->model.tokenizer_block;
+            bos = th->add_bos != 0;
+        }
+        ok = !encode_append(r->tok, text, len, a->special, bos, &r->ids, &r->n_ids, &cap, err,
+                            errlen);
     }
-    if (a.tokens_only) {
-        printf("[");
-        for (long i = 0; i < n_ids; i++) printf(i ? ", %d" : "%d", ids[i]);
-        printf("]\n");
-        goto done;
+    free(text);
+    if (!ok) {
+        fprintf(stderr, "%s: error: %s: %s\n", prog, a->prompt_file ? a->prompt_file : "prompt",
+                err);
+        return EXIT_PROMPT;
     }
-    if (n_ids == 0 || (a.score_file && n_ids < 2)) {
-        fprintf(stderr, "%s: error: %s: %s\n", prog,
-                token_path ? token_path : a.prompt_file ? a.prompt_file : "prompt",
-                a.score_file ? "needs at least 2 tokens to score" : "prompt is empty (0 tokens)");
-        rc = EXIT_PROMPT;
-        goto done;
-    }
+    return EXIT_OK;
+}
 
-    /* ---- context: only as many KV positions as this run uses */
+/* The input tokens: from a token file (--score, --ids) or a text prompt. Returns an exit code. */
+static int read_input_ids(const Args *a, Run *r) {
+    char err[1024] = "";
+    const char *token_path = a->score_file ? a->score_file : a->ids_file;
+    if (!token_path) return read_prompt_ids(a, r, err, sizeof err);
+    size_t len;
+    char *text = read_file(token_path, &len);
+    if (!text) {
+        read_error(token_path);
+        return EXIT_IO;
+    }
+    r->n_ids = parse_token_file(token_path, text, len, r->model.config.vocab_size, &r->ids, err,
+                                sizeof err);
+    free(text);
+    if (r->n_ids < 0) {
+        r->n_ids = 0;
+        fprintf(stderr, "%s: error: %s\n", prog, err);
+        return EXIT_PROMPT;
+    }
+    return EXIT_OK;
+}
+
+/* --tokens: print the input token ids as a JSON list. */
+static int print_tokens(const Run *r) {
+    printf("[");
+    for (long i = 0; i < r->n_ids; i++) printf(i ? ", %d" : "%d", r->ids[i]);
+    printf("]\n");
+    return EXIT_OK;
+}
+
+/* Sizes the KV cache to what this run uses and allocates the run state. Returns an exit code. */
+static int prepare_context(const Args *a, Run *r) {
+    const DittoConfig *cfg = &r->model.config;
+    const char *token_path = a->score_file ? a->score_file : a->ids_file;
+    if (r->n_ids == 0 || (a->score_file && r->n_ids < 2)) {
+        fprintf(stderr, "%s: error: %s: %s\n", prog,
+                token_path ? token_path : a->prompt_file ? a->prompt_file : "prompt",
+                a->score_file ? "needs at least 2 tokens to score" : "prompt is empty (0 tokens)");
+        return EXIT_PROMPT;
+    }
     long max_seq = (long)cfg->max_seq_len;
-    long ctx = a.ctx;
+    long ctx = a->ctx;
     if (ctx > max_seq) {
         fprintf(stderr, "%s: error: --ctx %ld exceeds the model's max_seq_len %ld\n", prog, ctx,
                 max_seq);
-        rc = EXIT_USAGE;
-        goto done;
+        return EXIT_USAGE;
     }
-    int eval_only = a.score_file || a.dump_file;
+    int eval_only = a->score_file || a->dump_file;
     if (ctx == 0) {
-        ctx = eval_only ? n_ids : n_ids + a.n_gen - 1;
+        ctx = eval_only ? r->n_ids : r->n_ids + a->n_gen - 1;
         if (ctx > max_seq) ctx = max_seq;
     }
-    if (n_ids > ctx) {
+    if (r->n_ids > ctx) {
         fprintf(stderr,
                 "%s: error: the prompt has %ld tokens but the context holds %ld "
                 "(max_seq_len %ld)\n",
-                prog, n_ids, ctx, max_seq);
-        rc = EXIT_PROMPT;
-        goto done;
+                prog, r->n_ids, ctx, max_seq);
+        return EXIT_PROMPT;
     }
-    if (runstate_init(&state, cfg, (int)ctx) ||
-        sampler_init(&sampler, (int)cfg->vocab_size, a.temp, a.topp, a.seed)) {
+    r->ctx = ctx;
+    if (runstate_init(&r->state, cfg, (int)ctx) ||
+        sampler_init(&r->sampler, (int)cfg->vocab_size, a->temp, a->topp, a->seed)) {
         fprintf(stderr, "%s: error: out of memory for a context of %ld positions (%.1f MiB)\n",
                 prog, ctx, runstate_bytes(cfg, (int)ctx) / 1048576.0);
-        rc = EXIT_OOM;
-        goto done;
+        return EXIT_OOM;
     }
-    double t_loaded = now_s();
-    int vocab = (int)cfg->vocab_size;
+    return EXIT_OK;
+}
 
-    /* ---- teacher-forced scoring */
-    if (a.score_file) {
-        printf("{\"n_tokens\": %ld, \"logprobs\": [", n_ids);
-        double sum = 0.0;
-        for (long pos = 0; pos + 1 < n_ids; pos++) {
-            float *logits = forward(&model, &state, ids[pos], (int)pos);
-            float max = logits[0];
-            for (int i = 1; i < vocab; i++)
-                if (logits[i] > max) max = logits[i];
-            double z = 0.0;
-            for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - max));
-            double lp = (double)(logits[ids[pos + 1]] - max) - log(z);
-            sum += lp;
-            printf(pos ? ", %.6f" : "%.6f", lp);
-        }
-        long n_scored = n_ids - 1;
-        printf("], \"n_scored\": %ld, \"sum_logprob\": %.6f, \"mean_nll\": %.6f, "
-               "\"perplexity\": %.6f}\n",
-               n_scored, sum, -sum / n_scored, exp(-sum / n_scored));
+/* --score: teacher-forced log-probabilities of tokens 1..n-1, as one JSON object on stdout. */
+static int score(Run *r) {
+    int vocab = (int)r->model.config.vocab_size;
+    printf("{\"n_tokens\": %ld, \"logprobs\": [", r->n_ids);
+    double sum = 0.0;
+    for (long pos = 0; pos + 1 < r->n_ids; pos++) {
+        float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
+        float max = logits[0];
+        for (int i = 1; i < vocab; i++)
+            if (logits[i] > max) max = logits[i];
+        double z = 0.0;
+        for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - max));
+        double lp = (double)(logits[r->ids[pos + 1]] - max) - log(z);
+        sum += lp;
+        printf(pos ? ", %.6f" : "%.6f", lp);
+    }
+    long n_scored = r->n_ids - 1;
+    printf("], \"n_scored\": %ld, \"sum_logprob\": %.6f, \"mean_nll\": %.6f, "
+           "\"perplexity\": %.6f}\n",
+           n_scored, sum, -sum / n_scored, exp(-sum / n_scored));
+    double t_end = now_s();
+    print_stats("scored", n_scored, r->t_loaded - r->t_start, r->n_ids, t_end - r->t_loaded, 0.0,
+                0, 0.0, r->ctx);
+    return EXIT_OK;
+}
+
+/* --dump-logits FILE: the logits of every input position, n x vocab float32, row-major. */
+static int dump_logits(Run *r, const char *path) {
+    int vocab = (int)r->model.config.vocab_size;
+    size_t n_bytes = (size_t)r->n_ids * (size_t)vocab * sizeof(float);
+    float *dump = malloc(n_bytes);
+    if (!dump) {
+        fprintf(stderr, "%s: error: out of memory for %ld x %d logits\n", prog, r->n_ids, vocab);
+        return EXIT_OOM;
+    }
+    for (long pos = 0; pos < r->n_ids; pos++) {
+        float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
+        memcpy(dump + (size_t)pos * vocab, logits, (size_t)vocab * sizeof(float));
+    }
+    int rc = EXIT_OK;
+    if (write_atomic(path, dump, n_bytes)) {
+        fprintf(stderr, "%s: error: %s: cannot write: %s\n", prog, path, strerror(errno));
+        rc = EXIT_IO;
+    } else {
         double t_end = now_s();
-        print_stats("scored", n_scored, t_loaded - t_start, n_ids, t_end - t_loaded, 0.0, 0, 0.0,
-                    ctx);
-        goto done;
+        print_stats("computed the logits of", r->n_ids, r->t_loaded - r->t_start, r->n_ids,
+                    t_end - r->t_loaded, 0.0, 0, 0.0, r->ctx);
     }
+    free(dump);
+    return rc;
+}
 
-    /* ---- logits of every prompt position */
-    if (a.dump_file) {
-        dump = malloc((size_t)n_ids * (size_t)vocab * sizeof(float));
-        if (!dump) {
-            fprintf(stderr, "%s: error: out of memory for %ld x %d logits\n", prog, n_ids, vocab);
-            rc = EXIT_OOM;
-            goto done;
-        }
-        for (long pos = 0; pos < n_ids; pos++) {
-            float *logits = forward(&model, &state, ids[pos], (int)pos);
-            memcpy(dump + (size_t)pos * vocab, logits, (size_t)vocab * sizeof(float));
-        }
-        if (write_atomic(a.dump_file, dump, (size_t)n_ids * (size_t)vocab * sizeof(float))) {
-            fprintf(stderr, "%s: error: %s: cannot write: %s\n", prog, a.dump_file,
-                    strerror(errno));
-            rc = EXIT_IO;
-            goto done;
-        }
-        double t_end = now_s();
-        print_stats("computed the logits of", n_ids, t_loaded - t_start, n_ids,
-                    t_end - t_loaded, 0.0, 0, 0.0, ctx);
-        goto done;
+/* Generation: evaluates the prompt, then samples up to -n tokens, printing their text as it
+ * streams (or their ids with --print-ids). */
+static int generate(Run *r, const Args *a) {
+    if (!a->seed_given) {
+        uint64_t seed = (uint64_t)time(NULL);
+        r->sampler.rng = seed;
+        if (a->temp > 0.0f) fprintf(stderr, "%s: seed %llu\n", prog, (unsigned long long)seed);
     }
-
-    /* ---- generation */
-    if (!a.seed_given) {
-        a.seed = (uint64_t)time(NULL);
-        sampler.rng = a.seed;
-        if (a.temp > 0.0f) fprintf(stderr, "%s: seed %llu\n", prog, (unsigned long long)a.seed);
-    }
-    gen_ids = malloc((size_t)a.n_gen * sizeof(int32_t));
-    if (!gen_ids) {
+    int32_t *gen_ids = malloc((size_t)a->n_gen * sizeof(int32_t));
+    size_t out_cap = tokenizer_max_decode_bytes(r->tok) + 16;
+    char *out = malloc(out_cap);
+    if (!gen_ids || !out) {
+        free(gen_ids);
+        free(out);
         fprintf(stderr, "%s: error: out of memory\n", prog);
-        rc = EXIT_OOM;
-        goto done;
+        return EXIT_OOM;
     }
     float *logits = NULL;
-    for (long pos = 0; pos < n_ids; pos++) logits = forward(&model, &state, ids[pos], (int)pos);
+    for (long pos = 0; pos < r->n_ids; pos++)
+        logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
     double t_prompt = now_s(), t_first = 0.0;
-    int32_t eos = tokenizer_eos(tok);
+    int32_t eos = tokenizer_eos(r->tok);
     TokenDecoder dec;
     token_decoder_init(&dec);
-    size_t out_cap = tokenizer_max_decode_bytes(tok) + 16;
-    out = malloc(out_cap);
-    if (!out) {
-        fprintf(stderr, "%s: error: out of memory\n", prog);
-        rc = EXIT_OOM;
-        goto done;
-    }
-    long n_gen = 0, pos = n_ids;
+    long n_gen = 0, pos = r->n_ids;
     for (;;) {
-        int next = sampler_sample(&sampler, logits);
+        int next = sampler_sample(&r->sampler, logits);
         gen_ids[n_gen++] = next;
         if (n_gen == 1) t_first = now_s();
-        if (next == eos && !a.ignore_eos) break;
-        if (!a.print_ids) {
-            size_t nb = token_decode(tok, &dec, next, 0, out, out_cap);
+        if (next == eos && !a->ignore_eos) break;
+        if (!a->print_ids) {
+            size_t nb = token_decode(r->tok, &dec, next, 0, out, out_cap);
             fwrite(out, 1, nb, stdout);
             fflush(stdout);
         }
-        if (n_gen >= a.n_gen) break;
-        if (pos >= ctx) {
-            fprintf(stderr, "\n%s: context full (%ld positions): stopping\n", prog, ctx);
+        if (n_gen >= a->n_gen) break;
+        if (pos >= r->ctx) {
+            fprintf(stderr, "\n%s: context full (%ld positions): stopping\n", prog, r->ctx);
             break;
         }
-        logits = forward(&model, &state, next, (int)pos);
+        logits = forward(&r->model, &r->state, next, (int)pos);
         pos++;
     }
     double t_end = now_s();
-    if (a.print_ids) {
+    if (a->print_ids) {
         printf("[");
         for (long i = 0; i < n_gen; i++) printf(i ? ", %d" : "%d", gen_ids[i]);
         printf("]\n");
@@ -609,21 +595,57 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     fflush(stdout); /* the text first, then the stats on (unbuffered) stderr */
-    print_stats(NULL, 0, t_loaded - t_start, n_ids, t_prompt - t_loaded, t_first - t_loaded,
-                n_gen, t_end - t_first, ctx);
+    print_stats(NULL, 0, r->t_loaded - r->t_start, r->n_ids, t_prompt - r->t_loaded,
+                t_first - r->t_loaded, n_gen, t_end - t_first, r->ctx);
+    free(out);
+    free(gen_ids);
+    return EXIT_OK;
+}
 
-done:
+/* Opens the model and its tokenizer, reads the input tokens and runs the chosen mode. */
+static int run(const Args *a, Run *r) {
+    char err[1024] = "";
+    if (model_open(&r->model, a->model_path, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", prog, err);
+        return EXIT_MODEL;
+    }
+    const DittoConfig *cfg = &r->model.config;
+    r->tok = tokenizer_new(r->model.tokenizer_block, r->model.tokenizer_block_len,
+                           cfg->vocab_size, err, sizeof err);
+    if (!r->tok) {
+        fprintf(stderr, "%s: error: %s: tokenizer: %s\n", prog, a->model_path, err);
+        return EXIT_MODEL;
+    }
+    int rc = read_input_ids(a, r);
+    if (rc != EXIT_OK) return rc;
+    if (a->tokens_only) return print_tokens(r);
+    rc = prepare_context(a, r);
+    if (rc != EXIT_OK) return rc;
+    r->t_loaded = now_s();
+    if (a->score_file) return score(r);
+    if (a->dump_file) return dump_logits(r, a->dump_file);
+    return generate(r, a);
+}
+
+int main(int argc, char **argv) {
+    Args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+#ifdef _OPENMP
+    if (a.threads > 0) omp_set_num_threads((int)a.threads);
+#endif
+    Run r;
+    memset(&r, 0, sizeof r);
+    r.t_start = now_s();
+    rc = run(&a, &r);
     if (fflush(stdout) != 0 && rc == EXIT_OK) {
         fprintf(stderr, "%s: error: cannot write to stdout\n", prog);
         rc = EXIT_IO;
     }
-    free(out);
-    free(dump);
-    free(gen_ids);
-    sampler_free(&sampler);
-    runstate_free(&state);
-    free(ids);
-    tokenizer_free(tok);
-    model_close(&model);
+    sampler_free(&r.sampler);
+    runstate_free(&r.state);
+    free(r.ids);
+    tokenizer_free(r.tok);
+    model_close(&r.model);
     return rc;
 }
