@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from . import format as F
 from .components import QuantOptions
 from .errors import DittoError
 
@@ -216,7 +217,8 @@ def plugins_cmd(as_json):
               help="Output directory (model.ditto, build.json, the executable).")
 @click.option("--bits", type=click.IntRange(1, 8), default=4, show_default=True,
               help="Bit width b of the codebook indices.")
-@click.option("--group-size", type=click.IntRange(min=2), default=256, show_default=True,
+@click.option("--group-size", type=click.IntRange(F.MIN_GROUP_SIZE, F.MAX_GROUP_SIZE), default=256,
+              show_default=True,
               help="Group size G: weights per sub-block sharing one codebook.")
 @click.option("--keep-fp32", multiple=True, metavar="PATTERN",
               help="Glob over tensor names kept in fp32 (repeatable); norms always are.")

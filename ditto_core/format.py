@@ -24,6 +24,9 @@ ARCH_LLAMA = 1  # DITTO_ARCH_LLAMA
 ENC_F32 = 0  # DITTO_ENC_F32
 ENC_CODEBOOK = 1  # DITTO_ENC_CODEBOOK
 
+MIN_GROUP_SIZE = 2  # DITTO_MIN_GROUP_SIZE: smallest codebook group size G
+MAX_GROUP_SIZE = 1 << 24  # DITTO_MAX_GROUP_SIZE: largest G (G >= cols is one sub-block per row)
+
 CB_F32 = 0  # DITTO_CB_F32
 CB_F16 = 1  # DITTO_CB_F16
 

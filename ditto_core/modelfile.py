@@ -90,7 +90,7 @@ def f32_nbytes(shape: Sequence[int]) -> int:
 def codebook_bytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
     """Bytes of the codebook part of a CODEBOOK payload, padded to 64 (FORMAT.md):
     ``roundup(rows · S · 2^b · sizeof(codebook_type), 64)`` with ``S = ceil(cols / G)``."""
-    _check_codebook_params(bits, group_size, codebook_type)
+    check_codebook_params(bits, group_size, codebook_type)
     s = math.ceil(cols / group_size)
     return F.round_up(rows * s * (1 << bits) * F.CODEBOOK_ITEMSIZE[codebook_type], F.ALIGN)
 
@@ -115,11 +115,19 @@ def codebook_saves_space(rows: int, cols: int, bits: int, group_size: int,
     return codebook_nbytes(rows, cols, bits, group_size, codebook_type) < f32_nbytes((rows, cols))
 
 
-def _check_codebook_params(bits, group_size, codebook_type):
+def check_codebook_params(bits, group_size, codebook_type) -> None:
+    """Raise DittoError unless the CODEBOOK parameters are what a model file may hold
+    (FORMAT.md "encoding = 1"): bit width b an integer in 1..8, group size G an integer in
+    ``MIN_GROUP_SIZE..MAX_GROUP_SIZE`` (2..2^24), codebook type 'f16' or 'f32'. The quantize
+    options of ``ditto build`` are checked with it before any work starts."""
+    for what, v in (("bit width b", bits), ("group size G", group_size)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise DittoError(f"codebook {what} must be an integer, got {v!r}")
     if not 1 <= bits <= 8:
         raise DittoError(f"codebook bit width b must be in 1..8, got {bits}")
-    if group_size < 2:
-        raise DittoError(f"codebook group size G must be >= 2, got {group_size}")
+    if not F.MIN_GROUP_SIZE <= group_size <= F.MAX_GROUP_SIZE:
+        raise DittoError(f"codebook group size G must be in {F.MIN_GROUP_SIZE}.."
+                         f"{F.MAX_GROUP_SIZE}, got {group_size}")
     if codebook_type not in F.CODEBOOK_ITEMSIZE:
         raise DittoError(f"codebook type must be 'f16' or 'f32', got {codebook_type!r}")
 
@@ -338,7 +346,7 @@ def _check_tensor_info(t: TensorInfo, where: str) -> None:
                              f"and no codebook type")
     elif t.encoding == "codebook":
         try:
-            _check_codebook_params(t.bits, t.group_size, t.codebook_type)
+            check_codebook_params(t.bits, t.group_size, t.codebook_type)
         except DittoError as exc:
             raise DittoError(f"{where}: tensor {t.name!r}: {exc}") from None
     else:

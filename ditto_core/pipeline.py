@@ -25,7 +25,7 @@ import numpy as np
 from .bundled import BUNDLED, bundled_model
 from .components import QuantOptions
 from .errors import DittoError
-from .modelfile import TensorInfo, write_model
+from .modelfile import TensorInfo, check_codebook_params, write_model
 from .plugins import Registry, get_registry
 from .progress import progress_bar
 from .types import Checkpoint, QuantizedModel
@@ -384,6 +384,9 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     # fail early, before any work: unknown or unusable components
     blas = resolve_blas(registry.get("blas", options.blas))
     quantizer = registry.get("quantizer", options.quantizer)
+    if options.quantizer != "none":  # b, G, codebook type: the model file's own limits
+        check_codebook_params(options.quant.bits, options.quant.group_size,
+                              options.quant.codebook_type)
     check_options = getattr(quantizer, "check_options", None)  # optional: bad --method etc.
     if check_options is not None:
         check_options(options.quant)

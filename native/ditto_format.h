@@ -25,6 +25,11 @@
 #define DITTO_ENC_F32 0u      /* row-major float32 [rows][cols] */
 #define DITTO_ENC_CODEBOOK 1u /* sub-block codebook: see docs/FORMAT.md "Codebook tensors" */
 
+/* codebook group size G: 2 <= G <= DITTO_MAX_GROUP_SIZE (2^24; any G >= cols has the same
+ * layout as G = cols, and no config dimension exceeds 2^22) */
+#define DITTO_MIN_GROUP_SIZE 2u
+#define DITTO_MAX_GROUP_SIZE 16777216u
+
 /* codebook element types */
 #define DITTO_CB_F32 0u
 #define DITTO_CB_F16 1u

@@ -51,7 +51,7 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
     L.is_f16 = codebook_type == DITTO_CB_F16;
     L.bits = bits;
     L.group_size = group_size;
-    L.n_sub = (cols + group_size - 1) / group_size;
+    L.n_sub = (int)(((int64_t)cols + group_size - 1) / group_size);
     L.k = 1 << bits;
     L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
     size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * (size_t)L.k * (L.is_f16 ? 2u : 4u);
@@ -126,6 +126,12 @@ void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type
     }
 }
 
+/* G as the kernels see it: a sub-block longer than the row is the whole row (same layout,
+ * S = 1), so every kernel works with G <= cols and its int column arithmetic cannot overflow. */
+static int kernel_group_size(const Tensor *W) {
+    return (int)(W->group_size < W->cols ? W->group_size : W->cols);
+}
+
 void gemv(float *y, const float *x, const Tensor *W) {
     switch (W->encoding) {
     case DITTO_ENC_F32:
@@ -134,7 +140,7 @@ void gemv(float *y, const float *x, const Tensor *W) {
     case DITTO_ENC_CODEBOOK:
         /* SIMD kernel chain: AVX-512 (b = 4) -> AVX2 (any b) -> codebook_gemv_ref, chosen at
          * run time from the CPU's features (docs/KERNELS.md) */
-        codebook_gemv_avx512(y, x, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
+        codebook_gemv_avx512(y, x, W->data, W->codebook_type, (int)W->bits, kernel_group_size(W),
                              (int)W->rows, (int)W->cols);
         break;
     default: /* model_open() rejects other encodings */
@@ -147,7 +153,7 @@ void tensor_row(float *out, const Tensor *W, uint64_t r) {
     if (W->encoding == DITTO_ENC_F32) {
         memcpy(out, W->data + r * W->cols * sizeof(float), W->cols * sizeof(float));
     } else {
-        codebook_row_ref(out, W->data, W->codebook_type, (int)W->bits, (int)W->group_size,
+        codebook_row_ref(out, W->data, W->codebook_type, (int)W->bits, kernel_group_size(W),
                          (int)W->rows, (int)W->cols, (int)r);
     }
 }

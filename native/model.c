@@ -63,7 +63,9 @@ uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint3
         return 0;
     if (encoding == DITTO_ENC_F32) return rows * cols * 4u;
     if (encoding != DITTO_ENC_CODEBOOK) return 0;
-    if (bits < 1 || bits > 8 || group_size < 2) return 0;
+    if (bits < 1 || bits > 8 || group_size < DITTO_MIN_GROUP_SIZE ||
+        group_size > DITTO_MAX_GROUP_SIZE)
+        return 0;
     uint64_t elem = codebook_type == DITTO_CB_F16 ? 2 : codebook_type == DITTO_CB_F32 ? 4 : 0;
     if (elem == 0) return 0;
     uint64_t n_sub = (cols + group_size - 1) / group_size;

@@ -15,6 +15,7 @@ import zlib
 
 import numpy as np
 
+from ditto_core import format as F
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
@@ -53,8 +54,10 @@ def check_options(options: QuantOptions) -> str:
     b, g = options.bits, options.group_size
     if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 1 <= b <= 8:
         raise DittoError(f"kmeans: bit width b must be an integer in 1..8, got {b!r}")
-    if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 2:
-        raise DittoError(f"kmeans: group size G must be an integer >= 2, got {g!r}")
+    if (not isinstance(g, (int, np.integer)) or isinstance(g, bool)
+            or not F.MIN_GROUP_SIZE <= g <= F.MAX_GROUP_SIZE):
+        raise DittoError(f"kmeans: group size G must be an integer in {F.MIN_GROUP_SIZE}.."
+                         f"{F.MAX_GROUP_SIZE}, got {g!r}")
     if options.codebook_type not in _CB_NP:
         raise DittoError(f"kmeans: codebook type must be 'f16' or 'f32', got "
                          f"{options.codebook_type!r}")
