@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import DittoError
+from .outputs import output_target
 from .plugins import get_registry
 from .types import IRModule, PassReport
 
@@ -234,12 +235,14 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
     if ir_out is not None:
         dests.append((Path(ir_out), "IR file"))
     seen: dict[str, Path] = {os.path.realpath(s): s for s in sources}
+    targets: dict[Path, Path] = {}  # destination -> the file written (a symlink's target)
     for path, what in dests:
         check_destination(path, what)
         real = os.path.realpath(path)
         if real in seen:
             raise DittoError(f"{path}: the {what} would overwrite {seen[real]}")
         seen[real] = path
+        targets[path] = output_target(path, what, sources)
     target = resolve_blas(blas)
     cflags = list(flags)
     if openmp:
@@ -264,5 +267,5 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
         if ir_out is not None:
             staged.append((tmp / "out" / "final.ll", Path(ir_out)))
             staged[-1][0].write_text(module.text)
-        publish_outputs(staged)
+        publish_outputs([(st, targets[d]) for st, d in staged])
     return out, merge_reports(results)

@@ -64,9 +64,12 @@ def cli():
 def export_cmd(model, out, exporter, quiet):
     """Export MODEL to a Ditto model file with every tensor in fp32."""
     from . import pipeline
+    from .outputs import input_files, output_target
 
-    ck = pipeline.export(model, exporter)
-    laid = pipeline.write_f32(ck, out, show_progress=not quiet)
+    path = pipeline.resolve_model(model)
+    target = output_target(out, "model file", input_files(path))
+    ck = pipeline.export(path, exporter)
+    laid = pipeline.write_f32(ck, target, show_progress=not quiet)
     c = ck.config
     click.echo(f"{out}: {c.n_layers} layers, dim {c.dim}, {len(laid)} tensors, "
                f"{sum(t.n_weights for t in laid):,} weights, {out.stat().st_size:,} bytes")

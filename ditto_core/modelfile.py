@@ -408,9 +408,12 @@ def write_model(path, config: ModelConfig, tokenizer: TokenizerSpec,
 
     Raises DittoError naming the file (and tensor) when the config does not match the tensors,
     a payload comes out of order, has the wrong byte length or is missing, or the destination
-    cannot be written. Nothing is left at ``path`` (or in its directory) on any failure.
+    cannot be written or is not a regular file (``outputs.output_target``: a symlink is
+    written through). Nothing is left at ``path`` (or in its directory) on any failure.
     """
-    path = Path(path)
+    from .outputs import output_target
+
+    path = output_target(path, "model file")  # a symlink is written through, never replaced
     where = str(path)
     meta, meta_size, laid, file_size = plan_layout(config, tokenizer, tensors, where)
     directory = path.parent if str(path.parent) else Path(".")
