@@ -23,6 +23,9 @@ from ditto_core.bytelevel import unicode_to_bytes
 from ditto_core.errors import DittoError
 from ditto_core.types import TokenizerSpec
 
+from .tokenizer_features import (check_added_tokens, check_byte_level, check_model,
+                                 check_post_processor, check_sentencepiece, flatten)
+
 TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 3, 4, 5, 6
 
 
@@ -35,19 +38,6 @@ def _load_json(path: Path) -> dict:
         raise DittoError(f"{path}: not valid JSON: {exc}") from None
 
 
-def _flatten(node) -> list[dict]:
-    """Components of a (possibly Sequence) pre-tokenizer / normalizer / decoder, in order."""
-    if not node:
-        return []
-    if node.get("type") == "Sequence":
-        out = []
-        for key in ("pretokenizers", "normalizers", "decoders"):
-            for child in node.get(key, []):
-                out.extend(_flatten(child))
-        return out
-    return [node]
-
-
 def _token_text(v) -> str | None:
     if v is None:
         return None
@@ -56,15 +46,13 @@ def _token_text(v) -> str | None:
     return str(v)
 
 
-def _byte_level_pre(pres: list[dict], where: str) -> str:
-    kinds = [p.get("type") for p in pres]
-    if kinds == ["ByteLevel"] and pres[0].get("use_regex", True):
-        return "gpt2"
-    if (kinds == ["Digits", "ByteLevel"] and pres[0].get("individual_digits")
-            and pres[1].get("use_regex", True)):
-        return "gpt2_digits"
-    raise DittoError(f"{where}: unsupported byte-level pre-tokenizer {kinds} (supported: "
-                     f"ByteLevel(use_regex=true), Digits(individual_digits=true) + ByteLevel)")
+def _byte_ids(tokens: list[bytes], types) -> list[int]:
+    """For each byte value, the id of the normal token that is exactly that byte, or -1."""
+    out = [-1] * 256
+    for i, (t, ty) in enumerate(zip(tokens, types)):
+        if len(t) == 1 and ty == TT_NORMAL and out[t[0]] < 0:
+            out[t[0]] = i
+    return out
 
 
 def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> TokenizerSpec:
@@ -80,9 +68,7 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
     tcfg_path = directory / "tokenizer_config.json"
     tcfg = _load_json(tcfg_path) if tcfg_path.is_file() else {}
     model = tj.get("model") or {}
-    if model.get("type") != "BPE":
-        raise DittoError(f"{where}: tokenizer model {model.get('type')!r} is not supported "
-                         f"(Ditto reads BPE)")
+    check_model(model, where)
     vocab: dict[str, int] = model.get("vocab") or {}
     added = {int(a["id"]): a for a in tj.get("added_tokens", [])}
     n_src = max([*vocab.values(), *added.keys(), -1]) + 1
@@ -95,8 +81,8 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
         texts[i] = a["content"]
     by_text = {t: i for i, t in enumerate(texts) if t is not None}
 
-    pres = _flatten(tj.get("pre_tokenizer"))
-    norms = _flatten(tj.get("normalizer"))
+    pres = flatten(tj.get("pre_tokenizer"), "pretokenizers")
+    norms = flatten(tj.get("normalizer"), "normalizers")
     byte_level = any(p.get("type") == "ByteLevel" for p in pres)
     metaspace = any(p.get("type") == "Metaspace" for p in pres) or any(
         n.get("type") == "Replace" and n.get("content") == "\u2581" for n in norms)
@@ -149,26 +135,23 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
     jinja = directory / "chat_template.jinja"
     if not template and jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
-    if "add_bos_token" in tcfg:
-        add_bos = bool(tcfg["add_bos_token"])
-    else:
-        post = tj.get("post_processor") or {}
-        single = post.get("single") or []
-        add_bos = bool(single) and "SpecialToken" in single[0]
-    common = dict(bos_id=tok_id("bos_token", "bos_token_id"),
+    bos_id = tok_id("bos_token", "bos_token_id")
+    check_added_tokens(tj, where)
+    post_bos = check_post_processor(tj, where, texts[bos_id] if bos_id >= 0 else None)
+    add_bos = bool(tcfg["add_bos_token"]) if "add_bos_token" in tcfg else post_bos
+    common = dict(bos_id=bos_id,
                   eos_id=tok_id("eos_token", "eos_token_id"), unk_id=unk,
                   pad_id=tok_id("pad_token", "pad_token_id"), add_bos=add_bos,
                   chat_format="chatml" if "<|im_start|>" in template else "none",
                   chat_template=template)
     if byte_level:
+        pre = check_byte_level(tj, where, any(v < 0 for v in _byte_ids(tokens, types)))
         return TokenizerSpec(kind="bpe_bytes", tokens=tuple(tokens),
                              scores=np.zeros(vocab_size, np.float32), token_types=types,
                              merges=tuple((a, b) for a, b, _ in merges),
-                             pre=_byte_level_pre(pres, where), add_space_prefix=False, **common)
+                             pre=pre, add_space_prefix=False, **common)
     if metaspace:
-        if not model.get("byte_fallback", False):
-            raise DittoError(f"{where}: SentencePiece BPE without byte_fallback is not "
-                             f"supported")
+        check_sentencepiece(tj, where)
         scores = np.zeros(vocab_size, np.float32)
         seen = set()
         for rank, (_, _, merged) in enumerate(merges):

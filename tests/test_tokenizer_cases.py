@@ -1,0 +1,57 @@
+"""Regression tests from issue 12's handed tokenizer cases (inputs in tests/data/cases, provenance
+in tests/data/README.md): the HF exporter either reproduces HF ``tokenizers`` on the same
+tokenizer.json exactly (Ditto's C tokenizer gives the same ids) or refuses the export with a
+message naming the file and the feature. ``EXPORTED`` lists the cases Ditto must reproduce."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ditto_core.errors import DittoError
+from ditto_core.modelfile import serialize_tokenizer
+from ditto_export_hf.tokenizer import tokenizer_from_hf
+from tests.fixtures_tokenizer import CTokenizer
+
+CASES_DIR = Path(__file__).parent / "data" / "cases"
+
+#: case -> (texts of the case's repro.sh, parse_special, feature named by a refusal)
+CASES = {
+    "bytelevel-add-prefix-space": (["Hello world", "hello"], True, "add_prefix_space"),
+    "normalizer-ignored": (["café", "Ｈello"], True, "NFKC"),
+    "added-token-lstrip-rstrip": (["hello <|im_start|>user", "x <|im_end|>  y"], True, "lstrip"),
+    "metaspace-prepend-first": (["<|im_start|>user", "hello <|im_end|>world"], True,
+                                "special false"),
+    "user-defined-token-not-split": (["say <|im_start|>user hello"], False, "special false"),
+}
+
+#: cases whose tokenizer.json Ditto reproduces (the others must be refused)
+EXPORTED: set[str] = set()
+
+
+def load_case(name: str):
+    d = CASES_DIR / name
+    cfg = json.loads((d / "config.json").read_text())
+    return d, cfg
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_matches_hf_or_is_refused(name, tokenizer_lib):
+    from tokenizers import Tokenizer
+
+    d, cfg = load_case(name)
+    texts, special, feature = CASES[name]
+    try:
+        spec = tokenizer_from_hf(d, cfg["vocab_size"], cfg)
+    except DittoError as exc:
+        assert name not in EXPORTED, f"{name} must export: {exc}"
+        msg = str(exc)
+        assert str(d / "tokenizer.json") in msg and feature in msg, msg
+        assert "not reproduced" in msg
+        return
+    assert name in EXPORTED, f"{name} exported but is expected to be refused"
+    ref = Tokenizer.from_file(str(d / "tokenizer.json"))
+    ctok = CTokenizer(tokenizer_lib, serialize_tokenizer(spec), cfg["vocab_size"])
+    for text in texts:
+        assert ctok.encode(text, parse_special=special) == \
+            ref.encode(text, add_special_tokens=False).ids, text
