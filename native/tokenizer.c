@@ -581,7 +581,7 @@ static int encode_bpe_fragment(const Tokenizer *t, Work *w, const uint8_t *frag,
         int l;
         w->offs[n] = (uint32_t)i;
         w->cps[n] = utf8_decode(frag + i, &l);
-        i += (size_t)l;
+        i += (size_t)(l > 0 ? l : 1); /* fragments are valid UTF-8; never loop in place */
     }
     w->offs[n] = (uint32_t)len;
     if (t->pre == DITTO_PRE_GPT2) return gpt2_words(t, w, frag, 0, n);
@@ -615,6 +615,7 @@ static int encode_spm_fragment(const Tokenizer *t, Work *w, const uint8_t *frag,
     int32_t n_sym = 0;
     for (size_t i = 0; i < n; n_sym++) {
         int l = utf8_need(s[i]);
+        if (l == 0 || i + (size_t)l > n) l = 1; /* fragments are valid UTF-8; stay in bounds */
         w->syms[n_sym] = (Symbol){-1, n_sym - 1, -1, (uint32_t)i, (uint32_t)l};
         if (n_sym > 0) w->syms[n_sym - 1].next = n_sym;
         i += (size_t)l;
@@ -646,14 +647,18 @@ static int encode_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, siz
     return encode_spm_fragment(t, w, frag, len, t->add_space_prefix && after_special);
 }
 
-/* id of the longest control/user-defined token whose text starts s[0..n), its length in *len */
+/* id of the longest control/user-defined token whose text starts s[0..n), its length in *len.
+ * s starts a character of valid UTF-8 text; a match must also end on a character boundary, so
+ * the plain fragments around it stay valid UTF-8 (a token text that is incomplete UTF-8 never
+ * matches, as in HF tokenizers, whose texts are strings). */
 static int32_t special_at(const Tokenizer *t, const uint8_t *s, size_t n, size_t *len) {
     if (!t->special_first[s[0]]) return -1;
     for (size_t k = 0; k < t->n_specials; k++) {
         int32_t id = t->specials[k];
         size_t l;
         const uint8_t *txt = tok_text(t, id, &l);
-        if (l <= n && txt[0] == s[0] && memcmp(txt, s, l) == 0) {
+        if (l <= n && txt[0] == s[0] && memcmp(txt, s, l) == 0 &&
+            (l == n || utf8_need(s[l]) != 0)) {
             *len = l;
             return id;
         }
@@ -696,7 +701,7 @@ long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int pars
         size_t l;
         int32_t id = special_at(t, s + i, len - i, &l);
         if (id < 0) {
-            i++;
+            i += (size_t)utf8_need(s[i]); /* >= 1: the text is valid UTF-8 */
             continue;
         }
         if (i > start) {
