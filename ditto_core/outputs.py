@@ -43,7 +43,7 @@ def output_target(path: os.PathLike | str, what: str = "output",
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
         st = os.stat(target)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the writer reports a missing parent
         st = None
     except OSError as exc:
         raise DittoError(f"{path}: cannot check the {what} path: {exc.strerror or exc}") \
