@@ -195,6 +195,36 @@ def test_f16_overflow_is_an_error_f32_is_not():
     assert quantize_matrix(W, 2, 8, codebook_type="f32").rel_error == 0.0
 
 
+def test_f16_underflow_warns_with_the_tensor_and_f32_keeps_it(capsys):
+    """Centroids of ~1e-9 round to 0 in f16 (below 2^-25): never a silent 100 % error."""
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((3, 16)).astype(np.float32)
+    W[1] *= 1e-9
+    q = quantize_matrix(W, 2, 8, codebook_type="f16", name="blk.0.attn_k.weight")
+    err = capsys.readouterr().err
+    assert "warning: tensor 'blk.0.attn_k.weight': 2 sub-block(s) (first: row 1, sub-block 0)" \
+        in err and "--codebook-type f32" in err
+    assert np.all(q.codebooks[1] == 0.0)  # what f16 stores for them
+    q32 = quantize_matrix(W, 2, 8, codebook_type="f32", name="blk.0.attn_k.weight")
+    assert capsys.readouterr().err == ""
+    rec = q32.codebooks[1][np.arange(16) // 8, q32.indices[1]]
+    assert ((W[1] - rec) ** 2).sum() / (W[1].astype(np.float64) ** 2).sum() < 0.2
+
+
+def test_quantizer_report_names_the_underflowing_tensor(capsys):
+    ck, data = _checkpoint(np.random.default_rng(0))
+    data["blk.0.attn_q.weight"][5] *= 1e-9
+    qm = KMeansQuantizer().quantize(ck, QuantOptions(bits=2, group_size=8))
+    dict(qm.tensors())
+    rep = qm.report["tensors"]
+    under = rep["blk.0.attn_q.weight"]["codebook_underflow"]
+    assert under["sub_blocks"] == 2 and under["first"] == (5, 0)
+    assert under["codebook_type"] == "f16" and "below f16 precision" in under["reason"]
+    assert 1e-10 < under["smallest_centroid"] < 1e-8
+    assert all("codebook_underflow" not in r for n, r in rep.items() if n != "blk.0.attn_q.weight")
+    assert "blk.0.attn_q.weight" in capsys.readouterr().err
+
+
 # ---- the quantizer component ---------------------------------------------------------------
 
 def _checkpoint(rng, poison=None):

@@ -10,6 +10,7 @@ assigned, so each weight maps to the nearest value that is actually stored.
 from __future__ import annotations
 
 import fnmatch
+import sys
 import time
 import zlib
 
@@ -46,6 +47,39 @@ EMBEDDING_EXTRA_BITS = 2
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
 _CB_NP = {"f16": np.float16, "f32": np.float32}
+
+#: A stored centroid whose relative rounding error exceeds this lost precision to the codebook
+#: type's range (f16 keeps 11 significant bits for |c| >= 2^-14: half an ulp is 2^-11 relative;
+#: below that, subnormals keep fewer bits and |c| < 2^-25 rounds to 0).
+UNDERFLOW_REL = 2.0 ** -10
+
+
+def underflow_report(cent: np.ndarray, cb: np.ndarray) -> dict | None:
+    """Sub-blocks whose centroids lost precision when rounded to the codebook type.
+
+    ``cent``: float64 [rows, S, K] exact centroids; ``cb``: the stored values (float32 of the
+    same shape). Returns None when every non-zero centroid keeps its precision, else
+    ``{"sub_blocks": n affected, "smallest_centroid": min |c| over the affected ones,
+    "first": (row, sub-block)}``."""
+    nz = cent != 0
+    rel = np.zeros(cent.shape)
+    np.divide(np.abs(cb.astype(np.float64) - cent), np.abs(cent), out=rel, where=nz)
+    bad = (rel > UNDERFLOW_REL).any(axis=2)
+    if not bad.any():
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    lost = np.abs(cent[bad])[(rel[bad] > UNDERFLOW_REL)]
+    return {"sub_blocks": int(bad.sum()), "smallest_centroid": float(lost.min()),
+            "first": first}
+
+
+def underflow_warning(name: str, under: dict, codebook_type: str, rel_error: float) -> str:
+    """The stderr warning for a tensor whose centroids underflow ``codebook_type``."""
+    return (f"warning: tensor {name!r}: {under['sub_blocks']} sub-block(s) (first: row "
+            f"{under['first'][0]}, sub-block {under['first'][1]}) have centroids as small as "
+            f"{under['smallest_centroid']:.3g}, below the precision of {codebook_type} "
+            f"codebooks: they are stored rounded (towards 0); tensor relative error "
+            f"{rel_error:.3g}. Use --codebook-type f32 or --keep-fp32 {name} to keep them")
 
 
 def check_options(options: QuantOptions) -> str:
@@ -96,7 +130,9 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
 
 def _quantize(W, bits, group_size, method, codebook_type, seed, name,
               restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL):
-    """``quantize_matrix`` returning (CodebookTensor, ‖W − Ŵ‖², ‖W‖²)."""
+    """``quantize_matrix`` returning (CodebookTensor, ‖W − Ŵ‖², ‖W‖², underflow_report or
+    None). A centroid that underflows the codebook type prints ``underflow_warning`` on
+    stderr (the file layout, fixed before any payload, cannot change the type any more)."""
     opts = QuantOptions(bits=bits, group_size=group_size, method=method,
                         codebook_type=codebook_type, seed=seed)
     check_options(opts)
@@ -119,13 +155,16 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(cb))[0])
         raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} of row {pos[0]} sub-block "
                          f"{pos[1]} overflows {codebook_type}; use --codebook-type f32")
+    under = underflow_report(cent, cb)
     indices = np.empty((rows, cols), np.uint8)
     sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
     err = float(sse_rows.sum())
     norm2 = float(norm_rows.sum())
     rel = err / norm2 if norm2 > 0 else 0.0
+    if under is not None:
+        print(underflow_warning(name, under, codebook_type, rel), file=sys.stderr, flush=True)
     return CodebookTensor(bits=bits, group_size=group_size, codebooks=cb, indices=indices,
-                          codebook_type=codebook_type, rel_error=rel), err, norm2
+                          codebook_type=codebook_type, rel_error=rel), err, norm2, under
 
 
 def embedding_bits(bits: int, extra: int = EMBEDDING_EXTRA_BITS) -> int:
@@ -228,8 +267,8 @@ class KMeansQuantizer:
                     continue
                 t0 = time.perf_counter()
                 bits, group_size, cb_type = params
-                q, sse, norm2 = _quantize(W, bits, group_size, method, cb_type, options.seed,
-                                          name)
+                q, sse, norm2, under = _quantize(W, bits, group_size, method, cb_type,
+                                                 options.seed, name)
                 dt = time.perf_counter() - t0
                 totals["sse"] += sse
                 totals["norm2"] += norm2
@@ -237,6 +276,10 @@ class KMeansQuantizer:
                                            "group_size": group_size,
                                            "rel_error": q.rel_error,
                                            "sse": sse, "norm2": norm2, "seconds": dt}
+                if under is not None:
+                    report["tensors"][name]["codebook_underflow"] = {
+                        **under, "codebook_type": cb_type,
+                        "reason": f"centroids below {cb_type} precision, stored rounded"}
                 report["quantized_weights"] += W.size
                 report["seconds"] += dt
                 report["total_rel_error"] = (totals["sse"] / totals["norm2"]
