@@ -6,7 +6,9 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 
 #include "forward.h"
 #include "model.h"
+#include "output.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -27,6 +30,59 @@
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_MODEL = 2, EXIT_PROMPT = 3, EXIT_IO = 4, EXIT_OOM = 5 };
 
 static const char *prog = "ditto-run";
+
+/* ---------------------------------------------------------------- signals and stdout */
+
+/* The signal that asked the run to stop (SIGINT, SIGTERM, SIGHUP), 0 while running. The
+ * handler only records it; the loops over positions and tokens check it and the run ends
+ * through main()'s normal cleanup. There the OpenMP runtime is shut down (which removes its
+ * /dev/shm registration file, left behind by a process killed outright) and the signal is
+ * raised again with its default action, so the parent sees a death by that signal. */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) {
+    if (!stop_signal) stop_signal = sig;
+}
+
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND; /* a second signal acts at once (default action) */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    /* a reader that went away is a write error (EPIPE, exit 4), not a death by SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* fd 0, 1 and 2 are always open: a closed one gets /dev/null opened read-only, so a file the
+ * run opens never lands on it and a write to a closed stdout fails (EBADF, exit 4) instead of
+ * going into that file. */
+static void occupy_standard_fds(void) {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int n = open("/dev/null", O_RDONLY);
+        if (n >= 0 && n != fd) {
+            dup2(n, fd);
+            close(n);
+        }
+    }
+}
+
+/* Write n bytes to stdout and push them out. Returns 0, or -1 (the reason in errno) when the
+ * text cannot be written: full disk, closed stdout, a pipe whose reader went away. */
+static int write_stdout(const void *p, size_t n) {
+    if (n && fwrite(p, 1, n, stdout) != n) return -1;
+    return fflush(stdout) == 0 && !ferror(stdout) ? 0 : -1;
+}
+
+static int stdout_error(void) {
+    if (!stop_signal)
+        fprintf(stderr, "%s: error: cannot write to stdout: %s\n", prog, strerror(errno));
+    return EXIT_IO;
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -182,24 +238,6 @@ static long parse_token_file(const char *path, const char *text, size_t len, uin
     }
     *ids = v;
     return n;
-}
-
-/* Write data atomically: a temporary file in the same directory, then rename. */
-static int write_atomic(const char *path, const void *data, size_t len) {
-    size_t plen = strlen(path) + 32;
-    char *tmp = malloc(plen);
-    if (!tmp) return -1;
-    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f != NULL;
-    if (ok) ok = fwrite(data, 1, len, f) == len;
-    if (f && fclose(f) != 0) ok = 0;
-    if (ok) ok = rename(tmp, path) == 0;
-    int saved = errno;
-    if (!ok) unlink(tmp);
-    free(tmp);
-    errno = saved;
-    return ok ? 0 : -1;
 }
 
 /* ---------------------------------------------------------------- prompt encoding */
@@ -447,7 +485,7 @@ static int print_tokens(const Run *r) {
     printf("[");
     for (long i = 0; i < r->n_ids; i++) printf(i ? ", %d" : "%d", r->ids[i]);
     printf("]\n");
-    return EXIT_OK;
+    return write_stdout(NULL, 0) ? stdout_error() : EXIT_OK;
 }
 
 /* Sizes the KV cache to what this run uses and allocates the run state. Returns an exit code. */
@@ -494,7 +532,7 @@ static int score(Run *r) {
     int vocab = (int)r->model.config.vocab_size;
     printf("{\"n_tokens\": %ld, \"logprobs\": [", r->n_ids);
     double sum = 0.0;
-    for (long pos = 0; pos + 1 < r->n_ids; pos++) {
+    for (long pos = 0; pos + 1 < r->n_ids && !stop_signal; pos++) {
         float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
         float max = logits[0];
         for (int i = 1; i < vocab; i++)
@@ -509,14 +547,18 @@ static int score(Run *r) {
     printf("], \"n_scored\": %ld, \"sum_logprob\": %.6f, \"mean_nll\": %.6f, "
            "\"perplexity\": %.6f}\n",
            n_scored, sum, -sum / n_scored, exp(-sum / n_scored));
+    if (stop_signal) return EXIT_OK; /* main() ends the run by the signal */
+    if (write_stdout(NULL, 0)) return stdout_error();
     double t_end = now_s();
     print_stats("scored", n_scored, r->t_loaded - r->t_start, r->n_ids, t_end - r->t_loaded, 0.0,
                 0, 0.0, r->ctx);
     return EXIT_OK;
 }
 
-/* --dump-logits FILE: the logits of every input position, n x vocab float32, row-major. */
-static int dump_logits(Run *r, const char *path) {
+/* --dump-logits FILE: the logits of every input position, n x vocab float32, row-major,
+ * written by the output rule of output.h (never over an input or a special file). */
+static int dump_logits(Run *r, const Args *a) {
+    const char *path = a->dump_file;
     int vocab = (int)r->model.config.vocab_size;
     size_t n_bytes = (size_t)r->n_ids * (size_t)vocab * sizeof(float);
     float *dump = malloc(n_bytes);
@@ -525,12 +567,19 @@ static int dump_logits(Run *r, const char *path) {
         return EXIT_OOM;
     }
     for (long pos = 0; pos < r->n_ids; pos++) {
+        if (stop_signal) {
+            free(dump);
+            return EXIT_OK; /* main() ends the run by the signal; nothing was written */
+        }
         float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
         memcpy(dump + (size_t)pos * vocab, logits, (size_t)vocab * sizeof(float));
     }
     int rc = EXIT_OK;
-    if (write_atomic(path, dump, n_bytes)) {
-        fprintf(stderr, "%s: error: %s: cannot write: %s\n", prog, path, strerror(errno));
+    const char *inputs[] = {a->model_path, a->prompt_file, a->ids_file, a->score_file};
+    char err[1024];
+    if (output_write_file(path, dump, n_bytes, inputs, sizeof inputs / sizeof *inputs, err,
+                          sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", prog, err);
         rc = EXIT_IO;
     } else {
         double t_end = now_s();
@@ -559,22 +608,30 @@ static int generate(Run *r, const Args *a) {
         return EXIT_OOM;
     }
     float *logits = NULL;
-    for (long pos = 0; pos < r->n_ids; pos++)
+    for (long pos = 0; pos < r->n_ids && !stop_signal; pos++)
         logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
+    if (stop_signal) {
+        free(out);
+        free(gen_ids);
+        return EXIT_OK; /* main() ends the run by the signal */
+    }
     double t_prompt = now_s(), t_first = 0.0;
     int32_t eos = tokenizer_eos(r->tok);
     TokenDecoder dec;
     token_decoder_init(&dec);
     long n_gen = 0, pos = r->n_ids;
-    for (;;) {
+    int write_failed = 0;
+    while (!stop_signal) {
         int next = sampler_sample(&r->sampler, logits);
         gen_ids[n_gen++] = next;
         if (n_gen == 1) t_first = now_s();
         if (next == eos && !a->ignore_eos) break;
         if (!a->print_ids) {
             size_t nb = token_decode(r->tok, &dec, next, 0, out, out_cap);
-            fwrite(out, 1, nb, stdout);
-            fflush(stdout);
+            if (write_stdout(out, nb)) {
+                write_failed = 1; /* nobody can read the rest: stop generating */
+                break;
+            }
         }
         if (n_gen >= a->n_gen) break;
         if (pos >= r->ctx) {
@@ -585,16 +642,21 @@ static int generate(Run *r, const Args *a) {
         pos++;
     }
     double t_end = now_s();
-    if (a->print_ids) {
+    if (!write_failed && a->print_ids) {
         printf("[");
         for (long i = 0; i < n_gen; i++) printf(i ? ", %d" : "%d", gen_ids[i]);
         printf("]\n");
-    } else {
+        write_failed = write_stdout(NULL, 0) != 0;
+    } else if (!write_failed) {
         size_t nb = token_decoder_flush(&dec, out, out_cap);
-        fwrite(out, 1, nb, stdout);
-        printf("\n");
+        if (nb < out_cap) out[nb++] = '\n';
+        write_failed = write_stdout(out, nb) != 0;
     }
-    fflush(stdout); /* the text first, then the stats on (unbuffered) stderr */
+    if (write_failed || stop_signal) { /* the text first, then the stats on stderr */
+        free(out);
+        free(gen_ids);
+        return write_failed ? stdout_error() : EXIT_OK;
+    }
     print_stats(NULL, 0, r->t_loaded - r->t_start, r->n_ids, t_prompt - r->t_loaded,
                 t_first - r->t_loaded, n_gen, t_end - t_first, r->ctx);
     free(out);
@@ -623,7 +685,7 @@ static int run(const Args *a, Run *r) {
     if (rc != EXIT_OK) return rc;
     r->t_loaded = now_s();
     if (a->score_file) return score(r);
-    if (a->dump_file) return dump_logits(r, a->dump_file);
+    if (a->dump_file) return dump_logits(r, a);
     return generate(r, a);
 }
 
@@ -631,6 +693,8 @@ int main(int argc, char **argv) {
     Args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    occupy_standard_fds();
+    install_signal_handlers();
 #ifdef _OPENMP
     if (a.threads > 0) omp_set_num_threads((int)a.threads);
 #endif
@@ -638,14 +702,22 @@ int main(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     r.t_start = now_s();
     rc = run(&a, &r);
-    if (fflush(stdout) != 0 && rc == EXIT_OK) {
-        fprintf(stderr, "%s: error: cannot write to stdout\n", prog);
-        rc = EXIT_IO;
-    }
+    if (write_stdout(NULL, 0) != 0 && rc == EXIT_OK) rc = stdout_error();
     sampler_free(&r.sampler);
     runstate_free(&r.state);
     free(r.ids);
     tokenizer_free(r.tok);
     model_close(&r.model);
+    if (stop_signal) {
+        int sig = stop_signal;
+        fprintf(stderr, "\n%s: interrupted (%s)\n", prog,
+                sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+#ifdef _OPENMP
+        omp_pause_resource_all(omp_pause_hard); /* unregisters libomp (/dev/shm) */
+#endif
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return 128 + sig; /* if the signal is blocked by the caller */
+    }
     return rc;
 }
