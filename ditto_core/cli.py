@@ -20,6 +20,7 @@ from . import __version__
 from . import format as F
 from .components import QuantOptions
 from .errors import DittoError
+from .options import parse_assignments
 
 MODEL_HELP = "MODEL is an HF directory (config.json + safetensors + tokenizer.json), a .gguf " \
              "file, or a bundled model name (smollm2, tinycoder)."
@@ -165,10 +166,14 @@ def inspect_cmd(file, as_json, no_verify):
 # --------------------------------------------------------------------------------------------
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.option("--options", "with_options", is_flag=True,
+              help="Also list every component's options (-O COMPONENT.KEY=VALUE) with their "
+                   "type, default and meaning.")
 @reports_errors
-def plugins_cmd(as_json):
+def plugins_cmd(as_json, with_options):
     """List installed plugins (entry-point group ``ditto``), their distribution and version,
     and the components each registers per stage; BLAS targets say whether they are usable."""
+    from . import options as opt
     from .plugins import STAGES, get_registry
 
     reg = get_registry()
@@ -185,6 +190,8 @@ def plugins_cmd(as_json):
                         except Exception as exc:  # a plugin bug must not hide the others
                             ok, why = False, f"available() raised {exc!r}"
                         entry.update(available=ok, reason=why)
+                    if with_options:
+                        entry["options"] = opt.describe(r.component)
                     comps.setdefault(stage, []).append(entry)
         rows.append({"plugin": ep, "distribution": dist, "version": version,
                      "components": comps})
@@ -209,9 +216,38 @@ def plugins_cmd(as_json):
     con.print(table)
     for f in failed:
         con.print(f"[red]failed to load[/] {f['plugin']}: {f['error']}")
+    if with_options:
+        table = Table("option (-O)", "type", "default", "meaning")
+        for r in rows:
+            for stage, comps in r["components"].items():
+                for c in comps:
+                    for o in c["options"]:
+                        doc = o["doc"] + (f" (deprecated: ${o['env']})" if o["env"] else "")
+                        table.add_row(f"{c['name']}.{o['key']}", o["type"], str(o["default"]),
+                                      doc)
+        con.print(table)
 
 
 # --------------------------------------------------------------------------------------------
+def compile_stage_options(func):
+    """``--emitter``, ``--pass`` (repeatable, ordered), ``--linker`` and ``-O
+    COMPONENT.KEY=VALUE``: shared by ``ditto build`` and ``ditto cc``."""
+    for decl in reversed([
+        click.option("--emitter", default=None, help="IR emitter (default: clang)."),
+        click.option("--pass", "passes", multiple=True, metavar="NAME",
+                     help="IR pass to run (repeatable, run in the given order; default: "
+                          "gemv-blas)."),
+        click.option("--linker", default=None, help="Linker (default: llvm)."),
+        click.option("-O", "--option", "component_options", multiple=True,
+                     metavar="COMPONENT.KEY=VALUE",
+                     help="Set a component option (repeatable), e.g. -O "
+                          "gemv-blas.omp_threads=region; `ditto plugins --options` lists "
+                          "them."),
+    ]):
+        func = decl(func)
+    return func
+
+
 @cli.command("build", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--quantizer", required=True, help="Quantizer name (see `ditto plugins`).")
@@ -230,8 +266,10 @@ def plugins_cmd(as_json):
               show_default=True, help="Storage type of codebook centroids.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
-              help="Run the GEMV→BLAS IR rewrite stage.")
-@click.option("--exporter", default=None, help="Exporter name (default: detected).")
+              help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")
+@click.option("--exporter", default=None, help="Exporter (default: the one that reads MODEL).")
+@click.option("--packer", default=None, help="Packer (default: bits).")
+@compile_stage_options
 @click.option("--openmp/--no-openmp", default=True, show_default=True,
               help="Compile the runtime with OpenMP (threads over GEMV rows).")
 @click.option("--cache/--no-cache", default=True, show_default=True,
@@ -239,7 +277,8 @@ def plugins_cmd(as_json):
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
 def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, method,
-              codebook_type, seed, rewrite, exporter, openmp, cache, quiet):
+              codebook_type, seed, rewrite, exporter, packer, emitter, passes, linker,
+              component_options, openmp, cache, quiet):
     """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
 
     DIR gets ditto-run (the executable), model.ditto and build.json (docs/BUILD.md); run it
@@ -255,8 +294,9 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
             click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
                        "(every tensor stays fp32)", err=True)
     opts = pipeline.BuildOptions(
-        quantizer=quantizer, blas=blas, exporter=exporter, rewrite=rewrite, openmp=openmp,
-        cache=cache,
+        quantizer=quantizer, blas=blas, exporter=exporter, packer=packer, emitter=emitter,
+        passes=passes or None, linker=linker, options=parse_assignments(component_options),
+        rewrite=rewrite, openmp=openmp, cache=cache,
         quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
                            method=method, codebook_type=codebook_type, seed=seed))
     record = pipeline.build(model, out_dir, opts, show_progress=not quiet)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .cli import compile_stage_options
 from .errors import DittoError
 
 
@@ -26,45 +27,35 @@ from .errors import DittoError
 @click.option("--report", type=click.Path(path_type=Path), default=None,
               help="Write the pass report (every candidate loop nest) as JSON here.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
-              help="Run the IR passes (gemv-blas); --no-rewrite keeps the naive loops.")
-@click.option("--pass", "passes", multiple=True,
-              help="Run only this IR pass (repeatable); default: every registered pass.")
+              help="Run the IR passes (--no-rewrite: none, the naive loops stay).")
+@compile_stage_options
 @click.option("--emit-ir", "ir_out", type=click.Path(path_type=Path), default=None,
               help="Also save the final LLVM IR (after the rewrite) here.")
 @click.option("-X", "flags", multiple=True,
               help="Extra clang flag for the emit stage (repeatable), e.g. -X -Wall.")
-def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrite, passes,
-               ir_out, flags):
+def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrite, emitter,
+               passes, linker, component_options, ir_out, flags):
     """Compile C SOURCES to an executable: clang-22 -O1 → IR passes → O3 host + BLAS."""
-    from .cc import compile_c, summary_lines
+    from .cc import compile_c, split_report, summary_lines
+    from .options import parse_assignments
+    from .selection import DEFAULT_PASSES
 
     try:
         exe, merged = compile_c(list(sources), blas=blas, out=out, include_dirs=include_dirs,
                                 defines=defines, openmp=openmp, rewrite=rewrite, report=report,
-                                flags=flags, passes=list(passes) or None, ir_out=ir_out)
+                                flags=flags, passes=list(passes) or None, ir_out=ir_out,
+                                emitter=emitter, linker=linker,
+                                options=parse_assignments(component_options))
     except DittoError as exc:  # same form as the rest of the ditto CLI
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # like `ditto build`: nothing written, exit 130
         click.echo("interrupted", err=True)
         raise SystemExit(130) from None
-    for line in summary_lines(_results_from(merged, list(passes) or None), rewrite):
+    ran = (list(passes) or list(DEFAULT_PASSES)) if rewrite else []
+    for line in summary_lines(split_report(merged, ran), rewrite):
         click.echo(line, err=True)
     click.echo(str(exe))
-
-
-def _results_from(merged, names=None) -> list[dict]:
-    """Per-pass candidate lists from a merged PassReport (for the summary line); ``names``:
-    the passes that ran (default: every registered one)."""
-    from .plugins import get_registry
-
-    if names is None:
-        names = [p.name for p in get_registry().all("ir_pass")]
-    by = {name: {"name": name, "candidates": []} for name in names}
-    for c in merged.candidates:
-        name = c.get("pass", "?")
-        by.setdefault(name, {"name": name, "candidates": []})["candidates"].append(c)
-    return list(by.values())
 
 
 def register(group: click.Group) -> None:

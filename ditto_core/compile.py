@@ -10,16 +10,17 @@ from __future__ import annotations
 import inspect
 import platform
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
 import attrs
 
 from .cache import Cache, file_hash, make_key, tree_hash
-from .cc import emit_ir, link, resolve_blas, run_passes, summary_lines
+from .cc import COMPILE_STAGES, compile_program, summary_lines
 from .errors import DittoError
-from .plugins import get_registry
+from .plugins import Registry, get_registry
+from .selection import CompileStages, choose_compile
+from .types import PassReport
 
 #: C flags of the runtime (mirrors native/Makefile's STD and OMP).
 RUNTIME_FLAGS = ("-std=c11", "-D_POSIX_C_SOURCE=200809L")
@@ -32,13 +33,10 @@ def native_dir() -> Path:
 
 
 def runtime_sources(src_dir: Path | None = None) -> list[Path]:
-    """The C files that make up the runtime executable: every ``native/*.c``, except the
-    temporary tokenizer stub once the real ``tokenizer.c`` exists (native/Makefile's rule).
-    Raises DittoError when the directory holds no C file or no ``main.c``."""
+    """The C files that make up the runtime executable: every ``native/*.c``. Raises
+    DittoError when the directory holds no C file or no ``main.c``."""
     d = Path(src_dir) if src_dir is not None else native_dir()
     files = sorted(d.glob("*.c"))
-    if (d / "tokenizer.c").exists():
-        files = [f for f in files if "stub" not in f.name]
     if not files or not any(f.name == "main.c" for f in files):
         raise DittoError(f"{d}: no C runtime sources (main.c missing)")
     return files
@@ -46,16 +44,21 @@ def runtime_sources(src_dir: Path | None = None) -> list[Path]:
 
 @attrs.frozen
 class CompileResult:
-    """What ``build_runtime`` produced: the executable, per-pass results (see
-    ``cc.run_passes``), seconds per stage (``emit_ir``, ``rewrite``, ``link``; zeros on a cache
-    hit), whether the cache served it, and the cache key."""
+    """What ``build_runtime`` produced: the executable, one PassReport per pass in run order,
+    seconds per stage (``cc.COMPILE_STAGES``; zeros on a cache hit), whether the cache served
+    it, the cache key, and the summary lines."""
 
     executable: Path
-    passes: tuple
+    reports: tuple[PassReport, ...]
     seconds: dict
     cached: bool
     key: str
     summary: tuple
+
+    @property
+    def passes(self) -> list[dict]:
+        """The reports as build.json holds them (``PassReport.to_json``)."""
+        return [r.to_json() for r in self.reports]
 
 
 def plugin_fingerprint(component) -> str:
@@ -68,78 +71,66 @@ def plugin_fingerprint(component) -> str:
     return tree_hash(sorted(mod_file.parent.glob("*.py")))
 
 
-def compile_key(sources, blas, rewrite: bool, openmp: bool, extra_flags=()) -> str:
-    """Cache key of the compile stages: runtime sources and headers, flags, BLAS target and
-    its flags, the emitter/passes/linker code, the host CPU and the llvmlite version."""
+def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=()) -> str:
+    """Cache key of the compile stages: runtime sources and headers, flags, every compile
+    component's name, resolved options and code (emitter, passes in order, linker, BLAS target
+    with its flags), the host CPU and the llvmlite version."""
     import llvmlite
     import llvmlite.binding as llvm
 
-    reg = get_registry()
     d = Path(sources[0]).parent
     headers = sorted(d.glob("*.h"))
+    blas = stages.blas.component if stages.blas is not None else None
     parts = {
         "sources": tree_hash(list(sources) + headers),
-        "flags": list(RUNTIME_FLAGS) + list(extra_flags), "openmp": openmp, "rewrite": rewrite,
-        "blas": None if blas is None else [blas.name, blas.compile_flags(), blas.link_flags()],
-        "emitter": plugin_fingerprint(reg.get("ir_emitter", "clang")),
-        "linker": plugin_fingerprint(reg.get("linker", "llvm")),
-        "passes": [(p.name, plugin_fingerprint(p)) for p in reg.all("ir_pass")] if rewrite else [],
+        "flags": list(RUNTIME_FLAGS) + list(extra_flags), "openmp": openmp,
+        "components": stages.record(),
+        "code": [plugin_fingerprint(c.component) for c in stages.all()],
+        "blas_flags": None if blas is None else [blas.compile_flags(), blas.link_flags()],
         "host": [llvm.get_host_cpu_name(), platform.machine()],
         "llvmlite": llvmlite.__version__,
     }
     return make_key(parts)
 
 
-def build_runtime(out: Path, *, blas="openblas", rewrite: bool = True, openmp: bool = True,
-                  src_dir: Path | None = None, cache: Cache | None = None,
-                  extra_flags=(), on_stage: Callable[[str], None] | None = None,
-                  ir_out: Path | None = None) -> CompileResult:
-    """Compile the C runtime into the executable ``out``.
+def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openblas",
+                  rewrite: bool = True, openmp: bool = True, src_dir: Path | None = None,
+                  cache: Cache | None = None, extra_flags=(),
+                  on_stage: Callable[[str], None] | None = None,
+                  ir_out: Path | None = None, registry: Registry | None = None) -> CompileResult:
+    """Compile the C runtime into the executable ``out`` with ``cc.compile_program``.
 
-    Stages (timed, in seconds): ``emit_ir`` (clang-22 -O1 of ``runtime_sources``),
-    ``rewrite`` (every registered IR pass; skipped when ``rewrite`` is false), ``link`` (O3 for
-    the host CPU + BLAS). With a ``cache``, an unchanged input set reuses the cached executable
-    and pass report (``CompileResult.cached``). ``on_stage(name)`` is called as each stage
-    starts (progress display). Raises DittoError (compile/link failure, unknown or unavailable
-    BLAS); nothing is written at ``out`` then.
+    ``stages``: the chosen emitter, passes, linker and BLAS target (``selection``); default:
+    ``choose_compile(registry, blas=blas, rewrite=rewrite)`` (clang, gemv-blas, llvm). Stages
+    (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the passes; 0 when
+    there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
+    reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
+    is called as each stage starts (progress display). Raises DittoError (compile/link
+    failure, unknown or unavailable component); nothing is written at ``out`` then.
     """
     out = Path(out)
-    target = resolve_blas(blas)
+    if stages is None:
+        stages = choose_compile(registry or get_registry(), blas=blas, rewrite=rewrite)
+    rewrite = bool(stages.passes)
     sources = runtime_sources(src_dir)
     cache = cache if cache is not None else Cache(enabled=False)
-    key = compile_key(sources, target, rewrite, openmp, extra_flags)
+    key = compile_key(sources, stages, openmp, extra_flags)
     meta = cache.fetch("compile", key, {"executable": out})
     if meta is not None:
-        passes = tuple(meta.get("passes", ()))
-        return CompileResult(out, passes, {"emit_ir": 0.0, "rewrite": 0.0, "link": 0.0},
-                             True, key, tuple(summary_lines(list(passes), rewrite)))
+        reports = tuple(PassReport.from_json(p) for p in meta.get("passes", ()))
+        return CompileResult(out, reports, {s: 0.0 for s in COMPILE_STAGES}, True, key,
+                             tuple(summary_lines(reports, rewrite)))
     cflags = list(RUNTIME_FLAGS) + (["-fopenmp"] if openmp else []) + list(extra_flags)
-    seconds = {}
     with tempfile.TemporaryDirectory(prefix="ditto-compile-") as tmp:
-        if on_stage:
-            on_stage("emit_ir")
-        t = time.perf_counter()
-        module = emit_ir(sources, workdir=Path(tmp), include_dirs=[sources[0].parent],
-                         flags=cflags)
-        seconds["emit_ir"] = time.perf_counter() - t
-        if on_stage:
-            on_stage("rewrite")
-        t = time.perf_counter()
-        results: list[dict] = []
-        if rewrite:
-            module, results = run_passes(module, target)
-        seconds["rewrite"] = time.perf_counter() - t if rewrite else 0.0
-        if ir_out is not None:
-            Path(ir_out).write_text(module.text)
-        if on_stage:
-            on_stage("link")
-        t = time.perf_counter()
-        link(module, target, out)
-        seconds["link"] = time.perf_counter() - t
+        done = compile_program(sources, stages, out, workdir=Path(tmp),
+                               include_dirs=[sources[0].parent], flags=cflags,
+                               on_stage=on_stage)
+    if ir_out is not None:
+        Path(ir_out).write_text(done.module.text)
     cache.put("compile", key, {"executable": out},
-              {"passes": results, "blas": None if target is None else target.name,
-               "rewrite": rewrite, "openmp": openmp, "seconds": seconds,
+              {"passes": [r.to_json() for r in done.reports], "components": stages.record(),
+               "openmp": openmp, "seconds": done.seconds,
                "sources": [s.name for s in sources], "source_hashes":
                {s.name: file_hash(s) for s in sources}})
-    return CompileResult(out, tuple(results), seconds, False, key,
-                         tuple(summary_lines(results, rewrite)))
+    return CompileResult(out, done.reports, done.seconds, False, key,
+                         tuple(summary_lines(done.reports, rewrite)))

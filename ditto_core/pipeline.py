@@ -26,7 +26,9 @@ from .bundled import BUNDLED, bundled_model
 from .components import QuantOptions
 from .errors import DittoError
 from .modelfile import TensorInfo, check_codebook_params, write_model
+from .options import normalize
 from .plugins import Registry, get_registry
+from .selection import DEFAULT_PACKER, Chosen, check_all_used, choose, choose_compile
 from .progress import progress_bar
 from .types import Checkpoint, QuantizedModel
 
@@ -129,14 +131,7 @@ def pack(model: QuantizedModel, out: Path, packer: str | None = None,
          registry: Registry | None = None) -> dict:
     """Stage 3. Write the model file at ``out`` atomically; returns the packer's summary."""
     registry = registry or get_registry()
-    if packer is None:
-        packers = registry.all("packer")
-        if not packers:
-            raise MissingStage("pack", "no packer plugin is installed")
-        comp = packers[0]
-    else:
-        comp = registry.get("packer", packer)
-    return comp.pack(model, out)
+    return registry.get("packer", packer or DEFAULT_PACKER).pack(model, out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,15 +147,24 @@ MODEL_FILE = "model.ditto"
 class BuildOptions:
     """Everything ``ditto build`` takes besides MODEL and the output directory.
 
-    ``rewrite``: run the IR passes (``--no-rewrite`` keeps the naive GEMV loops, the RQ3
-    ablation); ``openmp``: compile the runtime with OpenMP; ``cache``: reuse cached stage
-    outputs (docs/BUILD.md, "Cache")."""
+    One component name per stage (None: the default — the exporter that reads MODEL, packer
+    ``bits``, emitter ``clang``, passes ``("gemv-blas",)``, linker ``llvm``); ``passes`` run
+    in the given order. ``rewrite`` False runs no pass at all (``--no-rewrite`` keeps the
+    naive GEMV loops, the RQ3 ablation). ``options``: component options, ``{"gemv-blas":
+    {"omp_threads": "region"}}`` or ``{"gemv-blas.omp_threads": "region"}``
+    (``ditto_core.options``). ``openmp``: compile the runtime with OpenMP; ``cache``: reuse
+    cached stage outputs (docs/BUILD.md, "Cache")."""
 
     quantizer: str
     blas: str
     quant: QuantOptions = QuantOptions()
     exporter: str | None = None
     packer: str | None = None
+    emitter: str | None = None
+    passes: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda p: None if p is None else tuple(p))
+    linker: str | None = None
+    options: dict = attrs.field(factory=dict, converter=normalize)
     rewrite: bool = True
     openmp: bool = True
     cache: bool = True
@@ -190,19 +194,21 @@ def model_fingerprint(path: Path) -> str:
     return file_hash(path)
 
 
-def model_key(path: Path, exporter, quantizer, packer, options: QuantOptions) -> str:
-    """Cache key of the export+quantize+pack stages: the model's bytes, the component names,
-    the quantize options, and the code of the three plugins and of the model-file writer."""
+def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
+              options: QuantOptions) -> str:
+    """Cache key of the export+quantize+pack stages: the model's bytes, the component names
+    and their resolved options, the quantize options, and the code of the three plugins and of
+    the model-file writer."""
     from . import format as fmt
     from . import modelfile
     from .cache import make_key, tree_hash
     from .compile import plugin_fingerprint
 
     return make_key({
-        "model": model_fingerprint(path), "exporter": exporter.name,
-        "quantizer": quantizer.name, "packer": packer.name,
+        "model": model_fingerprint(path), "exporter": exporter.record(),
+        "quantizer": quantizer.record(), "packer": packer.record(),
         "options": attrs.asdict(options),
-        "code": [plugin_fingerprint(c) for c in (exporter, quantizer, packer)]
+        "code": [plugin_fingerprint(c.component) for c in (exporter, quantizer, packer)]
                 + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
     })
 
@@ -376,38 +382,38 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     that does not load, a compile or link failure."""
     from .cache import Cache
     from .compile import build_runtime
-    from .cc import resolve_blas
 
     registry = registry or get_registry()
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
-    # fail early, before any work: unknown or unusable components
-    blas = resolve_blas(registry.get("blas", options.blas))
-    quantizer = registry.get("quantizer", options.quantizer)
+    # fail early, before any work: unknown or unusable components, unknown or bad options
+    given = normalize(options.options)
+    compile_stages = choose_compile(registry, blas=options.blas, emitter=options.emitter,
+                                    passes=options.passes, linker=options.linker,
+                                    rewrite=options.rewrite, options=given)
+    quantizer = choose(registry, "quantizer", options.quantizer, given)
     if options.quantizer != "none":  # b, G, codebook type: the model file's own limits
         check_codebook_params(options.quant.bits, options.quant.group_size,
                               options.quant.codebook_type)
-    check_options = getattr(quantizer, "check_options", None)  # optional: bad --method etc.
+    check_options = getattr(quantizer.component, "check_options", None)  # bad --method etc.
     if check_options is not None:
         check_options(options.quant)
     path = resolve_model(model)
-    exporter = choose_exporter(path, options.exporter, registry)
-    if options.packer is None:
-        packers = registry.all("packer")
-        if not packers:
-            raise MissingStage("pack", "no packer plugin is installed")
-        packer = packers[0]
-    else:
-        packer = registry.get("packer", options.packer)
+    exp = choose_exporter(path, options.exporter, registry)
+    exporter = choose(registry, "exporter", exp.name, given)
+    packer = choose(registry, "packer", options.packer or DEFAULT_PACKER, given)
+    check_all_used(registry, given, [exporter, quantizer, packer, *compile_stages.all()])
     cache = Cache(root=cache_root, enabled=None if options.cache else False)
 
     timings = Timings()
+    components = {"exporter": exporter.record(), "quantizer": quantizer.record(),
+                  "packer": packer.record(), **compile_stages.record()}
     record: dict = {"model": str(model), "model_path": str(path), "executable": EXECUTABLE,
                     "model_file": MODEL_FILE, "quantizer": quantizer.name,
-                    "exporter": exporter.name, "packer": packer.name, "blas": blas.name,
-                    "rewrite": options.rewrite, "openmp": options.openmp,
-                    "options": attrs.asdict(options.quant), "stages": timings.seconds,
-                    "cached": {}}
+                    "exporter": exporter.name, "packer": packer.name,
+                    "blas": options.blas, "rewrite": options.rewrite,
+                    "openmp": options.openmp, "options": attrs.asdict(options.quant),
+                    "components": components, "stages": timings.seconds, "cached": {}}
     tmp = _prepare_out_dir(out_dir)
     log = _StageLog(show_progress, 6)
     try:
@@ -427,14 +433,14 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         else:
             log("export", f"{path.name} with {exporter.name}")
             with timings.stage("export"):
-                checkpoint = exporter.load(path)
+                checkpoint = exporter.component.load(path)
             log("quantize", quantizer.name)
             with timings.stage("quantize"):
-                qmodel = quantizer.quantize(checkpoint, options.quant)
+                qmodel = quantizer.component.quantize(checkpoint, options.quant)
             log("pack", f"{packer.name} (quantization runs as the packer pulls tensors)")
             qmodel, pulled = _timed_tensors(qmodel)
             with timings.stage("pack"):
-                summary = packer.pack(qmodel, tmp / MODEL_FILE)
+                summary = packer.component.pack(qmodel, tmp / MODEL_FILE)
             # the lazy quantization ran inside the packer: book its seconds to "quantize"
             timings.seconds["quantize"] += pulled[0]
             timings.seconds["pack"] -= pulled[0]
@@ -446,15 +452,12 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         record["tensors"] = summary.get("tensors", {})
 
         # ---- stages 4-6: emit IR, rewrite, link (cached as one unit) ---------------------
-        names = {"emit_ir": "emit IR", "rewrite": "rewrite", "link": "link"}
-        res = build_runtime(tmp / EXECUTABLE, blas=blas, rewrite=options.rewrite,
-                            openmp=options.openmp, cache=cache,
-                            on_stage=lambda st: log(names[st]))
+        res = build_runtime(tmp / EXECUTABLE, stages=compile_stages, openmp=options.openmp,
+                            cache=cache, on_stage=log)
         if res.cached:
-            for st in names.values():
+            for st in res.seconds:
                 log(st, "cached")
-        for st, sec in res.seconds.items():
-            timings.seconds[names[st]] = sec
+        timings.seconds.update(res.seconds)
         record["cached"]["compile"] = res.cached
         record["compile_key"] = res.key
         record["passes"] = list(res.passes)

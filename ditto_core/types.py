@@ -127,10 +127,27 @@ class IRModule:
 
 @attrs.frozen
 class PassReport:
-    """What an IR pass did: one dict per candidate loop nest (function, status, reason...)."""
+    """What an IR pass did: one dict per candidate loop nest (``function``, ``status``
+    ``"rewritten"``/``"rejected"``, ``reason``, and whatever else the pass reports, e.g.
+    ``kind``). ``name`` is the pass that produced it (the compile stage sets it)."""
 
     candidates: tuple[dict, ...] = ()
+    name: str = ""
 
     @property
     def rewritten(self) -> int:
         return sum(1 for c in self.candidates if c.get("status") == "rewritten")
+
+    @property
+    def total(self) -> int:
+        return len(self.candidates)
+
+    def to_json(self) -> dict:
+        """``{"name", "candidates", "rewritten", "total"}`` (build.json, ``--report``)."""
+        return {"name": self.name, "candidates": [dict(c) for c in self.candidates],
+                "rewritten": self.rewritten, "total": self.total}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PassReport":
+        """The report ``to_json`` wrote (the compile cache keeps reports as JSON)."""
+        return cls(tuple(dict(c) for c in data.get("candidates", ())), data.get("name", ""))

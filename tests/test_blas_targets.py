@@ -44,8 +44,11 @@ def test_openblas_pypi_flags_and_symbols():
 
 
 def test_openblas_system_switch(monkeypatch, tmp_path):
-    monkeypatch.setenv("DITTO_OPENBLAS", "system")
-    t = OpenBlasTarget()
+    from ditto_core.options import configure, resolve
+
+    monkeypatch.setenv("DITTO_OPENBLAS", "system")  # the deprecated alias of the option
+    with pytest.warns(FutureWarning, match="use -O openblas.system=True"):
+        t = configure(OpenBlasTarget(), resolve(OpenBlasTarget()))
     assert t.system and t.symbol("cblas_sgemv") == "cblas_sgemv"
     ok, why = t.available()
     if ok:  # the distribution's libopenblas is installed here
@@ -56,7 +59,7 @@ def test_openblas_system_switch(monkeypatch, tmp_path):
         with pytest.raises(DittoError, match="not available.*libopenblas"):
             t.link_flags()
     monkeypatch.delenv("DITTO_OPENBLAS")
-    assert not OpenBlasTarget().system
+    assert not configure(OpenBlasTarget(), resolve(OpenBlasTarget())).system
 
 
 def test_mkl_not_installed(tmp_path):

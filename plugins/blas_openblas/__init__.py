@@ -1,9 +1,10 @@
 """Ditto default plugin blas_openblas: the BLAS targets ``openblas`` and ``mkl``.
 
 ``openblas`` links the OpenBLAS shipped by PyPI ``scipy-openblas32`` (a dependency of Ditto, so
-it is always there); its symbols carry the prefix ``scipy_`` (``scipy_cblas_sgemv``). Setting
-``DITTO_OPENBLAS=system`` (or building ``OpenBlasTarget(system=True)``) uses the distribution's
-``libopenblas`` in ``/usr/lib/x86_64-linux-gnu`` instead, whose symbols have no prefix.
+it is always there); its symbols carry the prefix ``scipy_`` (``scipy_cblas_sgemv``). The option
+``-O openblas.system=true`` (or ``OpenBlasTarget(system=True)``; the deprecated environment
+variable ``DITTO_OPENBLAS=system`` still sets it) uses the distribution's ``libopenblas`` in
+``/usr/lib/x86_64-linux-gnu`` instead, whose symbols have no prefix.
 
 ``mkl`` links Intel oneMKL's single dynamic library ``mkl_rt`` from PyPI ``mkl``/``mkl-devel``
 when installed in this Python environment (no prefix: ``cblas_sgemv``).
@@ -15,12 +16,14 @@ Each target also says how to make BLAS single-threaded inside an OpenMP region
 from __future__ import annotations
 
 import importlib.metadata as md
-import os
 import sys
 from pathlib import Path
 
+import attrs
+
 from ditto_core.errors import DittoError
 from ditto_core.hookspecs import hookimpl
+from ditto_core.options import option
 
 SYSTEM_LIB_DIR = Path("/usr/lib/x86_64-linux-gnu")
 SYSTEM_INCLUDE_DIRS = (Path("/usr/include/x86_64-linux-gnu/openblas-pthread"),
@@ -35,24 +38,30 @@ def _rpath_link_flags(lib_dir: Path, lib: str) -> list[str]:
 
 
 class OpenBlasTarget:
-    """BLAS target ``openblas``: scipy-openblas32 by default, the system libopenblas when
-    ``system=True`` or the environment variable ``DITTO_OPENBLAS=system`` is set.
+    """BLAS target ``openblas``: scipy-openblas32 by default, the system libopenblas with
+    ``system=True`` (option ``openblas.system``).
 
     Symbols: ``symbol("cblas_sgemv")`` is ``"scipy_cblas_sgemv"`` (PyPI) or ``"cblas_sgemv"``
     (system). Raises DittoError from the flag methods when the library is missing.
     """
 
     name = "openblas"
-    header = "cblas.h"
 
-    def __init__(self, system: bool | None = None):
-        self._system = system
+    @attrs.frozen
+    class Options:
+        """``-O openblas.KEY=VALUE``."""
 
-    @property
-    def system(self) -> bool:
-        if self._system is not None:
-            return self._system
-        return os.environ.get("DITTO_OPENBLAS", "").strip().lower() == "system"
+        system: bool = option(
+            False, "link the distribution's libopenblas (apt-get install libopenblas-dev) "
+            "instead of PyPI scipy-openblas32", env="DITTO_OPENBLAS",
+            env_value=lambda text: text.strip().lower() == "system")
+
+    def __init__(self, system: bool = False):
+        self.system = bool(system)
+
+    def with_options(self, options: "OpenBlasTarget.Options") -> "OpenBlasTarget":
+        """A copy of this target configured with ``options``."""
+        return OpenBlasTarget(system=options.system)
 
     # -- where the library is ------------------------------------------------------------
     def _pypi(self):
@@ -73,7 +82,7 @@ class OpenBlasTarget:
         if self.system:
             if self._system_lib() is None:
                 return (False, f"system libopenblas not found in {SYSTEM_LIB_DIR}: "
-                               "apt-get install libopenblas-dev (or unset DITTO_OPENBLAS)")
+                               "apt-get install libopenblas-dev (or drop -O openblas.system=true)")
             return (True, "")
         so = self._pypi()
         if so is None:

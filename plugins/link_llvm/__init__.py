@@ -24,8 +24,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+import attrs
+
 from ditto_core.errors import DittoError
 from ditto_core.hookspecs import hookimpl
+from ditto_core.options import option
 from ditto_core.types import IRModule
 
 from .llvm_init import init_llvm
@@ -101,14 +104,31 @@ class LlvmLinker:
     """Linker ``llvm``: O3 for the host CPU with llvmlite, then link with clang-22.
 
     ``cpu``/``features`` override the host CPU name and feature string (LLVM syntax,
-    ``"+avx2,+fma"``); default: the machine running Ditto.
+    ``"+avx2,+fma"``); default: the machine running Ditto. ``opt_level``: the LLVM
+    optimisation level (0..3) of the module pipeline and the code generator.
     """
 
     name = "llvm"
-    opt_level = 3
 
-    def __init__(self, cpu: str | None = None, features: str | None = None):
-        self._cpu, self._features = cpu, features
+    @attrs.frozen
+    class Options:
+        """``-O llvm.KEY=VALUE``."""
+
+        cpu: str | None = option(None, "CPU to optimise for (LLVM name, e.g. znver3); "
+                                       "default: this machine's")
+        features: str | None = option(None, "CPU features (LLVM syntax, e.g. +avx2,+fma); "
+                                            "default: this machine's")
+        opt_level: int = option(3, "LLVM optimisation level 0..3",
+                                validator=[attrs.validators.ge(0), attrs.validators.le(3)])
+
+    def __init__(self, cpu: str | None = None, features: str | None = None,
+                 opt_level: int = 3):
+        self._cpu, self._features, self.opt_level = cpu, features, opt_level
+
+    def with_options(self, options: "LlvmLinker.Options") -> "LlvmLinker":
+        """A copy of this linker configured with ``options``."""
+        return LlvmLinker(cpu=options.cpu, features=options.features,
+                          opt_level=options.opt_level)
 
     # -- target --------------------------------------------------------------------------
     def host(self) -> tuple[str, str]:

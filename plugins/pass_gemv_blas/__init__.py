@@ -5,8 +5,6 @@ replaces each by a guarded call to the BLAS target's ``cblas_sgemv``/``cblas_dge
 docs/PASS.md.
 """
 
-import os
-
 from ditto_core.hookspecs import hookimpl
 
 from .gemv_pass import GemvBlasPass
@@ -16,8 +14,6 @@ __all__ = ["GemvBlasPass"]
 
 @hookimpl
 def register_ir_passes(register):
-    """Register ``gemv-blas``. Environment: ``DITTO_GEMV_OMP`` = ``single`` (default) |
-    ``region`` | ``blas`` (OpenMP option, docs/PASS.md), ``DITTO_GEMV_STRICT=1`` to rewrite
-    reductions without reassoc flags too."""
-    register(GemvBlasPass(allow_strict=os.environ.get("DITTO_GEMV_STRICT", "") == "1",
-                          omp_threads=os.environ.get("DITTO_GEMV_OMP", "single")))
+    """Register ``gemv-blas`` with its default options (``-O gemv-blas.omp_threads=...``,
+    ``-O gemv-blas.strict=true``; ``GemvBlasPass.Options``)."""
+    register(GemvBlasPass())

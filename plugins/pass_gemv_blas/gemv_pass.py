@@ -10,8 +10,12 @@ What is recognised, why it is legal and the floating-point policy: docs/PASS.md.
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+import attrs
 
 from ditto_core.errors import DittoError
+from ditto_core.options import option
 from ditto_core.types import IRModule, PassReport
 
 from . import rewrite
@@ -72,6 +76,22 @@ class GemvBlasPass:
     """
 
     name = "gemv-blas"
+
+    @attrs.frozen
+    class Options:
+        """``-O gemv-blas.KEY=VALUE`` (docs/PASS.md "OpenMP", "Floating-point policy")."""
+
+        omp_threads: Literal["single", "region", "blas"] = option(
+            "single", "BLAS threads for a GEMV inside an OpenMP region: single (BLAS set to 1 "
+            "thread), region (region serialized, BLAS threads), blas (left alone)",
+            env="DITTO_GEMV_OMP")
+        strict: bool = option(
+            False, "also rewrite reductions without the reassoc flag (reorders their sums)",
+            env="DITTO_GEMV_STRICT", env_value=lambda text: text.strip() == "1")
+
+    def with_options(self, options: "GemvBlasPass.Options") -> "GemvBlasPass":
+        """A copy of this pass configured with ``options``."""
+        return GemvBlasPass(allow_strict=options.strict, omp_threads=options.omp_threads)
 
     def __init__(self, allow_strict: bool = False, omp_threads: str = "single"):
         if omp_threads not in ("single", "region", "blas"):

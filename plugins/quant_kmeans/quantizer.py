@@ -14,11 +14,13 @@ import sys
 import time
 import zlib
 
+import attrs
 import numpy as np
 
 from ditto_core import format as F
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
+from ditto_core.options import option
 from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
                                   f32_nbytes)
 from ditto_core.types import Checkpoint, CodebookTensor, QuantizedModel
@@ -234,6 +236,24 @@ class KMeansQuantizer:
 
     name = "kmeans"
 
+    @attrs.frozen
+    class Options:
+        """``-O kmeans.KEY=VALUE``: settings of the ``lloyd`` method (docs/QUANT.md)."""
+
+        lloyd_restarts: int = option(LLOYD_RESTARTS, "k-means++ restarts per sub-block "
+                                     "(lloyd)", validator=attrs.validators.ge(1))
+        lloyd_max_iter: int = option(LLOYD_MAX_ITER, "iteration cap per restart (lloyd)",
+                                     validator=attrs.validators.ge(1))
+        lloyd_tol: float = option(LLOYD_TOL, "stop when the SSE falls by less than this "
+                                  "fraction (lloyd)", validator=attrs.validators.ge(0.0))
+
+    def __init__(self, options: "KMeansQuantizer.Options | None" = None):
+        self.options = options if options is not None else self.Options()
+
+    def with_options(self, options: "KMeansQuantizer.Options") -> "KMeansQuantizer":
+        """A copy of this quantizer configured with ``options``."""
+        return KMeansQuantizer(options)
+
     def check_options(self, options: QuantOptions) -> str:
         """Validate b, G, codebook type and method without a checkpoint (a pipeline may call
         this before exporting); return the resolved method. Raises DittoError."""
@@ -267,8 +287,10 @@ class KMeansQuantizer:
                     continue
                 t0 = time.perf_counter()
                 bits, group_size, cb_type = params
+                lloyd = self.options
                 q, sse, norm2, under = _quantize(W, bits, group_size, method, cb_type,
-                                                 options.seed, name)
+                                                 options.seed, name, lloyd.lloyd_restarts,
+                                                 lloyd.lloyd_max_iter, lloyd.lloyd_tol)
                 dt = time.perf_counter() - t0
                 totals["sse"] += sse
                 totals["norm2"] += norm2
