@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
+from .signals import pid_tag, sweep_stale
+
 _HASH_MEMO: dict[tuple[str, int, int], str] = {}
 _CHUNK = 1 << 22
 #: Key of ``meta.json`` holding ``{file name: {"size": bytes, "sha256": hex}}``.
@@ -175,7 +177,7 @@ class Cache:
         """Warn that entry ``d`` is bad and remove it (renamed aside first, so a concurrent
         reader never sees it half-deleted)."""
         warn(f"cache entry {d}: {why}; rebuilding it")
-        aside = d.parent / f".{d.name}.bad-{os.getpid()}"
+        aside = d.parent / f".bad-{pid_tag()}{d.name}"
         try:
             os.rename(d, aside)
         except OSError:
@@ -290,7 +292,10 @@ class Cache:
         tmp = None
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=final.parent))
+            for prefix in (".tmp-", ".bad-"):  # left by killed builds
+                sweep_stale(final.parent, prefix)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{pid_tag()}{key[:16]}-",
+                                        dir=final.parent))
             recorded = {}
             for name, src in files.items():
                 size, digest = copy_hashed(src, tmp / name)

@@ -25,6 +25,7 @@ from .outputs import output_target
 from .plugins import Registry, get_registry
 from .selection import (DEFAULT_EMITTER, DEFAULT_LINKER, Chosen, CompileStages, check_all_used,
                         check_blas, choose, choose_compile)
+from .signals import pid_tag, sweep_stale
 from .types import IRModule, PassReport
 
 def resolve_blas(blas, registry: Registry | None = None):
@@ -314,7 +315,8 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
         cflags.append("-fopenmp")
     if target is not None:
         cflags = target.compile_flags() + cflags
-    with tempfile.TemporaryDirectory(prefix="ditto-cc-") as tmp:
+    sweep_stale(Path(tempfile.gettempdir()), "ditto-cc-")  # left by killed runs
+    with tempfile.TemporaryDirectory(prefix=f"ditto-cc-{pid_tag()}") as tmp:
         tmp = Path(tmp)
         (tmp / "out").mkdir()
         done = compile_program(sources, stages, tmp / "out" / "exe", workdir=tmp / "ir",

@@ -1,7 +1,7 @@
 """The ``ditto`` command line: export, inspect, plugins, build (and commands other modules add).
 
 Every command has ``--help``. A DittoError is printed as ``error: <message>`` on stderr with
-exit code 1; Ctrl-C exits with 130. Long steps show a rich progress bar on stderr.
+exit code 1; Ctrl-C exits with 130, SIGTERM with 143 (after the same cleanup). Long steps show a rich progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__
+from . import __version__, signals
 from . import format as F
 from .components import QuantOptions
 from .errors import DittoError
@@ -31,7 +31,9 @@ def _stdout() -> Console:
 
 
 def reports_errors(func):
-    """Turn DittoError into ``error: ...`` on stderr and exit code 1, Ctrl-C into exit 130."""
+    """Turn DittoError into ``error: ...`` on stderr and exit code 1; a stop signal into one
+    line ``interrupted`` / ``terminated`` and exit ``128 + N`` (130 for Ctrl-C, 143 for
+    SIGTERM; ditto_core.signals)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -40,9 +42,9 @@ def reports_errors(func):
         except DittoError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            click.echo(signals.stop_message(exc), err=True)
+            sys.exit(signals.exit_code(exc))
 
     return wrapper
 
@@ -314,6 +316,7 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
 
 def main(argv=None):
     """Console-script entry point ``ditto``."""
+    signals.install()
     try:
         from . import cli_cc
         cli_cc.register(cli)

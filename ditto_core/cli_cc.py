@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from . import signals
 from .cli import compile_stage_options
 from .errors import DittoError
 
@@ -49,9 +50,9 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
     except DittoError as exc:  # same form as the rest of the ditto CLI
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:  # like `ditto build`: nothing written, exit 130
-        click.echo("interrupted", err=True)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:  # like `ditto build`: nothing written, exit 128 + N
+        click.echo(signals.stop_message(exc), err=True)
+        raise SystemExit(signals.exit_code(exc)) from None
     ran = (list(passes) or list(DEFAULT_PASSES)) if rewrite else []
     for line in summary_lines(split_report(merged, ran), rewrite):
         click.echo(line, err=True)

@@ -21,6 +21,7 @@ from .errors import DittoError
 from .plugins import Registry, get_registry
 from .selection import CompileStages, choose_compile
 from .types import PassReport
+from .signals import pid_tag, sweep_stale
 
 #: C flags of the runtime (mirrors native/Makefile's STD and OMP).
 RUNTIME_FLAGS = ("-std=c11", "-D_POSIX_C_SOURCE=200809L")
@@ -121,7 +122,8 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
         return CompileResult(out, reports, {s: 0.0 for s in COMPILE_STAGES}, True, key,
                              tuple(summary_lines(reports, rewrite)))
     cflags = list(RUNTIME_FLAGS) + (["-fopenmp"] if openmp else []) + list(extra_flags)
-    with tempfile.TemporaryDirectory(prefix="ditto-compile-") as tmp:
+    sweep_stale(Path(tempfile.gettempdir()), "ditto-compile-")  # left by killed builds
+    with tempfile.TemporaryDirectory(prefix=f"ditto-compile-{pid_tag()}") as tmp:
         done = compile_program(sources, stages, out, workdir=Path(tmp),
                                include_dirs=[sources[0].parent], flags=cflags,
                                on_stage=on_stage)

@@ -30,6 +30,7 @@ from .options import normalize
 from .plugins import Registry, get_registry
 from .selection import DEFAULT_PACKER, Chosen, check_all_used, choose, choose_compile
 from .progress import progress_bar
+from .signals import deferred, pid_tag, sweep_stale
 from .types import Checkpoint, QuantizedModel
 
 
@@ -260,7 +261,9 @@ def _prepare_out_dir(out_dir: Path) -> Path:
     _check_replaceable(out_dir)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
+        sweep_stale(target.parent, f"{target.name}.tmp-")  # left by killed builds
+        return Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-{pid_tag()}",
+                                     dir=target.parent))
     except OSError as exc:
         for anc in (out_dir.parent, *out_dir.parent.parents):  # e.g. -o afile/sub
             if anc.exists() or anc.is_symlink():
@@ -356,7 +359,8 @@ def _timed_tensors(model: QuantizedModel) -> tuple[QuantizedModel, list[float]]:
         while True:
             t0 = time.perf_counter()
             try:
-                item = next(it)
+                with deferred():  # numba kernels run here: stop signals wait for the tensor
+                    item = next(it)
             except StopIteration:
                 pulled[0] += time.perf_counter() - t0
                 return

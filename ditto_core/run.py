@@ -2,14 +2,19 @@
 
 A build directory (written by ``ditto build``, docs/BUILD.md) holds ``build.json``, the
 executable named there (``ditto-run``) and ``model.ditto``. Every argument after DIR is passed
-to the executable unchanged (``-p "def fib(n):" -n 64 --temp 0 --threads 2``); ``-m
-DIR/model.ditto`` is added first unless the arguments already give ``-m``.
+to the executable verbatim (``-p "def fib(n):" -n 64 --temp 0 --threads 2``) after ``-m
+DIR/model.ditto``, which comes first: a prompt or file name that is literally ``-m`` stays an
+argument, and a ``-m FILE`` of the user's own overrides it (the executable's last ``-m`` wins).
+SIGINT, SIGTERM and SIGHUP sent to ``ditto run`` are passed on to the executable, and ``ditto
+run`` exits with the executable's status (``128 + N`` when a signal N ended it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Sequence
@@ -36,10 +41,21 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
         raise DittoError(f"{meta_path}: missing; {d} is not a complete Ditto build") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise DittoError(f"{meta_path}: not valid JSON: {exc}") from None
-    exe = d / meta.get("executable", EXE_NAME)
-    model = d / meta.get("model_file", MODEL_NAME)
+    except OSError as exc:
+        raise DittoError(f"{meta_path}: cannot read it: {exc.strerror or exc}") from None
+    if not isinstance(meta, dict):
+        raise DittoError(f"{meta_path}: not a build record (a JSON object is expected, found "
+                         f"{type(meta).__name__})")
+    names = {}
+    for key, default in (("executable", EXE_NAME), ("model_file", MODEL_NAME)):
+        v = meta.get(key, default)
+        if not isinstance(v, str) or not v or v in (".", "..") or "/" in v or "\0" in v:
+            raise DittoError(f"{meta_path}: {key!r} must be a file name in {d}, found {v!r}")
+        names[key] = v
+    exe = d / names["executable"]
+    model = d / names["model_file"]
     if not exe.is_file() or not os.access(exe, os.X_OK):
         raise DittoError(f"{exe}: the build's executable is missing or not executable")
     if not model.is_file():
@@ -52,9 +68,6 @@ def run_command(build_dir: Path, args: Sequence[str]) -> list[str]:
     exe, model, _ = find_build(build_dir)
     if len(exe.parts) == 1:  # DIR is ".": "./ditto-run", so it is never looked up on $PATH
         exe = os.path.join(os.curdir, exe)
-    args = list(args)
-    if "-m" in args:
-        return [str(exe), *args]
     return [str(exe), "-m", str(model), *args]
 
 
@@ -90,14 +103,39 @@ def run_command_cli(build_dir, args):
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
     try:
-        code = subprocess.run(cmd).returncode
-    except KeyboardInterrupt:  # the child got the SIGINT too and has ended
-        click.echo("interrupted", err=True)
-        raise SystemExit(130) from None
+        code = run_forwarding_signals(cmd)
     except OSError as exc:
         click.echo(f"error: {cmd[0]}: cannot run it: {exc.strerror or exc}", err=True)
         raise SystemExit(1) from None
     raise SystemExit(exit_status(code))
+
+
+def run_forwarding_signals(cmd: Sequence[str]) -> int:
+    """Run ``cmd`` and return its returncode (``-N`` for death by signal N), passing SIGINT,
+    SIGTERM and SIGHUP that reach this process on to the child, so that `kill`, `timeout` or a
+    closed terminal stop the executable and not just this wrapper. Raises OSError if ``cmd``
+    cannot be started."""
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    proc: list[subprocess.Popen] = []
+    pending: list[int] = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        if proc:
+            with contextlib.suppress(ProcessLookupError):
+                proc[0].send_signal(signum)
+        else:
+            pending.append(signum)
+
+    old = {s: signal.signal(s, forward) for s in forwarded
+           if signal.getsignal(s) != signal.SIG_IGN}
+    try:
+        proc.append(subprocess.Popen(cmd))
+        for s in pending:
+            proc[0].send_signal(s)
+        return proc[0].wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def exit_status(returncode: int) -> int:
