@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__, signals
 from . import format as F
@@ -27,7 +28,10 @@ MODEL_HELP = "MODEL is an HF directory (config.json + safetensors + tokenizer.js
 
 
 def _stdout() -> Console:
-    return Console(highlight=False, soft_wrap=False, width=max(120, Console().width))
+    """The console for tables and summaries: markup off, so file names, tensor names and other
+    text read from files or arguments print literally (styles are set with ``rich.text.Text``)."""
+    return Console(highlight=False, markup=False, soft_wrap=False,
+                   width=max(120, Console().width))
 
 
 def reports_errors(func):
@@ -146,7 +150,8 @@ def inspect_cmd(file, as_json, no_verify):
         return
     con = _stdout()
     c = s["config"]
-    con.print(f"[bold]{file}[/]  Ditto format v{s['version']}, {s['file_bytes']:,} bytes")
+    con.print(Text.assemble((str(file), "bold"),
+                            f"  Ditto format v{s['version']}, {s['file_bytes']:,} bytes"))
     con.print("config: " + ", ".join(f"{k}={v}" for k, v in c.items()))
     t = s["tokenizer"]
     con.print(f"tokenizer: {t['kind']}, {t['n_tokens']} tokens, {t['n_merges']} merges, "
@@ -217,7 +222,7 @@ def plugins_cmd(as_json, with_options):
                       "\n".join(parts) or "(none)")
     con.print(table)
     for f in failed:
-        con.print(f"[red]failed to load[/] {f['plugin']}: {f['error']}")
+        con.print(Text.assemble(("failed to load", "red"), f" {f['plugin']}: {f['error']}"))
     if with_options:
         table = Table("option (-O)", "type", "default", "meaning")
         for r in rows:

@@ -320,8 +320,10 @@ class _StageLog:
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn)
-            self.bar = Progress(TextColumn("[bold]build[/]"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.description}"), TimeElapsedColumn(),
+            self.bar = Progress(TextColumn("build", style="bold"), BarColumn(),
+                                MofNCompleteColumn(),
+                                TextColumn("{task.description}", markup=False),  # file names
+                                TimeElapsedColumn(),
                                 console=Console(file=sys.stderr), transient=True)
             self.task = self.bar.add_task("", total=total)
             self.bar.start()

@@ -23,7 +23,8 @@ def progress_bar(label: str, total: int, enabled: bool = True,
         yield lambda n, description=None: None
         return
     console = Console(file=sys.stderr)
-    with Progress(TextColumn(f"[bold]{label}[/] {{task.description}}"), BarColumn(),
+    with Progress(TextColumn(label, style="bold", markup=False),
+                  TextColumn("{task.description}", markup=False), BarColumn(),
                   MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task("", total=total)

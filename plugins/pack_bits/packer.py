@@ -106,7 +106,8 @@ class BitsPacker:
                     yield name, np.ascontiguousarray(arr, dtype=np.float32)
 
         console = Console(file=sys.stderr)
-        with Progress(TextColumn("[bold]pack[/] {task.description}"), BarColumn(),
+        with Progress(TextColumn("pack", style="bold"),
+                      TextColumn("{task.description}", markup=False), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=True,
                       disable=not self.show_progress) as bar:
