@@ -114,7 +114,7 @@ def print_eval(r: dict) -> None:
 
     con = _stdout()
     n = r["chunks"]
-    con.print(f"[bold]{r['build']}[/] vs baseline {r['baseline']}: {n} chunk{'s' * (n != 1)} of "
+    con.print(f"{r['build']} vs baseline {r['baseline']}: {n} chunk{'s' * (n != 1)} of "
               f"{r['n_ctx']} tokens, {r['tokens_scored']:,} tokens scored", soft_wrap=True)
     t = Table("model", "PPL", "mean KLD", "99% KLD", "same top-1")
     t.add_row("baseline", f"{r['ppl_baseline']:.4f} ± {r['ppl_baseline_stderr']:.4f}", "-", "-",
@@ -137,6 +137,74 @@ def print_eval(r: dict) -> None:
                   f"{100 * pass_k:.2f} %")
 
 
+# --------------------------------------------------------------------------------------------
+def parse_threads(value: str) -> list[int]:
+    """``"1,2"`` → [1, 2]; raises click.BadParameter for anything but positive integers."""
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: expected thread counts like 1,2")
+    return out
+
+
+@click.command("bench")
+@click.argument("build", type=click.Path(path_type=Path))
+@click.option("--threads", "threads", default="1,2", show_default=True,
+              help="Comma-separated thread counts.")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs per thread count (median and spread are reported).")
+@click.option("-n", "--tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Generated tokens per decode run (tg).")
+@click.option("--prompt-tokens", type=click.IntRange(min=2), default=512, show_default=True,
+              help="Prompt tokens per prompt-processing run (pp), from the eval corpus.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@reports_errors
+def bench_cmd(build, threads, repeat, tokens, prompt_tokens, as_json, quiet):
+    """Benchmark BUILD: decode tok/s (tg), prompt tok/s (pp, 512-token prompt), time to first
+    token, peak RSS, file size and bpw per thread count, repeated (median and spread); energy
+    per token from Linux RAPL where readable, else "not available"."""
+    from .eval import bench
+    from .run import find_build
+
+    find_build(build)
+    update, stop = _progress("bench", quiet)
+    try:
+        r = bench.bench_build(build, threads=parse_threads(threads), repeat=repeat, tokens=tokens,
+                              prompt_tokens=prompt_tokens, progress=update)
+    finally:
+        stop()
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    print_bench(r)
+
+
+def print_bench(r: dict) -> None:
+    """The readable form of ``ditto bench``'s result."""
+    from rich.table import Table
+
+    con = _stdout()
+    con.print(f"{r['build']}: {r['file_bytes']:,} bytes, {r['bpw']:.3f} bpw; pp{r['prompt_tokens']}"
+              f", tg{r['tokens']}, {r['repeat']} runs each (median [min-max])", soft_wrap=True)
+
+    def m(x, spec=".1f"):
+        return "-" if x is None else (f"{x['median']:{spec}} [{x['min']:{spec}}-"
+                                      f"{x['max']:{spec}}]")
+
+    t = Table("threads", "prompt tok/s", "decode tok/s", "TTFT ms", "TTFT pp ms", "peak RSS MiB",
+              "J/token")
+    for th, v in r["threads"].items():
+        t.add_row(th, m(v["prompt_tok_per_s"]), m(v["decode_tok_per_s"]), m(v["ttft_ms"]),
+                  m(v["ttft_prompt_ms"]), f"{v['peak_rss_mib']:.1f}",
+                  m(v["joules_per_token"], ".3f") if v["joules_per_token"] else "n/a")
+    con.print(t)
+    con.print(f"energy: {r['energy']}", soft_wrap=True)
+
+
 def register(group: click.Group) -> None:
     """Add ``ditto eval``, ``ditto bench`` and ``ditto compare`` to ``group``."""
     group.add_command(eval_cmd)
+    group.add_command(bench_cmd)
