@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures_tokenizer",
     "tests.fixtures_quant",
     "tests.fixtures_eval",
+    "tests.fixtures_plugins",
 ]

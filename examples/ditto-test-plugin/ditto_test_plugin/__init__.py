@@ -1,29 +1,51 @@
-"""Example third-party Ditto plugin: the ``test-identity`` quantizer (every tensor fp32)."""
+"""Example third-party Ditto plugin: one replacement component for each of the seven stages.
 
-import numpy as np
+Each is registered under its own name, so a build uses it only when named (``--exporter
+test-ditto``, ``--quantizer test-identity``, ``--packer test-f32``, ``--emitter test-clang``,
+``--pass count-loops``, ``--linker test-clang``, ``--blas test-openblas``); a build with any one
+of them in place of Ditto's default still runs end to end (tests/test_plugin_stages.py).
+"""
 
 from ditto_core.hookspecs import hookimpl
-from ditto_core.types import QuantizedModel
+
+from .blas import ScipyOpenBlas
+from .compile import ClangLinker, CountLoopsPass, PlainClangEmitter
+from .model import DittoFileExporter, F32Packer, IdentityQuantizer
+
+__all__ = ["ClangLinker", "CountLoopsPass", "DittoFileExporter", "F32Packer",
+           "IdentityQuantizer", "PlainClangEmitter", "ScipyOpenBlas"]
 
 
-class IdentityQuantizer:
-    """Quantizer ``test-identity``: plans and returns every tensor as float32, unchanged."""
-
-    name = "test-identity"
-
-    def quantize(self, checkpoint, options):
-        names = list(checkpoint.shapes)
-
-        def tensors():
-            for n in names:
-                yield n, np.ascontiguousarray(checkpoint.tensors[n](), dtype=np.float32)
-
-        return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
-                              plan={n: ("f32", None) for n in names},
-                              shapes=dict(checkpoint.shapes), tensors=tensors,
-                              report={"quantizer": self.name})
+@hookimpl
+def register_exporters(register):
+    register(DittoFileExporter())
 
 
 @hookimpl
 def register_quantizers(register):
     register(IdentityQuantizer())
+
+
+@hookimpl
+def register_packers(register):
+    register(F32Packer())
+
+
+@hookimpl
+def register_ir_emitters(register):
+    register(PlainClangEmitter())
+
+
+@hookimpl
+def register_ir_passes(register):
+    register(CountLoopsPass())
+
+
+@hookimpl
+def register_linkers(register):
+    register(ClangLinker())
+
+
+@hookimpl
+def register_blas_targets(register):
+    register(ScipyOpenBlas())
