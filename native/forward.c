@@ -77,8 +77,7 @@ void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * scale);
 }
 
-/* Rotate-half RoPE on n_heads heads of size d stored back to back in v. */
-static void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) {
+void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) {
     int half = d / 2;
     for (int h = 0; h < n_heads; h++) {
         float *hv = v + h * d;

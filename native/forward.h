@@ -43,4 +43,8 @@ float *forward(const Model *m, RunState *s, int token, int pos);
 /* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019). */
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
+/* Rotate-half RoPE (Su et al. 2021, HF q/k order; FORMAT.md "Rotary layout") on n_heads heads
+ * of size d stored back to back in v, with the position's tables cos_t/sin_t [d/2]. */
+void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t);
+
 #endif

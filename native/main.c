@@ -21,8 +21,10 @@
 #endif
 
 #include "forward.h"
+#include "matmul.h"
 #include "model.h"
 #include "output.h"
+#include "prefill.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -98,6 +100,8 @@ static void usage(FILE *f) {
             "  --seed S           PRNG seed (default: from the clock, printed to stderr)\n"
             "  --threads T        OpenMP threads (default: all cores)\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
+            "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
+            "                     default 64; 1 = one token at a time)\n"
             "  --chat             wrap the prompt in the model's chat template (ChatML)\n"
             "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
             "                     --tokens and --chat default to no BOS)\n"
@@ -269,7 +273,7 @@ static int encode_append(const Tokenizer *tok, const char *text, size_t len, int
 
 typedef struct {
     const char *model_path, *prompt, *prompt_file, *ids_file, *score_file, *dump_file;
-    long n_gen, threads, ctx;
+    long n_gen, threads, ctx, batch;
     float temp, topp;
     uint64_t seed;
     int seed_given, chat, bos, special, tokens_only, print_ids, ignore_eos; /* bos: -1 default */
@@ -278,6 +282,7 @@ typedef struct {
 static int parse_args(int argc, char **argv, Args *a) {
     memset(a, 0, sizeof *a);
     a->n_gen = 256;
+    a->batch = 64;
     a->temp = 0.8f;
     a->topp = 0.9f;
     a->bos = -1;
@@ -296,7 +301,8 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = 1; continue; }
         /* flags with a value */
         static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
-            "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits"};
+            "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits", "-b",
+            "--batch-size"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(o, with_value[k]);
@@ -315,6 +321,9 @@ static int parse_args(int argc, char **argv, Args *a) {
         } else if (!strcmp(o, "--threads")) {
             if (parse_long(v, 1, 1024, &a->threads))
                 return usage_error("--threads must be an integer in 1..1024, got '%s'", v);
+        } else if (!strcmp(o, "-b") || !strcmp(o, "--batch-size")) {
+            if (parse_long(v, 1, MATMUL_BATCH_MAX, &a->batch))
+                return usage_error("--batch-size must be an integer in 1..512, got '%s'", v);
         } else if (!strcmp(o, "--ctx")) {
             if (parse_long(v, 1, 1L << 24, &a->ctx))
                 return usage_error("--ctx must be a positive integer, got '%s'", v);
@@ -393,6 +402,8 @@ typedef struct {
     Model model;
     Tokenizer *tok;
     RunState state;
+    Prefill prefill; /* tile buffers of batched prefill (unused with --batch-size 1) */
+    long batch;      /* tokens per prefill tile */
     Sampler sampler;
     int32_t *ids; /* the input tokens */
     long n_ids;
@@ -518,31 +529,70 @@ static int prepare_context(const Args *a, Run *r) {
         return EXIT_PROMPT;
     }
     r->ctx = ctx;
+    r->batch = a->batch < r->n_ids ? a->batch : r->n_ids;
     if (runstate_init(&r->state, cfg, (int)ctx) ||
+        (r->batch > 1 && prefill_init(&r->prefill, cfg, (int)r->batch, (int)ctx)) ||
         sampler_init(&r->sampler, (int)cfg->vocab_size, a->temp, a->topp, a->seed)) {
+        int threads = 1;
+#ifdef _OPENMP
+        threads = omp_get_max_threads();
+#endif
+        size_t bytes = runstate_bytes(cfg, (int)ctx) +
+                       (r->batch > 1 ? prefill_bytes(cfg, (int)r->batch, (int)ctx, threads) : 0);
         fprintf(stderr, "%s: error: out of memory for a context of %ld positions (%.1f MiB)\n",
-                prog, ctx, runstate_bytes(cfg, (int)ctx) / 1048576.0);
+                prog, ctx, bytes / 1048576.0);
         return EXIT_OOM;
     }
     return EXIT_OK;
 }
 
+/* Called by eval_input() with the logits of each input position in order. */
+typedef void (*LogitsFn)(Run *r, long pos, const float *logits, void *ctx);
+
+/* Runs the input tokens from position 0, filling the KV cache: in tiles of r->batch tokens
+ * through prefill() (batched prefill), or one token at a time through forward() when the tile
+ * is 1. With each given, every position's logits are computed and passed to it; without, only
+ * the last position's. Returns the logits of the last input position. */
+static float *eval_input(Run *r, LogitsFn each, void *ctx) {
+    float *logits = NULL;
+    int vocab = (int)r->model.config.vocab_size;
+    for (long pos0 = 0; pos0 < r->n_ids && !stop_signal; pos0 += r->batch) {
+        long n = r->n_ids - pos0 < r->batch ? r->n_ids - pos0 : r->batch;
+        if (r->batch == 1) {
+            logits = forward(&r->model, &r->state, r->ids[pos0], (int)pos0);
+            if (each) each(r, pos0, logits, ctx);
+            continue;
+        }
+        int mode = each ? PREFILL_ALL_LOGITS
+                        : pos0 + n >= r->n_ids ? PREFILL_LAST_LOGITS : PREFILL_NO_LOGITS;
+        logits = prefill(&r->model, &r->state, &r->prefill, r->ids + pos0, (int)n, (int)pos0,
+                         mode);
+        if (each)
+            for (long t = 0; t < n; t++)
+                each(r, pos0 + t, r->prefill.logits + (size_t)t * vocab, ctx);
+    }
+    return logits;
+}
+
+/* LogitsFn of --score: prints log p(ids[pos + 1] | ids[..pos]) and adds it to *(double *)sum. */
+static void score_position(Run *r, long pos, const float *logits, void *sum) {
+    if (pos + 1 >= r->n_ids) return; /* the last token predicts nothing that is scored */
+    int vocab = (int)r->model.config.vocab_size;
+    float max = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    double z = 0.0;
+    for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - max));
+    double lp = (double)(logits[r->ids[pos + 1]] - max) - log(z);
+    *(double *)sum += lp;
+    printf(pos ? ", %.6f" : "%.6f", lp);
+}
+
 /* --score: teacher-forced log-probabilities of tokens 1..n-1, as one JSON object on stdout. */
 static int score(Run *r) {
-    int vocab = (int)r->model.config.vocab_size;
     printf("{\"n_tokens\": %ld, \"logprobs\": [", r->n_ids);
     double sum = 0.0;
-    for (long pos = 0; pos + 1 < r->n_ids && !stop_signal; pos++) {
-        float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
-        float max = logits[0];
-        for (int i = 1; i < vocab; i++)
-            if (logits[i] > max) max = logits[i];
-        double z = 0.0;
-        for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - max));
-        double lp = (double)(logits[r->ids[pos + 1]] - max) - log(z);
-        sum += lp;
-        printf(pos ? ", %.6f" : "%.6f", lp);
-    }
+    eval_input(r, score_position, &sum);
     long n_scored = r->n_ids - 1;
     printf("], \"n_scored\": %ld, \"sum_logprob\": %.6f, \"mean_nll\": %.6f, "
            "\"perplexity\": %.6f}\n",
@@ -553,6 +603,12 @@ static int score(Run *r) {
     print_stats("scored", n_scored, r->t_loaded - r->t_start, r->n_ids, t_end - r->t_loaded, 0.0,
                 0, 0.0, r->ctx);
     return EXIT_OK;
+}
+
+/* LogitsFn of --dump-logits: copies the logits of pos into row pos of the float dump[n][vocab]. */
+static void dump_position(Run *r, long pos, const float *logits, void *dump) {
+    size_t vocab = r->model.config.vocab_size;
+    memcpy((float *)dump + (size_t)pos * vocab, logits, vocab * sizeof(float));
 }
 
 /* --dump-logits FILE: the logits of every input position, n x vocab float32, row-major,
@@ -566,13 +622,10 @@ static int dump_logits(Run *r, const Args *a) {
         fprintf(stderr, "%s: error: out of memory for %ld x %d logits\n", prog, r->n_ids, vocab);
         return EXIT_OOM;
     }
-    for (long pos = 0; pos < r->n_ids; pos++) {
-        if (stop_signal) {
-            free(dump);
-            return EXIT_OK; /* main() ends the run by the signal; nothing was written */
-        }
-        float *logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
-        memcpy(dump + (size_t)pos * vocab, logits, (size_t)vocab * sizeof(float));
+    eval_input(r, dump_position, dump);
+    if (stop_signal) {
+        free(dump);
+        return EXIT_OK; /* main() ends the run by the signal; nothing was written */
     }
     int rc = EXIT_OK;
     const char *inputs[] = {a->model_path, a->prompt_file, a->ids_file, a->score_file};
@@ -607,9 +660,7 @@ static int generate(Run *r, const Args *a) {
         fprintf(stderr, "%s: error: out of memory\n", prog);
         return EXIT_OOM;
     }
-    float *logits = NULL;
-    for (long pos = 0; pos < r->n_ids && !stop_signal; pos++)
-        logits = forward(&r->model, &r->state, r->ids[pos], (int)pos);
+    float *logits = eval_input(r, NULL, NULL);
     if (stop_signal) {
         free(out);
         free(gen_ids);
@@ -705,6 +756,7 @@ int main(int argc, char **argv) {
     if (write_stdout(NULL, 0) != 0 && rc == EXIT_OK) rc = stdout_error();
     sampler_free(&r.sampler);
     runstate_free(&r.state);
+    prefill_free(&r.prefill);
     free(r.ids);
     tokenizer_free(r.tok);
     model_close(&r.model);

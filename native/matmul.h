@@ -44,6 +44,26 @@ void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type
 /* Dispatcher: y[W->rows] = W x[W->cols] for any encoding. */
 void gemv(float *y, const float *x, const Tensor *W);
 
+/* Most activation rows one matmul_batch() call takes (the prefill tile, --batch-size). */
+#define MATMUL_BATCH_MAX 512
+
+/* Y[T][rows] = X[T][cols] · Wᵀ for any encoding (W is [rows, cols]): T activation rows at once
+ * (GEMM; batched prefill), 1 <= T <= MATMUL_BATCH_MAX, X and Y row-major float32 without
+ * padding. Each Y[t] equals gemv(Y[t], X[t], W) up to the order of the float32 summation.
+ * Threads split the rows of W (OpenMP, static), so the result is the same for any thread
+ * count. Implemented in gemm.c. */
+void matmul_batch(float *Y /*[T][rows]*/, const float *X /*[T][cols]*/, int T, const Tensor *W);
+
+/* Y[t*d + i] = Σ_k W[i*n + k] · X[t*n + k] (t < T, i < d): the canonical GEMM nest that the
+ * IR pass replaces with cblas_sgemm (docs/PASS.md "GEMM"). */
+void matmul_f32_batch(float *Y, const float *X, const float *W, int T, int n, int d);
+
+/* Y[T][rows] = X[T][cols] · Wᵀ for a codebook payload (parameters as codebook_gemv_ref):
+ * decodes tiles of 16 rows to float32 once and multiplies them with all T rows of X.
+ * 1 <= T <= MATMUL_BATCH_MAX. Y[t][r] sums over columns in increasing order. */
+void codebook_gemm_ref(float *Y, const float *X, int T, const uint8_t *payload,
+                       uint32_t codebook_type, int bits, int group_size, int rows, int cols);
+
 /* Row r of W decoded to float32 into out[W->cols] (embedding lookup). */
 void tensor_row(float *out, const Tensor *W, uint64_t r);
 
