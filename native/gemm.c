@@ -141,8 +141,9 @@ void matmul_batch(float *Y, const float *X, int T, const Tensor *W) {
         matmul_f32_batch(Y, X, (const float *)(const void *)W->data, T, cols, rows);
         break;
     case DITTO_ENC_CODEBOOK:
+        /* G longer than the row is the whole row (S = 1), as gemv() sees it */
         codebook_gemm_ref(Y, X, T, W->data, W->codebook_type, (int)W->bits,
-                          (int)W->group_size, rows, cols);
+                          (int)(W->group_size < W->cols ? W->group_size : W->cols), rows, cols);
         break;
     default: /* model_open() rejects other encodings */
         memset(Y, 0, (size_t)T * (size_t)rows * sizeof(float));
