@@ -27,6 +27,15 @@ ENC_CODEBOOK = 1  # DITTO_ENC_CODEBOOK
 MIN_GROUP_SIZE = 2  # DITTO_MIN_GROUP_SIZE: smallest codebook group size G
 MAX_GROUP_SIZE = 1 << 24  # DITTO_MAX_GROUP_SIZE: largest G (G >= cols is one sub-block per row)
 
+# Limits of a valid model file (FORMAT.md "Validity rules"), the same numbers as the C header.
+MAX_DIM = 1 << 20  # DITTO_MAX_DIM: dim and n_heads * head_dim
+MAX_HIDDEN_DIM = 1 << 22  # DITTO_MAX_HIDDEN_DIM
+MAX_LAYERS = 4096  # DITTO_MAX_LAYERS
+MAX_VOCAB = 1 << 24  # DITTO_MAX_VOCAB
+MAX_SEQ_LEN = 2**31 - 1  # DITTO_MAX_SEQ_LEN: positions are int in the runtime
+MAX_F32_ELEMENTS = 2**31 - 1  # DITTO_MAX_F32_ELEMENTS: the f32 GEMV indexes with int
+MAX_WEIGHTS = 1 << 40  # DITTO_MAX_WEIGHTS: rows * cols of any tensor
+
 CB_F32 = 0  # DITTO_CB_F32
 CB_F16 = 1  # DITTO_CB_F16
 

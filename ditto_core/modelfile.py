@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 import zlib
 from pathlib import Path
@@ -160,23 +161,49 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_config(config: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
-    """Raise DittoError (prefixed with ``where``, a file name) unless ``shapes`` holds exactly
-    the tensors ``config`` implies, with their shapes."""
+#: config field -> its upper limit (FORMAT.md "Validity rules"); every one is >= 1
+CONFIG_LIMITS = {"dim": F.MAX_DIM, "hidden_dim": F.MAX_HIDDEN_DIM, "n_layers": F.MAX_LAYERS,
+                 "n_heads": F.MAX_DIM, "n_kv_heads": F.MAX_DIM, "head_dim": F.MAX_DIM,
+                 "vocab_size": F.MAX_VOCAB, "max_seq_len": F.MAX_SEQ_LEN}
+
+
+def check_config_values(config: ModelConfig, where: str) -> None:
+    """Raise DittoError (prefixed with ``where``) unless the config values are those of a
+    valid model file (FORMAT.md "Validity rules", the same rules as native/model.c): every
+    size an integer in 1..its limit (``CONFIG_LIMITS``), n_heads · head_dim <= MAX_DIM,
+    n_kv_heads dividing n_heads, head_dim even, rope_theta and norm_eps finite and > 0 (as
+    float32, the stored type)."""
     c = config
-    for field in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                  "vocab_size", "max_seq_len"):
+    for field, limit in CONFIG_LIMITS.items():
         v = getattr(c, field)
-        if not isinstance(v, (int, np.integer)) or v <= 0 or v >= 2**32:
-            raise DittoError(f"{where}: config {field} = {v!r} must be a positive integer")
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= limit:
+            raise DittoError(f"{where}: config {field} = {v!r} must be an integer in "
+                             f"1..{limit}")
+    if c.n_heads * c.head_dim > F.MAX_DIM:
+        raise DittoError(f"{where}: config n_heads * head_dim = {c.n_heads * c.head_dim} "
+                         f"exceeds {F.MAX_DIM}")
     if c.n_heads % c.n_kv_heads:
         raise DittoError(f"{where}: n_heads {c.n_heads} is not a multiple of "
                          f"n_kv_heads {c.n_kv_heads} (GQA)")
     if c.head_dim % 2:
         raise DittoError(f"{where}: head_dim {c.head_dim} must be even for RoPE")
-    if not (c.rope_theta > 0 and c.norm_eps > 0):
-        raise DittoError(f"{where}: rope_theta {c.rope_theta} and norm_eps {c.norm_eps} "
-                         f"must be positive")
+    for field in ("rope_theta", "norm_eps"):
+        v = getattr(c, field)
+        v32 = None
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+            with np.errstate(over="ignore"):
+                v32 = float(np.float64(v).astype(np.float32))
+        if v32 is None or not math.isfinite(v32) or v32 <= 0:
+            raise DittoError(f"{where}: config {field} = {v!r} must be a finite number > 0 "
+                             f"(as float32)")
+
+
+def check_config(config: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """Raise DittoError (prefixed with ``where``, a file name) unless the config values are
+    valid (``check_config_values``) and ``shapes`` holds exactly the tensors ``config``
+    implies, with their shapes."""
+    c = config
+    check_config_values(c, where)
     want = expected_shapes(c)
     for name, shape in shapes.items():
         if name not in want:
@@ -254,9 +281,17 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
     n, m = h["n_tokens"], h["n_merges"]
     sizes = [4 * n, 4 * n, 4 * (n + 1), F.round_up(h["blob_bytes"], 4), 8 * m,
              F.round_up(h["template_bytes"], 4)]
-    if F.TOKENIZER_HEADER.size + sum(sizes) > len(mv):
-        raise DittoError(f"{where}: tokenizer block needs {F.TOKENIZER_HEADER.size + sum(sizes)}"
-                         f" bytes, only {len(mv)} present")
+    if F.TOKENIZER_HEADER.size + sum(sizes) != len(mv):
+        raise DittoError(f"{where}: the tokenizer block's sections take "
+                         f"{F.TOKENIZER_HEADER.size + sum(sizes)} bytes, the block has {len(mv)}")
+    if h["add_bos"] > 1 or h["add_space_prefix"] > 1:
+        raise DittoError(f"{where}: tokenizer add_bos = {h['add_bos']} and add_space_prefix = "
+                         f"{h['add_space_prefix']} must be 0 or 1")
+    if any(h["reserved"]):
+        raise DittoError(f"{where}: tokenizer reserved header bytes 52..63 must be zero")
+    for what in ("bos_id", "eos_id", "unk_id", "pad_id"):
+        if not -1 <= h[what] < n:
+            raise DittoError(f"{where}: tokenizer {what} {h[what]} is outside [-1, {n})")
     pos = F.TOKENIZER_HEADER.size
     parts = []
     for size in sizes:
@@ -269,10 +304,30 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
         raise DittoError(f"{where}: token offsets are not increasing within the text blob")
     blob = bytes(parts[3][:h["blob_bytes"]])
     tokens = tuple(blob[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    bad_type = np.flatnonzero((types < F.TT_NORMAL) | (types > F.TT_BYTE))
+    if bad_type.size:
+        raise DittoError(f"{where}: token {int(bad_type[0])} has unknown type "
+                         f"{int(types[bad_type[0]])}")
+    for i in np.flatnonzero((types == F.TT_CONTROL) | (types == F.TT_USER_DEFINED)).tolist():
+        try:
+            tokens[i].decode("utf-8")
+        except UnicodeDecodeError:
+            raise DittoError(f"{where}: control/user-defined token {i} is not valid UTF-8 "
+                             f"text") from None
+    if h["kind"] == F.TOK_SPM_BPE:
+        for i in np.flatnonzero(types == F.TT_BYTE).tolist():
+            if not re.fullmatch(rb"<0x[0-9A-Fa-f]{2}>", tokens[i]):
+                raise DittoError(f"{where}: byte token {i} is not of the form <0xXX>")
     merges_arr = np.frombuffer(parts[4], dtype="<u4").reshape(-1, 2)
     if merges_arr.size and merges_arr.max() >= n:
         raise DittoError(f"{where}: a merge refers to token id {int(merges_arr.max())} >= {n}")
     merges = tuple(map(tuple, merges_arr.tolist()))
+    if merges:
+        texts = set(tokens)
+        for r, (a, b) in enumerate(merges):
+            if tokens[a] + tokens[b] not in texts:
+                raise DittoError(f"{where}: merge {r} ({a}, {b}): no token has the "
+                                 f"concatenated text")
     try:
         template = bytes(parts[5][:h["template_bytes"]]).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -340,10 +395,17 @@ def _check_tensor_info(t: TensorInfo, where: str) -> None:
     if len(t.shape) not in (1, 2) or min(t.shape) <= 0:
         raise DittoError(f"{where}: tensor {t.name!r} has shape {t.shape}; 1-D or 2-D, "
                          f"positive sizes")
+    if max(t.shape) > 2**31 - 1 or t.n_weights > F.MAX_WEIGHTS:
+        raise DittoError(f"{where}: tensor {t.name!r} of shape {t.shape} is too large "
+                         f"(rows, cols <= 2^31-1, rows * cols <= 2^40)")
+    if len(t.shape) == 1 and t.encoding != "f32":
+        raise DittoError(f"{where}: tensor {t.name!r} is a vector and must be f32")
     if t.encoding == "f32":
         if t.bits or t.group_size or t.codebook_type:
             raise DittoError(f"{where}: f32 tensor {t.name!r} must have bits = group_size = 0 "
                              f"and no codebook type")
+        if t.n_weights > F.MAX_F32_ELEMENTS:
+            raise DittoError(f"{where}: f32 tensor {t.name!r} has more than 2^31-1 elements")
     elif t.encoding == "codebook":
         try:
             check_codebook_params(t.bits, t.group_size, t.codebook_type)
@@ -370,6 +432,7 @@ def plan_layout(config: ModelConfig, tokenizer: TokenizerSpec, tensors: Sequence
         raise DittoError(f"{where}: tokenizer has {len(tokenizer.tokens)} tokens, config "
                          f"vocab_size is {config.vocab_size}")
     tok = serialize_tokenizer(tokenizer)
+    parse_tokenizer(tok, where)  # the block must pass the reader's rules (FORMAT.md)
     meta_size = F.CONFIG.size + F.TENSOR_ENTRY.size * len(tensors) + len(tok)
     pos = F.round_up(F.HEADER_BYTES + meta_size)
     laid = []
@@ -544,6 +607,11 @@ class ModelFile:
         c = F.unpack(F.CONFIG, F.CONFIG_FIELDS, mm, F.HEADER_BYTES)
         if c["arch"] != F.ARCH_LLAMA:
             raise DittoError(f"{where}: unknown architecture id {c['arch']}")
+        if any(c["reserved"]):
+            raise DittoError(f"{where}: config reserved bytes 52..63 must be zero")
+        if c["tied_embeddings"] > 1:
+            raise DittoError(f"{where}: config tied_embeddings = {c['tied_embeddings']} must be "
+                             f"0 or 1")
         self.config = ModelConfig(
             dim=c["dim"], hidden_dim=c["hidden_dim"], n_layers=c["n_layers"],
             n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"],
@@ -561,11 +629,22 @@ class ModelFile:
         self.tensors: dict[str, TensorInfo] = {}
         for i in range(n_t):
             e = F.unpack(F.TENSOR_ENTRY, F.TENSOR_ENTRY_FIELDS, mm, table_at + i * 128)
+            raw_name, nul, padding = e["name"].partition(b"\0")
+            if not nul or not raw_name:
+                raise DittoError(f"{where}: tensor table entry {i} has no NUL-terminated name")
             try:
-                name = e["name"].rstrip(b"\0").decode("utf-8")
+                name = raw_name.decode("utf-8")
             except UnicodeDecodeError:
                 raise DittoError(f"{where}: tensor entry {i} has a name that is not UTF-8") \
                     from None
+            if any(padding):
+                raise DittoError(f"{where}: tensor {name!r}: name is not NUL-padded")
+            if any(e["reserved"]):
+                raise DittoError(f"{where}: tensor {name!r}: reserved bytes 116..127 must be "
+                                 f"zero")
+            if e["encoding"] == F.ENC_F32 and e["codebook_type"]:
+                raise DittoError(f"{where}: f32 tensor {name!r} must have bits = group_size = "
+                                 f"0 and no codebook type")
             if e["encoding"] not in enc_names:
                 raise DittoError(f"{where}: tensor {name!r} has unknown encoding "
                                  f"{e['encoding']}")
@@ -596,6 +675,12 @@ class ModelFile:
             if name in self.tensors:
                 raise DittoError(f"{where}: tensor {name!r} appears twice")
             self.tensors[name] = info
+        by_offset = sorted(self.tensors.values(), key=lambda t: t.offset)
+        for a, b in zip(by_offset, by_offset[1:]):
+            if b.offset < a.offset + a.nbytes:
+                raise DittoError(f"{where}: tensor {b.name!r}: payload at offset {b.offset} "
+                                 f"overlaps the payload of {a.name!r} "
+                                 f"[{a.offset}, {a.offset + a.nbytes})")
         self.tokenizer = parse_tokenizer(mm[tok_at:meta_end], where)
         if len(self.tokenizer.tokens) != self.config.vocab_size:
             raise DittoError(f"{where}: tokenizer has {len(self.tokenizer.tokens)} tokens, "

@@ -30,6 +30,16 @@
 #define DITTO_MIN_GROUP_SIZE 2u
 #define DITTO_MAX_GROUP_SIZE 16777216u
 
+/* limits of a valid model file (docs/FORMAT.md "Validity rules"; ditto_core/format.py has the
+ * same numbers and tests/test_format_agree.py checks they agree) */
+#define DITTO_MAX_DIM 1048576u          /* dim and n_heads * head_dim: 2^20 */
+#define DITTO_MAX_HIDDEN_DIM 4194304u   /* 2^22 */
+#define DITTO_MAX_LAYERS 4096u
+#define DITTO_MAX_VOCAB 16777216u       /* 2^24 */
+#define DITTO_MAX_SEQ_LEN 2147483647u   /* positions are int in the runtime */
+#define DITTO_MAX_F32_ELEMENTS 2147483647u /* the f32 GEMV indexes with int */
+#define DITTO_MAX_WEIGHTS 1099511627776u   /* rows * cols of any tensor: 2^40 */
+
 /* codebook element types */
 #define DITTO_CB_F32 0u
 #define DITTO_CB_F16 1u

@@ -59,9 +59,12 @@ uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint3
     /* int-sized dimensions (the kernels index with int) and at most 2^40 weights, so no
      * size below can overflow 64 bits */
     if (rows == 0 || cols == 0 || rows > 0x7fffffffull || cols > 0x7fffffffull ||
-        rows * cols > (1ull << 40))
+        rows * cols > DITTO_MAX_WEIGHTS)
         return 0;
-    if (encoding == DITTO_ENC_F32) return rows * cols * 4u;
+    if (encoding == DITTO_ENC_F32) {
+        if (bits || group_size || codebook_type || rows * cols > DITTO_MAX_F32_ELEMENTS) return 0;
+        return rows * cols * 4u;
+    }
     if (encoding != DITTO_ENC_CODEBOOK) return 0;
     if (bits < 1 || bits > 8 || group_size < DITTO_MIN_GROUP_SIZE ||
         group_size > DITTO_MAX_GROUP_SIZE)
@@ -132,22 +135,59 @@ static int check_config(const Model *m, char *err, size_t errlen) {
                     "n_kv_heads=%u head_dim=%u vocab_size=%u max_seq_len=%u)",
                     c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
                     c->vocab_size, c->max_seq_len);
+    if (c->n_layers > DITTO_MAX_LAYERS || c->dim > DITTO_MAX_DIM ||
+        c->hidden_dim > DITTO_MAX_HIDDEN_DIM || c->vocab_size > DITTO_MAX_VOCAB ||
+        c->max_seq_len > DITTO_MAX_SEQ_LEN || (uint64_t)c->n_heads * c->head_dim > DITTO_MAX_DIM)
+        return fail(m, err, errlen,
+                    "config: a size is above its limit (n_layers=%u <= %u, dim=%u <= %u, "
+                    "hidden_dim=%u <= %u, vocab_size=%u <= %u, max_seq_len=%u <= %u, "
+                    "n_heads*head_dim=%llu <= %u)",
+                    c->n_layers, DITTO_MAX_LAYERS, c->dim, DITTO_MAX_DIM, c->hidden_dim,
+                    DITTO_MAX_HIDDEN_DIM, c->vocab_size, DITTO_MAX_VOCAB, c->max_seq_len,
+                    DITTO_MAX_SEQ_LEN, (unsigned long long)c->n_heads * c->head_dim,
+                    DITTO_MAX_DIM);
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
         return fail(m, err, errlen, "config: n_heads=%u is not a multiple of n_kv_heads=%u",
                     c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2 != 0)
         return fail(m, err, errlen, "config: head_dim=%u must be even for RoPE", c->head_dim);
-    if (c->n_layers > 4096 || c->max_seq_len > (1u << 24) || c->dim > (1u << 20) ||
-        c->hidden_dim > (1u << 22) || (uint64_t)c->n_heads * c->head_dim > (1u << 20))
-        return fail(m, err, errlen, "config: implausibly large sizes");
-    if (!isfinite(c->rope_theta) || c->rope_theta <= 1.0f)
-        return fail(m, err, errlen, "config: rope_theta=%g must be finite and > 1",
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0.0f)
+        return fail(m, err, errlen, "config: rope_theta=%g must be finite and > 0",
                     (double)c->rope_theta);
-    if (!isfinite(c->norm_eps) || c->norm_eps <= 0.0f || c->norm_eps >= 1.0f)
-        return fail(m, err, errlen, "config: norm_eps=%g must be in (0, 1)", (double)c->norm_eps);
+    if (!isfinite(c->norm_eps) || c->norm_eps <= 0.0f)
+        return fail(m, err, errlen, "config: norm_eps=%g must be finite and > 0",
+                    (double)c->norm_eps);
     if (c->tied_embeddings > 1)
         return fail(m, err, errlen, "config: tied_embeddings=%u must be 0 or 1",
                     c->tied_embeddings);
+    for (int i = 0; i < 3; i++)
+        if (c->reserved[i] != 0)
+            return fail(m, err, errlen, "config: reserved bytes 52..63 must be zero");
+    return 0;
+}
+
+static int cmp_by_offset(const void *a, const void *b) {
+    const Tensor *x = *(const Tensor *const *)a, *y = *(const Tensor *const *)b;
+    return x->data < y->data ? -1 : x->data > y->data;
+}
+
+/* No two payloads share a byte (FORMAT.md "Validity rules"). */
+static int check_no_overlap(Model *m, char *err, size_t errlen) {
+    const Tensor **by = malloc(sizeof(*by) * m->n_tensors);
+    if (!by) return fail(m, err, errlen, "out of memory");
+    for (uint32_t i = 0; i < m->n_tensors; i++) by[i] = &m->tensors[i];
+    qsort(by, m->n_tensors, sizeof(*by), cmp_by_offset);
+    for (uint32_t i = 1; i < m->n_tensors; i++) {
+        if (by[i]->data < by[i - 1]->data + by[i - 1]->nbytes) {
+            fail(m, err, errlen, "tensor %s: payload at offset %llu overlaps the payload of %s "
+                 "[%llu, %llu)", by[i]->name, (unsigned long long)(by[i]->data - m->map),
+                 by[i - 1]->name, (unsigned long long)(by[i - 1]->data - m->map),
+                 (unsigned long long)(by[i - 1]->data - m->map + by[i - 1]->nbytes));
+            free(by);
+            return -1;
+        }
+    }
+    free(by);
     return 0;
 }
 
@@ -156,9 +196,18 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const DittoTensorEntry *e = &table[i];
         Tensor *t = &m->tensors[i];
-        if (memchr(e->name, 0, DITTO_NAME_BYTES) == NULL || e->name[0] == 0)
+        const char *nul = memchr(e->name, 0, DITTO_NAME_BYTES);
+        if (nul == NULL || e->name[0] == 0)
             return fail(m, err, errlen, "tensor table entry %u has no NUL-terminated name", i);
+        for (const char *q = nul; q < e->name + DITTO_NAME_BYTES; q++)
+            if (*q != 0)
+                return fail(m, err, errlen, "tensor %s: name is not NUL-padded (byte %d after "
+                            "the name is not zero)", e->name, (int)(q - e->name));
         t->name = e->name;
+        for (int k = 0; k < 3; k++)
+            if (e->reserved[k] != 0)
+                return fail(m, err, errlen, "tensor %s: reserved bytes 116..127 must be zero",
+                            e->name);
         if (e->ndim != 1 && e->ndim != 2)
             return fail(m, err, errlen, "tensor %s: ndim=%u must be 1 or 2", e->name, e->ndim);
         if (e->ndim == 1 && e->rows != 1)
@@ -172,8 +221,6 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
                         "bits=%u group_size=%u rows=%llu cols=%llu)",
                         e->name, e->encoding, e->codebook_type, e->bits, e->group_size,
                         (unsigned long long)e->rows, (unsigned long long)e->cols);
-        if (e->encoding == DITTO_ENC_F32 && e->rows * e->cols > 0x7fffffffull)
-            return fail(m, err, errlen, "tensor %s: more than 2^31-1 f32 elements", e->name);
         if (e->nbytes != want)
             return fail(m, err, errlen,
                         "tensor %s: nbytes=%llu but encoding %u with shape [%llu, %llu] needs %llu",
@@ -205,7 +252,7 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
         t->data = m->map + e->offset;
         t->nbytes = e->nbytes;
     }
-    return 0;
+    return check_no_overlap(m, err, errlen);
 }
 
 static int bind_weights(Model *m, char *err, size_t errlen) {

@@ -225,7 +225,8 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     uint32_t kind = rd_u32(block + 0), pre = rd_u32(block + 4), n = rd_u32(block + 8);
     uint32_t n_merges = rd_u32(block + 12);
     int32_t bos = (int32_t)rd_u32(block + 16), eos = (int32_t)rd_u32(block + 20);
-    int32_t unk = (int32_t)rd_u32(block + 24);
+    int32_t unk = (int32_t)rd_u32(block + 24), pad = (int32_t)rd_u32(block + 28);
+    uint32_t add_bos = rd_u32(block + 32);
     uint32_t add_space_prefix = rd_u32(block + 36), chat = rd_u32(block + 40);
     uint32_t blob_bytes = rd_u32(block + 44), template_bytes = rd_u32(block + 48);
 
@@ -242,8 +243,23 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
                 n_vocab);
         return NULL;
     }
-    int32_t ids[3] = {bos, eos, unk};
-    for (int k = 0; k < 3; k++) {
+    if (chat > DITTO_CHAT_CHATML) {
+        set_err(err, errlen, "tokenizer block: unknown chat format %u", chat);
+        return NULL;
+    }
+    if (add_bos > 1 || add_space_prefix > 1) {
+        set_err(err, errlen, "tokenizer block: add_bos=%u and add_space_prefix=%u must be 0 or 1",
+                add_bos, add_space_prefix);
+        return NULL;
+    }
+    for (size_t k = 52; k < H; k++) {
+        if (block[k] != 0) {
+            set_err(err, errlen, "tokenizer block: reserved header bytes 52..63 must be zero");
+            return NULL;
+        }
+    }
+    int32_t ids[4] = {bos, eos, unk, pad};
+    for (int k = 0; k < 4; k++) {
         if (ids[k] < -1 || ids[k] >= (int32_t)n) {
             set_err(err, errlen, "tokenizer block: special id %d outside [-1, %u)", ids[k], n);
             return NULL;
@@ -252,9 +268,15 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     /* section sizes in 64-bit arithmetic: no overflow for any u32 field values */
     uint64_t need = (uint64_t)H + 4ull * n + 4ull * n + 4ull * ((uint64_t)n + 1) +
                     pad4(blob_bytes) + 8ull * n_merges + pad4(template_bytes);
-    if (need > block_len) {
-        set_err(err, errlen, "tokenizer block: needs %llu bytes, only %zu present",
+    if (need != block_len) {
+        set_err(err, errlen, "tokenizer block: its sections take %llu bytes, the block has %zu",
                 (unsigned long long)need, block_len);
+        return NULL;
+    }
+
+    const uint8_t *tpl = block + need - pad4(template_bytes);
+    if (utf8_invalid_at(tpl, template_bytes) < template_bytes) {
+        set_err(err, errlen, "tokenizer block: the chat template is not valid UTF-8");
         return NULL;
     }
 
@@ -385,7 +407,14 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t len = t->offsets[i + 1] - t->offsets[i];
-        if ((t->types[i] == DITTO_TT_CONTROL || t->types[i] == DITTO_TT_USER_DEFINED) && len > 0) {
+        int special = t->types[i] == DITTO_TT_CONTROL || t->types[i] == DITTO_TT_USER_DEFINED;
+        if (special && utf8_invalid_at(t->blob + t->offsets[i], len) < len) {
+            set_err(err, errlen, "tokenizer block: control/user-defined token %u is not valid "
+                    "UTF-8 text", i);
+            free(keys);
+            goto fail;
+        }
+        if (special && len > 0) {
             keys[t->n_specials++] = (SpecialKey){len, (int32_t)i};
             t->special_first[t->blob[t->offsets[i]]] = 1;
         }

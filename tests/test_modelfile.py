@@ -1,6 +1,7 @@
 """ditto_core.modelfile: write/read round trips, the FORMAT.md size formulas, and refusals."""
 
 import os
+import re
 import struct
 import zlib
 
@@ -303,12 +304,22 @@ def test_tokenizer_block_round_trip(tokens, data):
     merges = tuple(data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
                                       max_size=10))) if kind == "bpe_bytes" else ()
     ids = st.integers(-1, n - 1)
+    # the block must be valid (FORMAT.md "Validity rules"): a merge yields a token, control /
+    # user-defined texts are UTF-8, SentencePiece byte tokens read <0xXX>
+    merges = tuple((a, b) for a, b in merges if tokens[a] + tokens[b] in set(tokens))
+    types = data.draw(st.lists(st.integers(1, 6), min_size=n, max_size=n))
+    for i, t in enumerate(tokens):
+        try:
+            t.decode("utf-8")
+        except UnicodeDecodeError:
+            types[i] = 1 if types[i] in (3, 4) else types[i]
+        if kind == "spm_bpe" and types[i] == 6 and not re.fullmatch(rb"<0x[0-9A-Fa-f]{2}>", t):
+            types[i] = 1
     tok = TokenizerSpec(
         kind=kind, tokens=tuple(tokens),
         scores=np.array(data.draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=n,
                                            max_size=n)), np.float32),
-        token_types=np.array(data.draw(st.lists(st.integers(1, 6), min_size=n, max_size=n)),
-                             np.uint32),
+        token_types=np.array(types, np.uint32),
         merges=merges, pre=data.draw(st.sampled_from(["none", "gpt2", "gpt2_digits"])),
         bos_id=data.draw(ids), eos_id=data.draw(ids), unk_id=data.draw(ids),
         pad_id=data.draw(ids), add_bos=data.draw(st.booleans()),
@@ -318,7 +329,7 @@ def test_tokenizer_block_round_trip(tokens, data):
     buf = serialize_tokenizer(tok)
     assert len(buf) % 4 == 0
     assert tokenizers_equal(parse_tokenizer(buf), tok)
-    with pytest.raises(DittoError, match="needs"):
+    with pytest.raises(DittoError, match="sections take"):
         parse_tokenizer(buf[:64 + 4 * n])
 
 

@@ -124,7 +124,7 @@ def test_malformed_blocks_are_refused(tokenizer_lib, smollm2_block, smollm2_spec
     n = len(smollm2_spec.tokens)
     with pytest.raises(TokenizerError, match="vocab_size"):
         CTokenizer(tokenizer_lib, smollm2_block, n + 1)
-    with pytest.raises(TokenizerError, match="needs .* bytes"):
+    with pytest.raises(TokenizerError, match="sections take .* bytes, the block has"):
         CTokenizer(tokenizer_lib, smollm2_block[:len(smollm2_block) // 2], n)
     with pytest.raises(TokenizerError, match="header"):
         CTokenizer(tokenizer_lib, smollm2_block[:10], n)
