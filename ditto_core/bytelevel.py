@@ -45,8 +45,3 @@ def unicode_to_bytes(text: str, where: str = "") -> bytes:
         raise DittoError(f"{where}token {text!r} has character {exc.args[0]!r} outside the "
                          f"GPT-2 byte-level alphabet") from None
 
-
-def bytes_to_unicode(data: bytes) -> str:
-    """GPT-2 byte-level string of raw bytes, e.g. ``b" the"`` -> ``"Ġthe"``."""
-    table = byte_to_unicode()
-    return "".join(table[b] for b in data)

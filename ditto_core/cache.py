@@ -109,22 +109,6 @@ def copy_hashed(src: Path, dst: Path) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def materialize(src: Path, dst: Path) -> None:
-    """Make ``dst`` a private copy of ``src`` (``shutil.copyfile``, which uses the kernel's
-    copy_file_range/sendfile where it can, never a hard link), appearing atomically (temp name
-    in the same directory + rename). Raises OSError; nothing is left at the temp name then."""
-    src, dst = Path(src), Path(dst)
-    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    try:
-        shutil.copyfile(src, tmp)
-        shutil.copymode(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 

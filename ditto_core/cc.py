@@ -105,7 +105,7 @@ def emit_ir(sources: Sequence[Path], *, workdir: Path, include_dirs=(), defines=
             flags=(), emitter: str = DEFAULT_EMITTER,
             registry: Registry | None = None) -> IRModule:
     """Stage 4 alone: the registered IR emitter ``emitter`` on ``sources``."""
-    em = (registry or get_registry()).get("ir_emitter", emitter)
+    em = (registry or get_registry()).get("emitter", emitter)
     return em.emit([Path(s) for s in sources], include_dirs=[Path(d) for d in include_dirs],
                    defines=list(defines), flags=list(flags), workdir=Path(workdir))
 

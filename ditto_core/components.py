@@ -1,5 +1,9 @@
 """The typed interface of each stage's components (typing.Protocol), with their contracts.
 
+Every component has a ``name`` (what users type after its stage's flag) and may declare options:
+a nested attrs class ``Options`` and a method ``with_options(options) -> component`` returning
+a configured copy (``Configurable``; ``ditto_core.options``, docs/PLUGINS.md).
+
 Errors: every component raises ``ditto_core.errors.DittoError`` (or a subclass) with a message
 naming the offending file or tensor and the problem; anything else is a bug.
 """
@@ -12,6 +16,18 @@ from typing import Protocol, Sequence, runtime_checkable
 import attrs
 
 from .types import Checkpoint, IRModule, PassReport, QuantizedModel
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """A component with options (any kind): ``Options`` is an attrs class whose fields are made
+    with ``ditto_core.options.option`` (default, doc, validator)."""
+
+    name: str
+    Options: type
+
+    def with_options(self, options) -> "Configurable":
+        """A copy of this component configured with ``options`` (an ``Options`` instance)."""
 
 
 @runtime_checkable
@@ -48,8 +64,14 @@ class Quantizer(Protocol):
         """Plan and (lazily) quantize every tensor. Raises DittoError for bad options or
         non-finite weights (naming tensor and position)."""
 
-    # Optional: ``check_options(options) -> None`` raising DittoError for bad options; when a
-    # quantizer has it, ``ditto build`` calls it before the export stage starts.
+
+@runtime_checkable
+class ChecksQuantOptions(Protocol):
+    """Optional for a Quantizer: ``ditto build`` calls ``check_options`` before the export
+    stage starts, so a bad ``--method`` etc. fails before any work."""
+
+    def check_options(self, options: QuantOptions) -> object:
+        """Raise DittoError for options this quantizer refuses; the return value is unused."""
 
 
 @runtime_checkable
@@ -86,13 +108,19 @@ class BlasTarget(Protocol):
     def link_flags(self) -> list[str]:
         """Flags for linking an executable against the library, with an rpath."""
 
+    def thread_control(self) -> dict:
+        """Symbols setting the library's thread count from C, None where it has none:
+        ``{"set_num_threads": void f(int), "set_num_threads_local": int f(int),
+        "get_num_threads": int f()}`` (the GEMV pass uses them inside OpenMP regions)."""
+
 
 @runtime_checkable
 class IRPass(Protocol):
     name: str
 
-    def run(self, module: IRModule, blas: BlasTarget) -> tuple[IRModule, PassReport]:
-        """Rewrite the module; the result must parse and verify in llvmlite."""
+    def run(self, module: IRModule, blas: BlasTarget | None) -> tuple[IRModule, PassReport]:
+        """Rewrite the module (or return it unchanged); the result must parse and verify in
+        llvmlite. ``blas``: the build's BLAS target, None when none is linked."""
 
 
 @runtime_checkable
@@ -101,4 +129,6 @@ class Linker(Protocol):
 
     def link(self, module: IRModule, blas: BlasTarget | None, out: Path, *,
              extra_flags: Sequence[str] = ()) -> Path:
-        """Optimise (O3, host CPU), emit an object, link an executable at ``out`` atomically."""
+        """Optimise, emit an object and link an executable at ``out`` atomically (nothing left
+        there on failure) against ``blas`` (None: no BLAS); return ``out``. The BLAS target's
+        availability was checked by the caller."""

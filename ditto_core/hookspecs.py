@@ -1,5 +1,8 @@
 """Ditto's hook specifications: one registration hook per pipeline stage, in pipeline order.
 
+The seven component kinds, in pipeline order, and their names everywhere (hook, CLI flag,
+``Registry`` key, ``ditto plugins``): exporter, quantizer, packer, emitter, pass, linker, blas.
+
 A plugin is a module (or object) listed under the entry-point group ``ditto``; pluggy calls each
 of its ``register_*`` hooks with a ``register`` callable, and the plugin calls
 ``register(component)`` once per component it provides. A component is an object with a ``name``
@@ -33,24 +36,41 @@ def register_packers(register):
 
 
 @hookspec
-def register_ir_emitters(register):
-    """Stage 4, emit IR. Register ``IREmitter`` components that compile C sources to an
-    ``IRModule`` (LLVM IR text)."""
+def register_emitters(register):
+    """Stage 4, emit IR. Register ``IREmitter`` components (``--emitter NAME``, default
+    ``clang``) that compile C sources to an ``IRModule`` (LLVM IR text)."""
 
 
 @hookspec
-def register_ir_passes(register):
-    """Stage 5, rewrite. Register ``IRPass`` components that transform an ``IRModule`` and report
-    what they changed (``PassReport``). The pipeline runs every enabled pass in order."""
-
-
-@hookspec
-def register_blas_targets(register):
-    """Stage 6 input. Register ``BlasTarget`` components (``--blas NAME``): symbol names,
-    header and link flags of a BLAS library, and whether it is available here."""
+def register_passes(register):
+    """Stage 5, rewrite. Register ``IRPass`` components (``--pass NAME``, repeatable, default
+    ``gemv-blas``) that transform an ``IRModule`` and report what they changed
+    (``PassReport``). A build runs the named passes in the order given."""
 
 
 @hookspec
 def register_linkers(register):
-    """Stage 6, link. Register ``Linker`` components that optimise an ``IRModule`` for the host
-    CPU and link it with a ``BlasTarget`` into an executable."""
+    """Stage 6, link. Register ``Linker`` components (``--linker NAME``, default ``llvm``) that
+    optimise an ``IRModule`` and link it with a ``BlasTarget`` into an executable."""
+
+
+@hookspec
+def register_blas(register):
+    """Stage 6 input. Register ``BlasTarget`` components (``--blas NAME``): symbol names,
+    compile and link flags of a BLAS library, and whether it is available here."""
+
+
+# Earlier names of three hooks, still called (their components join the same stage).
+@hookspec
+def register_ir_emitters(register):
+    """Same as ``register_emitters``."""
+
+
+@hookspec
+def register_ir_passes(register):
+    """Same as ``register_passes``."""
+
+
+@hookspec
+def register_blas_targets(register):
+    """Same as ``register_blas``."""

@@ -348,14 +348,6 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
         chat_template=template)
 
 
-def tokenizer_block_size(buf) -> int:
-    """Length in bytes of the tokenizer block at the start of ``buf`` (from its header)."""
-    h = F.unpack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, buf)
-    n = h["n_tokens"]
-    return (F.TOKENIZER_HEADER.size + 12 * n + 4 + F.round_up(h["blob_bytes"], 4)
-            + 8 * h["n_merges"] + F.round_up(h["template_bytes"], 4))
-
-
 def tokenizers_equal(a: TokenizerSpec, b: TokenizerSpec) -> bool:
     """True if two specs are equal field by field, including the score and type arrays."""
     return (a == b and np.array_equal(np.asarray(a.scores, np.float32),

@@ -20,16 +20,24 @@ from .errors import PluginError
 
 GROUP = "ditto"
 
-#: stage key -> (hook name, human name)
+#: component kind -> (hook name, human name), in pipeline order; the kind is also the CLI flag
+#: (``--exporter``, ..., ``--pass``, ``--linker``, ``--blas``)
 STAGES = {
     "exporter": ("register_exporters", "exporter"),
     "quantizer": ("register_quantizers", "quantizer"),
     "packer": ("register_packers", "packer"),
-    "ir_emitter": ("register_ir_emitters", "IR emitter"),
-    "ir_pass": ("register_ir_passes", "IR pass"),
-    "blas": ("register_blas_targets", "BLAS target"),
+    "emitter": ("register_emitters", "emitter"),
+    "pass": ("register_passes", "pass"),
     "linker": ("register_linkers", "linker"),
+    "blas": ("register_blas", "BLAS target"),
 }
+
+#: earlier hook names, still called: kind -> hook name
+LEGACY_HOOKS = {"emitter": "register_ir_emitters", "pass": "register_ir_passes",
+                "blas": "register_blas_targets"}
+
+#: earlier kind names accepted by ``Registry.get``/``all``
+_KIND_ALIASES = {"ir_emitter": "emitter", "ir_pass": "pass"}
 
 
 @attrs.frozen
@@ -54,6 +62,7 @@ class Registry:
 
     def get(self, stage: str, name: str):
         """The component of ``stage`` called ``name``; PluginError listing the choices if none."""
+        stage = _KIND_ALIASES.get(stage, stage)
         found = self.components[stage].get(name)
         if found is None:
             choices = ", ".join(sorted(self.components[stage])) or "none"
@@ -61,6 +70,8 @@ class Registry:
         return found.component
 
     def all(self, stage: str) -> list:
+        """Every component of ``stage``, in registration order."""
+        stage = _KIND_ALIASES.get(stage, stage)
         return [r.component for r in self.components[stage].values()]
 
 
@@ -93,8 +104,10 @@ def build_registry(entry_points=None) -> Registry:
 
     components: dict[str, dict[str, Registered]] = {s: {} for s in STAGES}
     for stage, (hook_name, human) in STAGES.items():
-        hook = getattr(pm.hook, hook_name)
-        for impl in hook.get_hookimpls():
+        impls = list(getattr(pm.hook, hook_name).get_hookimpls())
+        if stage in LEGACY_HOOKS:
+            impls += getattr(pm.hook, LEGACY_HOOKS[stage]).get_hookimpls()
+        for impl in impls:
             ep_name, dist, version = origin.get(id(impl.plugin), (impl.plugin_name, "?", "?"))
 
             def register(component, _stage=stage, _ep=ep_name, _dist=dist, _ver=version,

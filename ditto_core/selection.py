@@ -108,8 +108,8 @@ def choose_compile(registry: Registry, *, blas: str | None, emitter: str | None 
     given = options or {}
     names = list(DEFAULT_PASSES if passes is None else passes) if rewrite else []
     stages = CompileStages(
-        emitter=choose(registry, "ir_emitter", emitter or DEFAULT_EMITTER, given),
-        passes=tuple(choose(registry, "ir_pass", n, given) for n in names),
+        emitter=choose(registry, "emitter", emitter or DEFAULT_EMITTER, given),
+        passes=tuple(choose(registry, "pass", n, given) for n in names),
         linker=choose(registry, "linker", linker or DEFAULT_LINKER, given),
         blas=None if blas is None else choose(registry, "blas", blas, given))
     check_blas(stages.blas)

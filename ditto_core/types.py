@@ -104,7 +104,8 @@ class CodebookTensor:
 class QuantizedModel:
     """Output of the quantize stage: per tensor either fp32 (ndarray) or a CodebookTensor.
 
-    ``tensors`` yields ``(name, shape, value)`` lazily in file order, so the packer can stream a
+    ``tensors()`` yields ``(name, value)`` lazily in plan order (value: a float32 ndarray of
+    the tensor's shape, or a CodebookTensor), so the packer can stream a
     large model; ``plan`` gives, for each name, ``("f32", None)`` or ``("codebook", (b, G,
     codebook_type))`` up front, so the file layout is known before any payload is computed.
     """

@@ -8,7 +8,8 @@ import pytest
 import scipy_openblas32
 
 from ditto_blas_accelerate import AccelerateTarget
-from ditto_blas_openblas import MklTarget, OpenBlasTarget
+from ditto_blas_mkl import MklTarget
+from ditto_blas_openblas import OpenBlasTarget
 from ditto_core.errors import DittoError, PluginError
 from ditto_core.plugins import get_registry
 

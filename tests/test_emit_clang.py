@@ -32,7 +32,7 @@ def _parse(text):
 
 
 def test_registered():
-    assert isinstance(get_registry().get("ir_emitter", "clang"), ClangEmitter)
+    assert isinstance(get_registry().get("emitter", "clang"), ClangEmitter)
 
 
 def test_policy_reassoc_without_finite_math(tmp_path):

@@ -13,7 +13,7 @@ from ditto_core import options as opt
 from ditto_core import pipeline
 from ditto_core.options import OptionError, option
 from ditto_core.plugins import get_registry
-from ditto_core.selection import Chosen, choose
+from ditto_core.selection import choose
 
 from .fixtures_compile import build_model
 
@@ -96,7 +96,7 @@ def test_parse_assignments_and_normalize():
 
 def test_defaults_declare_their_options():
     reg = get_registry()
-    pass_ = choose(reg, "ir_pass", "gemv-blas", {"gemv-blas": {"omp_threads": "region",
+    pass_ = choose(reg, "pass", "gemv-blas", {"gemv-blas": {"omp_threads": "region",
                                                                "strict": "true"}})
     assert (pass_.component.omp_threads, pass_.component.allow_strict) == ("region", True)
     blas = choose(reg, "blas", "openblas", {"openblas": {"system": "true"}})
@@ -113,7 +113,7 @@ def test_ditto_plugins_options_lists_every_option():
     out = subprocess.run(["ditto", "plugins", "--json", "--options"], check=True,
                          capture_output=True, text=True).stdout
     rows = {r["plugin"]: r for r in json.loads(out)["plugins"]}
-    gemv = rows["pass_gemv_blas"]["components"]["ir_pass"][0]
+    gemv = rows["pass_gemv_blas"]["components"]["pass"][0]
     assert gemv["options"] == [
         {"key": "omp_threads", "type": "single|region|blas", "default": "single",
          "doc": gemv["options"][0]["doc"], "env": "DITTO_GEMV_OMP"},

@@ -1,7 +1,6 @@
 """Plugin mechanism: a third-party distribution installed with pip shows up in `ditto plugins`
 and can be used; duplicate component names and broken plugins are reported clearly."""
 
-import importlib
 import json
 import subprocess
 import types
@@ -23,8 +22,8 @@ def test_ditto_plugins_lists_defaults_and_installed_plugin(test_plugin_installed
     assert (mine["distribution"], mine["version"]) == ("ditto-test-plugin", "0.0.1")
     assert mine["components"] == {
         "exporter": [{"name": "test-ditto"}], "quantizer": [{"name": "test-identity"}],
-        "packer": [{"name": "test-f32"}], "ir_emitter": [{"name": "test-clang"}],
-        "ir_pass": [{"name": "count-loops"}],
+        "packer": [{"name": "test-f32"}], "emitter": [{"name": "test-clang"}],
+        "pass": [{"name": "count-loops"}],
         "blas": [{"name": "test-openblas", "available": True, "reason": ""}],
         "linker": [{"name": "test-clang"}]}
     assert rows["export_gguf"]["components"] == {"exporter": [{"name": "gguf"}]}

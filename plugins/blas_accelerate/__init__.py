@@ -42,7 +42,6 @@ class AccelerateTarget:
     """
 
     name = "accelerate"
-    header = "Accelerate/Accelerate.h"
 
     def __init__(self, platform: str | None = None, sdk: Path | None = None):
         self.platform = platform or sys.platform
@@ -84,10 +83,7 @@ class AccelerateTarget:
         or accepts the framework's own scheduling."""
         return {"set_num_threads": None, "set_num_threads_local": None, "get_num_threads": None}
 
-    def describe(self) -> str:
-        return "Apple Accelerate framework (macOS)"
-
 
 @hookimpl
-def register_blas_targets(register):
+def register_blas(register):
     register(AccelerateTarget())

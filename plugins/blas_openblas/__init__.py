@@ -1,4 +1,4 @@
-"""Ditto default plugin blas_openblas: the BLAS targets ``openblas`` and ``mkl``.
+"""Ditto default plugin blas_openblas: the BLAS target ``openblas``.
 
 ``openblas`` links the OpenBLAS shipped by PyPI ``scipy-openblas32`` (a dependency of Ditto, so
 it is always there); its symbols carry the prefix ``scipy_`` (``scipy_cblas_sgemv``). The option
@@ -6,17 +6,12 @@ it is always there); its symbols carry the prefix ``scipy_`` (``scipy_cblas_sgem
 variable ``DITTO_OPENBLAS=system`` still sets it) uses the distribution's ``libopenblas`` in
 ``/usr/lib/x86_64-linux-gnu`` instead, whose symbols have no prefix.
 
-``mkl`` links Intel oneMKL's single dynamic library ``mkl_rt`` from PyPI ``mkl``/``mkl-devel``
-when installed in this Python environment (no prefix: ``cblas_sgemv``).
-
-Each target also says how to make BLAS single-threaded inside an OpenMP region
+The target also says how to make BLAS single-threaded inside an OpenMP region
 (``thread_control()``), which the GEMV→BLAS pass needs to avoid oversubscription.
 """
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import sys
 from pathlib import Path
 
 import attrs
@@ -157,84 +152,7 @@ class OpenBlasTarget:
         return {k: (self.symbol(v) if self.exports(self.symbol(v)) else None)
                 for k, v in names.items()}
 
-    def describe(self) -> str:
-        return ("system libopenblas" if self.system else "scipy-openblas32 (PyPI)")
-
-
-def _mkl_dist() -> md.Distribution | None:
-    for name in ("mkl-devel", "mkl"):
-        try:
-            return md.distribution(name)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
-class MklTarget:
-    """BLAS target ``mkl``: Intel oneMKL's ``mkl_rt`` from PyPI ``mkl``/``mkl-devel``.
-
-    The wheels put the libraries in ``<prefix>/lib`` and (mkl-include, pulled in by mkl-devel)
-    the headers in ``<prefix>/include``. ``available()`` is (False, "not installed: pip install
-    mkl-devel") when absent; the flag methods then raise DittoError with that message.
-    """
-
-    name = "mkl"
-    header = "mkl_cblas.h"
-
-    def __init__(self, prefix: Path | None = None):
-        self._prefix = prefix
-
-    def _where(self) -> tuple[Path, Path, str] | None:
-        """(lib dir, include dir, library file name) or None."""
-        if self._prefix is None and _mkl_dist() is None:
-            return None
-        prefixes = [self._prefix] if self._prefix else [Path(sys.prefix), Path(sys.base_prefix)]
-        for p in prefixes:
-            lib = Path(p) / "lib"
-            libs = sorted(lib.glob("libmkl_rt.so*"))
-            if libs:
-                return lib, Path(p) / "include", libs[0].name
-        return None
-
-    def available(self) -> tuple[bool, str]:
-        found = self._where()
-        if found is None:
-            return (False, "not installed: pip install mkl-devel")
-        lib, inc, _ = found
-        if not (inc / "mkl_cblas.h").exists():
-            return (False, f"{inc}: mkl_cblas.h missing: pip install mkl-devel (brings mkl-include)")
-        return (True, "")
-
-    def _require(self) -> tuple[Path, Path, str]:
-        ok, why = self.available()
-        if not ok:
-            raise DittoError(f"BLAS target 'mkl' is not available: {why}")
-        return self._where()
-
-    def symbol(self, routine: str) -> str:
-        return routine
-
-    def compile_flags(self) -> list[str]:
-        _, inc, _ = self._require()
-        return [f"-I{inc}"]
-
-    def link_flags(self) -> list[str]:
-        lib, _, fname = self._require()
-        if fname == "libmkl_rt.so":
-            return _rpath_link_flags(lib, "mkl_rt")
-        # the plain wheel ships only libmkl_rt.so.N: link the file itself
-        return [str(lib / fname), f"-Wl,-rpath,{lib}"]
-
-    def thread_control(self) -> dict:
-        return {"set_num_threads": "MKL_Set_Num_Threads",
-                "set_num_threads_local": "MKL_Set_Num_Threads_Local",
-                "get_num_threads": "MKL_Get_Max_Threads"}
-
-    def describe(self) -> str:
-        return "Intel oneMKL mkl_rt (PyPI mkl-devel)"
-
 
 @hookimpl
-def register_blas_targets(register):
+def register_blas(register):
     register(OpenBlasTarget())
-    register(MklTarget())

@@ -136,5 +136,5 @@ def link_ir_files(files: Sequence[Path], out: Path) -> str:
 
 
 @hookimpl
-def register_ir_emitters(register):
+def register_emitters(register):
     register(ClangEmitter())

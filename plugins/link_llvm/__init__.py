@@ -203,10 +203,6 @@ class LlvmLinker:
         renamed). ``blas``: a BlasTarget or None (no BLAS library linked). Raises DittoError
         with the linker's stderr on failure; nothing is left at ``out`` then."""
         out = Path(out)
-        if blas is not None:
-            ok, why = blas.available()
-            if not ok:
-                raise DittoError(f"BLAS target {blas.name!r} is not available: {why}")
         mod, tm = self.optimize(module)
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="ditto-link-") as tmp:

@@ -13,7 +13,7 @@ __all__ = ["GemvBlasPass"]
 
 
 @hookimpl
-def register_ir_passes(register):
+def register_passes(register):
     """Register ``gemv-blas`` with its default options (``-O gemv-blas.omp_threads=...``,
     ``-O gemv-blas.strict=true``; ``GemvBlasPass.Options``)."""
     register(GemvBlasPass())

@@ -32,12 +32,12 @@ def register_packers(register):
 
 
 @hookimpl
-def register_ir_emitters(register):
+def register_emitters(register):
     register(PlainClangEmitter())
 
 
 @hookimpl
-def register_ir_passes(register):
+def register_passes(register):
     register(CountLoopsPass())
 
 
@@ -47,5 +47,5 @@ def register_linkers(register):
 
 
 @hookimpl
-def register_blas_targets(register):
+def register_blas(register):
     register(ScipyOpenBlas())
