@@ -19,7 +19,6 @@ from rich.text import Text
 
 from . import __version__, signals
 from . import format as F
-from .components import QuantOptions
 from .errors import DittoError
 from .options import parse_assignments
 
@@ -290,8 +289,6 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
 
     DIR gets ditto-run (the executable), model.ditto and build.json (docs/BUILD.md); run it
     with `ditto run DIR -p "def fib(n):"`. The build is atomic: a failure leaves no DIR."""
-    from . import pipeline
-
     if quantizer == "none":  # it keeps every tensor in fp32: say so if quantize options were given
         ctx = click.get_current_context()
         given = [f"--{n.replace('_', '-')}" for n in ("bits", "group_size", "keep_fp32", "method",
@@ -300,13 +297,14 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
         if given:
             click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
                        "(every tensor stays fp32)", err=True)
-    opts = pipeline.BuildOptions(
-        quantizer=quantizer, blas=blas, exporter=exporter, packer=packer, emitter=emitter,
-        passes=passes or None, linker=linker, options=parse_assignments(component_options),
-        rewrite=rewrite, openmp=openmp, cache=cache,
-        quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
-                           method=method, codebook_type=codebook_type, seed=seed))
-    record = pipeline.build(model, out_dir, opts, show_progress=not quiet)
+    from .api import build
+
+    record = build(model, quantizer=quantizer, blas=blas, out=out_dir, bits=bits,
+                   group_size=group_size, keep_fp32=keep_fp32, method=method,
+                   codebook_type=codebook_type, seed=seed, exporter=exporter, packer=packer,
+                   emitter=emitter, passes=passes or None, linker=linker,
+                   options=parse_assignments(component_options), rewrite=rewrite,
+                   openmp=openmp, cache=cache, progress=not quiet).record
     if not quiet:
         cached = [k for k, v in record["cached"].items() if v]
         for stage, sec in record["stages"].items():

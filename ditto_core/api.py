@@ -1,0 +1,137 @@
+"""Ditto's Python API, for notebooks and scripts; ``ditto build`` / ``ditto run`` / ``ditto
+inspect`` are thin layers over the same functions (docs/PYTHON.md).
+
+    >>> import ditto_core
+    >>> b = ditto_core.build("tinycoder", quantizer="kmeans", blas="openblas", bits=4,
+    ...                      options={"gemv-blas.omp_threads": "single"}, out="out/tiny")
+    >>> b.run("def fib(n):", n=16)          # generated text (greedy by default)
+    >>> b.logits([1, 822, 18755])            # float32 [3, vocab_size]
+    >>> b.inspect()["bpw_file"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from .components import QuantOptions
+from .errors import DittoError
+from .plugins import Registry
+
+
+@attrs.frozen
+class Build:
+    """A finished build directory: ``path`` holds the executable, the model file and
+    ``build.json`` (``record``, docs/BUILD.md)."""
+
+    path: Path
+    record: dict = attrs.field(eq=False, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Build":
+        """The build in directory ``path``. Raises DittoError naming what is missing."""
+        from .run import find_build
+
+        _, _, meta = find_build(Path(path))
+        return cls(Path(path), meta)
+
+    @property
+    def executable(self) -> Path:
+        return self.path / self.record.get("executable", "ditto-run")
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / self.record.get("model_file", "model.ditto")
+
+    def _run(self, args: Sequence[str], timeout: float | None) -> subprocess.CompletedProcess:
+        from .run import run_build
+
+        proc = run_build(self.path, list(args), capture_output=True, timeout=timeout)
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip()
+            raise DittoError(f"{self.executable}: exit {proc.returncode}: {err}")
+        return proc
+
+    def run(self, prompt: str, *, n: int = 64, temperature: float = 0.0,
+            seed: int | None = None, threads: int | None = None,
+            args: Sequence[str] = (), timeout: float | None = 600) -> str:
+        """Generate up to ``n`` tokens after ``prompt`` and return the generated text (the
+        prompt not included). ``temperature`` 0 is greedy argmax (deterministic); ``seed`` the
+        sampler's PRNG seed; ``threads`` OpenMP threads (default: all cores); ``args``: more
+        ``ditto-run`` flags (native/README.md). Raises DittoError with the executable's
+        message when it fails."""
+        argv = ["-p", prompt, "-n", str(int(n)), "--temp", repr(float(temperature))]
+        if seed is not None:
+            argv += ["--seed", str(int(seed))]
+        if threads is not None:
+            argv += ["--threads", str(int(threads))]
+        return self._run([*argv, *args], timeout).stdout.decode("utf-8", "replace")
+
+    def logits(self, token_ids: Sequence[int], *, threads: int | None = None,
+               timeout: float | None = 600) -> np.ndarray:
+        """Logits of the model after each token of ``token_ids`` (used verbatim: no BOS is
+        added): float32 ``[len(token_ids), vocab_size]``, row i = the scores of token i + 1.
+        Computed by the executable (``--dump-logits``), so they are exactly what ``run``
+        samples from. Raises DittoError for an empty list or an id out of range."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise DittoError("logits: token_ids is empty")
+        with tempfile.TemporaryDirectory(prefix="ditto-logits-") as tmp:
+            ids_file, out = Path(tmp) / "ids.json", Path(tmp) / "logits.f32"
+            ids_file.write_text(json.dumps(ids))
+            argv = ["--ids", str(ids_file), "--dump-logits", str(out)]
+            if threads is not None:
+                argv += ["--threads", str(int(threads))]
+            self._run(argv, timeout)
+            return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+    def inspect(self, *, verify: bool = True) -> dict:
+        """What ``ditto inspect --json`` prints for the model file: config, tokenizer, tensor
+        table, sizes, bits per weight (``cli.inspect_summary``)."""
+        from .cli import inspect_summary
+        from .modelfile import ModelFile
+
+        with ModelFile.open(self.model_file, verify=verify) as mf:
+            return inspect_summary(mf)
+
+
+def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "openblas",
+          out: str | os.PathLike | None = None, bits: int = 4, group_size: int = 256,
+          keep_fp32: Sequence[str] = (), method: str | None = None,
+          codebook_type: str = "f16", seed: int = 0, exporter: str | None = None,
+          packer: str | None = None, emitter: str | None = None,
+          passes: Sequence[str] | None = None, linker: str | None = None,
+          options: Mapping[str, Any] | None = None, rewrite: bool = True,
+          openmp: bool = True, cache: bool = True, progress: bool = False,
+          registry: Registry | None = None) -> Build:
+    """Build ``model`` (an HF directory, a .gguf file, or ``"smollm2"`` / ``"tinycoder"``)
+    into the directory ``out`` (default: a new temporary directory) and return the Build.
+
+    The arguments are ``ditto build``'s flags: the quantize options (``bits`` b in 1..8,
+    ``group_size`` G, ``keep_fp32`` globs, ``method``, ``codebook_type``, ``seed``), a
+    component per stage by name (None: the default), ``passes`` in run order, ``options`` of
+    components as ``{"COMPONENT": {"KEY": value}}`` or ``{"COMPONENT.KEY": value}``
+    (docs/PLUGINS.md), ``rewrite`` False for no pass, ``registry`` the plugins to use
+    (default: the installed ones). Raises DittoError (PluginError, OptionError) before any
+    work for an unknown component or option, and for a model that does not load or a stage
+    that fails; nothing is left at ``out`` then."""
+    from .pipeline import BuildOptions
+    from .pipeline import build as run_pipeline
+
+    if out is None:
+        out = tempfile.mkdtemp(prefix="ditto-build-")
+    opts = BuildOptions(
+        quantizer=quantizer, blas=blas, exporter=exporter, packer=packer, emitter=emitter,
+        passes=passes, linker=linker, options=options or {}, rewrite=rewrite, openmp=openmp,
+        cache=cache,
+        quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
+                           method=method, codebook_type=codebook_type, seed=seed))
+    record = run_pipeline(model, Path(out), opts, registry, show_progress=progress)
+    return Build(Path(out), record)
