@@ -2,9 +2,9 @@
 link (docs/ARCHITECTURE.md).
 
 Each stage takes the previous stage's artifact (ditto_core.types) and the component chosen by
-name from the plugin registry, and is timed by ``build`` into ``Timings``. ``build`` runs the
-stages in order; a stage whose components do not exist yet raises ``MissingStage`` (the CLI
-says which, and exits non-zero): nothing is faked.
+name (``ditto_core.selection``) from the plugin registry, and is timed by ``build`` into
+``Timings``. ``build`` resolves every component and option first, then runs the stages in
+order; with no exporter installed at all, ``MissingStage`` says so.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .types import Checkpoint, QuantizedModel
 
 
 class MissingStage(DittoError):
-    """A pipeline stage has no implementation (no component registered, or not wired yet)."""
+    """A pipeline stage has no component registered at all."""
 
     def __init__(self, stage: str, detail: str):
         super().__init__(f"stage '{stage}' is not available: {detail}")

@@ -116,7 +116,7 @@ def link_ir_files(files: Sequence[Path], out: Path) -> str:
         return out.read_text()
     import llvmlite.binding as llvm
 
-    llvm.initialize_native_target()  # llvmlite 0.50: llvm.initialize() is gone
+    llvm.initialize_native_target()  # llvmlite >= 0.50 initialises its core itself
     llvm.initialize_native_asmparser()
     mods = []
     for f in files:

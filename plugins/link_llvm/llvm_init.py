@@ -1,5 +1,5 @@
-"""One-time llvmlite initialisation (llvmlite 0.50: ``llvm.initialize()`` is gone and raises;
-the native target and its assembly printer are what Ditto needs)."""
+"""One-time llvmlite initialisation: the native target, its assembly printer and parser (what
+Ditto needs; llvmlite >= 0.50 initialises its core itself and refuses ``llvm.initialize()``)."""
 
 from functools import lru_cache
 

@@ -42,7 +42,7 @@ DEFAULT_KEEP_FP32: tuple[str, ...] = ()
 #: than the other matrices (capped at 8), with one codebook per row (group size max(G, cols)),
 #: same codebook type. docs/QUANT.md "Default policy": on SmolLM2 at b = 4 (rows of 576) this
 #: takes the next-token KL divergence from 0.608 (embedding at b = 4, G = 256) to 0.256, against
-#: 0.250 with the embedding in f32, at 7.78 bpw; b + 2 at G = 256 (the previous default) gave
+#: 0.250 with the embedding in f32, at 7.78 bpw; b + 2 at G = 256 gave
 #: 0.252 at 11.33 bpw (its 64-weight tail sub-block carries 64 centroids), b + 1 at G = 256
 #: 0.266 at 7.67 bpw.
 EMBEDDING_EXTRA_BITS = 2
