@@ -48,29 +48,40 @@ static float cb_centroid(const CodebookLayout *L, int r, int s, int k) {
     return f;
 }
 
-/* Decode columns [c0, c1) of row r into Wt[(c - c0) * CB_TILE_ROWS + slot]. c0 is a multiple
- * of 8 (a group of packed indices starts there); each sub-block's centroids are converted
- * once, each group of 8 indices (b bytes, little-endian, index j at bits [j*b, (j+1)*b))
- * unpacked once (FORMAT.md "encoding = 1"). */
+/* The b bytes of the group of 8 indices that holds column c, as one little-endian integer
+ * (index j of the group at bits [j*b, (j+1)*b); FORMAT.md "encoding = 1"). */
+static uint64_t index_group(const uint8_t *row, int c, int bits) {
+    const uint8_t *p = row + (size_t)(c / 8) * (size_t)bits;
+    uint64_t v = 0;
+    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Decode columns [c0, c1) of row r into Wt[(c - c0) * CB_TILE_ROWS + slot], sub-block by
+ * sub-block: its centroids are converted to float32 once, each whole group of 8 indices inside
+ * it is unpacked once and looked up with constant shifts; a sub-block's head and tail (G not a
+ * multiple of 8) column by column. */
 static void decode_row_chunk(const CodebookLayout *L, int r, int c0, int c1, float *Wt,
                              int slot) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-    const uint64_t mask = (1u << L->bits) - 1u;
+    const int bits = L->bits, G = L->group_size;
+    const uint64_t mask = (1u << bits) - 1u;
     float cb[256];
-    int s_loaded = -1;
-    for (int c = c0; c < c1; c += 8) {
-        const uint8_t *p = row + (size_t)(c / 8) * (size_t)L->bits;
-        uint64_t v = 0;
-        for (int i = 0; i < L->bits; i++) v |= (uint64_t)p[i] << (8 * i);
-        int n = c1 - c < 8 ? c1 - c : 8;
-        for (int j = 0; j < n; j++) {
-            int s = (c + j) / L->group_size;
-            if (s != s_loaded) {
-                for (int k = 0; k < L->k; k++) cb[k] = cb_centroid(L, r, s, k);
-                s_loaded = s;
-            }
-            Wt[(size_t)(c - c0 + j) * CB_TILE_ROWS + slot] = cb[(v >> (j * L->bits)) & mask];
+    for (int c = c0; c < c1;) {
+        int s = c / G;
+        int ce = c1 - s * G > G ? s * G + G : c1; /* end of this sub-block within the chunk */
+        for (int k = 0; k < L->k; k++) cb[k] = cb_centroid(L, r, s, k);
+        for (; c < ce && (c & 7); c++)
+            Wt[(size_t)(c - c0) * CB_TILE_ROWS + slot] =
+                cb[(index_group(row, c, bits) >> ((c & 7) * bits)) & mask];
+        for (; c + 8 <= ce; c += 8) {
+            uint64_t v = index_group(row, c, bits);
+            float *dst = Wt + (size_t)(c - c0) * CB_TILE_ROWS + slot;
+            for (int j = 0; j < 8; j++) dst[j * CB_TILE_ROWS] = cb[(v >> (j * bits)) & mask];
         }
+        for (; c < ce; c++)
+            Wt[(size_t)(c - c0) * CB_TILE_ROWS + slot] =
+                cb[(index_group(row, c, bits) >> ((c & 7) * bits)) & mask];
     }
 }
 
