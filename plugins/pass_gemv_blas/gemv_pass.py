@@ -18,7 +18,7 @@ from ditto_core.errors import DittoError
 from ditto_core.options import option
 from ditto_core.types import IRModule, PassReport
 
-from . import rewrite
+from . import gemm, rewrite
 from .ir_text import parse_functions, split_top
 from .loops import build_cfg, find_loops
 from .match import NestMatcher, Reject
@@ -118,6 +118,21 @@ class GemvBlasPass:
                     continue
                 inner = loop.children[0]
                 cand["inner_loop"] = inner.header.lstrip("%")
+                gm, gemm_reason = self._gemm(text, fn, cfg, loop, inner)
+                if gm is not None:
+                    cand.update(loop=gm.outer.header.lstrip("%"),
+                                middle_loop=loop.header.lstrip("%"), depth=3, kind="gemm",
+                                dtype=gm.dtype, form=gm.form, layout=gm.layout,
+                                reassociates=not gm.reassoc)
+                    if not gm.reassoc and not self.allow_strict:
+                        cand.update(status="rejected", reason=STRICT_HINT)
+                        out.append((cand, None))
+                    else:
+                        cand.update(status="rewritten", reason="")
+                        out.append((cand, (fn, gm)))
+                    continue
+                if gemm_reason:
+                    cand["gemm_reason"] = gemm_reason
                 matcher = NestMatcher(fn, cfg, loop, inner)
                 try:
                     g = matcher.match()
@@ -137,6 +152,24 @@ class GemvBlasPass:
                 out.append((cand, (fn, g)))
         return out
 
+    @staticmethod
+    def _gemm(text, fn, cfg, loop, inner) -> tuple:
+        """(Gemm, "") when ``loop``/``inner`` are the inner two loops of a GEMM nest
+        (docs/PASS.md "GEMM"); (None, reason) when they are GEMV-shaped inside a single-child
+        parent loop that is not one; (None, "") otherwise."""
+        parent = loop.parent
+        if parent is None or len(parent.children) != 1:
+            return None, ""
+        m2 = NestMatcher(fn, cfg, loop, inner, gemm=True)
+        try:
+            g2 = m2.match()
+        except Reject:
+            return None, ""
+        try:
+            return gemm.GemmLift(fn, cfg, text, parent, g2, m2).lift(), ""
+        except Reject as exc:
+            return None, f"not a GEMM: {exc}"
+
     def _apply(self, text: str, chosen: list, blas) -> str:
         lines = text.split("\n")
         edits: dict = {}
@@ -154,7 +187,9 @@ class GemvBlasPass:
             nxt = heads.get((fn.name, g.exit))
             next_guard = (f"%{nxt[0]}.guard" if nxt is not None
                           and nxt[1] == g.outer.latches[0] else None)
-            routine = "cblas_sgemv" if g.dtype == "float" else "cblas_dgemv"
+            is_gemm = isinstance(g, gemm.Gemm)
+            routine = ("cblas_s" if g.dtype == "float" else "cblas_d") + (
+                "gemm" if is_gemm else "gemv")
             symbol = blas.symbol(routine) if blas is not None else routine
             thread = None
             if cand["omp"] and self.omp_threads == "region" and region_serializable(
@@ -171,15 +206,23 @@ class GemvBlasPass:
                 decls.add(f"declare void @{set_threads}(i32)")
             cand["routine"] = symbol
             cand.setdefault("blas_threads", "1 (set once)" if thread else "library default")
-            body, facts = rewrite.build(g, tag, symbol, thread, next_guard)
+            if is_gemm:
+                body, facts = gemm.build(g, tag, symbol, thread)
+                next_guard = None
+            else:
+                body, facts = rewrite.build(g, tag, symbol, thread, next_guard)
             inserts.setdefault(fn.end_line, []).extend(body)
             for ln, f in rewrite.text_edits(fn.blocks, g, tag, facts["last_block"],
                                             exit_phis=next_guard is None).items():
                 prev = edits.get(ln)
                 edits[ln] = f if prev is None else (lambda s, p=prev, f=f: f(p(s)))
             ty = g.dtype
-            decls.add(f"declare void @{symbol}(i32, i32, i32, i32, {ty}, ptr, i32, ptr, i32, "
-                      f"{ty}, ptr, i32)")
+            if is_gemm:
+                decls.add(f"declare void @{symbol}(i32, i32, i32, i32, i32, i32, {ty}, ptr, i32, "
+                          f"ptr, i32, {ty}, ptr, i32)")
+            else:
+                decls.add(f"declare void @{symbol}(i32, i32, i32, i32, {ty}, ptr, i32, ptr, "
+                          f"i32, {ty}, ptr, i32)")
         out = []
         for j, line in enumerate(lines):
             if j in edits:

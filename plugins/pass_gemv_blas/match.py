@@ -110,8 +110,11 @@ def fp_zero(v: str) -> bool:
 class NestMatcher:
     """Match one (outer, inner) loop pair of ``fn``. Call ``match()`` → Gemv or Reject."""
 
-    def __init__(self, fn: Function, cfg: CFG, outer: Loop, inner: Loop):
+    def __init__(self, fn: Function, cfg: CFG, outer: Loop, inner: Loop, gemm: bool = False):
         self.fn, self.cfg, self.O, self.I = fn, cfg, outer, inner
+        #: the inner two loops of a GEMM candidate (gemm.py): x and y may have any loop-invariant
+        #: stride and the matrix any layout; gemm.py checks what BLAS can express
+        self.gemm = gemm
         self.atom_types: dict = {}
         self.atom_ext: dict = {}
         self.narrow = False
@@ -541,13 +544,15 @@ class NestMatcher:
         sx = P.split_linear(x_off, ivs)
         if sa is None or sx is None:
             raise Reject("non-affine index (product of induction variables)")
-        if sx[IV_I] or not P.is_const(sx[IV_K], elt):
+        if sx[IV_I] or not (self.gemm or P.is_const(sx[IV_K], elt)):
             raise Reject("x is not read as x[k] with unit stride")
         ci, ck = sa[IV_I], sa[IV_K]
         if P.is_const(ck, elt):
             layout, ld = "row", P.exact_div(ci, elt)
         elif P.is_const(ci, elt):
             layout, ld = "col", P.exact_div(ck, elt)
+        elif self.gemm:
+            layout, ld = "row", P.const(0)  # not used: gemm.py reads the strides itself
         else:
             raise Reject("matrix index is neither i*ld + k nor k*ld + i")
         if ld is None or P.uses(ld, IV_I) or P.uses(ld, IV_K):
@@ -582,7 +587,7 @@ class NestMatcher:
         def y_addr(st: Instr) -> tuple[str, dict]:
             base, off = self.ptr_poly(st.ops[1])
             s = P.split_linear(off, ivs)
-            if s is None or s[IV_K] or not P.is_const(s[IV_I], elt):
+            if s is None or s[IV_K] or not (self.gemm or P.is_const(s[IV_I], elt)):
                 raise Reject("extra store in the nest (not to y[i])")
             return base, off
 
