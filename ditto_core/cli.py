@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -317,9 +318,16 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
     click.echo(str(out_dir))
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings (a plugin that failed to load, a deprecated environment variable) as one line
+    ``warning: <message>`` on stderr, like the CLI's errors."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def main(argv=None):
     """Console-script entry point ``ditto``."""
     signals.install()
+    warnings.showwarning = _show_warning
     try:
         from . import cli_cc
         cli_cc.register(cli)

@@ -458,8 +458,12 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         record["tensors"] = summary.get("tensors", {})
 
         # ---- stages 4-6: emit IR, rewrite, link (cached as one unit) ---------------------
+        doing = {"emit IR": compile_stages.emitter.name,
+                 "rewrite": ", ".join(p.name for p in compile_stages.passes) or "no pass",
+                 "link": compile_stages.linker.name
+                 + (f" + {compile_stages.blas.name}" if compile_stages.blas else "")}
         res = build_runtime(tmp / EXECUTABLE, stages=compile_stages, openmp=options.openmp,
-                            cache=cache, on_stage=log)
+                            cache=cache, on_stage=lambda st: log(st, doing[st]))
         if res.cached:
             for st in res.seconds:
                 log(st, "cached")

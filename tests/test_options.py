@@ -3,6 +3,7 @@ any work with messages naming component and key, listed by `ditto plugins --opti
 of every stage's cache key and of build.json (the stale-executable regression)."""
 
 import json
+import os
 import subprocess
 from typing import Literal
 
@@ -193,3 +194,22 @@ def test_one_option_never_shares_a_cache_entry(tiny_builds, build_cache_root, tm
     back = build_model("tinycoder", tmp_path / "single", build_cache_root)
     assert back["compile_key"] == first["compile_key"] and back["cached"]["compile"]
     assert (tmp_path / "single" / "ditto-run").read_bytes() == (d / "ditto-run").read_bytes()
+
+
+def test_cli_deprecated_env_warns_in_one_line(tmp_path):
+    env = dict(os.environ, DITTO_GEMV_OMP="blas")
+    p = subprocess.run(["ditto", "build", "tinycoder", "--quantizer", "none", "--blas",
+                        "openblas", "-o", str(tmp_path / "b"), "-O", "nosuch.x=1"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 1
+    assert p.stderr.splitlines() == [
+        "warning: $DITTO_GEMV_OMP is deprecated: use -O gemv-blas.omp_threads=blas",
+        "error: nosuch.x: no component is named 'nosuch' (this build's components: gguf, none, "
+        "bits, clang, gemv-blas, llvm, openblas)"]
+    env["DITTO_GEMV_OMP"] = "two"
+    p = subprocess.run(["ditto", "build", "tinycoder", "--quantizer", "none", "--blas",
+                        "openblas", "-o", str(tmp_path / "b")], capture_output=True, text=True,
+                       env=env)
+    assert (p.returncode, p.stderr) == (1, "error: gemv-blas.omp_threads (from $DITTO_GEMV_OMP):"
+                                           " 'two' is not one of single, region, blas\n")
+    assert not (tmp_path / "b").exists()
