@@ -204,7 +204,105 @@ def print_bench(r: dict) -> None:
     con.print(f"energy: {r['energy']}", soft_wrap=True)
 
 
+# --------------------------------------------------------------------------------------------
+@click.command("compare")
+@click.argument("model")
+@click.option("--config", "configs", multiple=True, required=True, metavar="SPEC",
+              help="QUANTIZER[:key=value,...], e.g. kmeans:bits=4,group_size=256, rtn:bits=4, "
+                   "none (repeatable; keys: bits, group_size, method, codebook_type, seed, "
+                   "keep_fp32, blas, rewrite, openmp).")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory for builds, per-configuration results, results.csv/json, plots.")
+@click.option("--chunks", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Corpus chunks for perplexity / KL divergence.")
+@click.option("--threads", default="1,2", show_default=True, help="Bench thread counts.")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Bench runs per thread count.")
+@click.option("-n", "--tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Bench: generated tokens per decode run.")
+@click.option("--humaneval", is_flag=True, help="Also run HumanEval on every configuration.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="HumanEval: only the first N problems.")
+@click.option("--no-eval", is_flag=True, help="Skip perplexity / KL divergence.")
+@click.option("--no-bench", is_flag=True, help="Skip the benchmark.")
+@click.option("--peer-gguf", "peer_gguf", multiple=True, type=click.Path(path_type=Path),
+              help="llama.cpp GGUF of the same model, scored as a reference point (repeatable).")
+@click.option("--peer-base", type=click.Path(path_type=Path), default=None,
+              help="llama.cpp base GGUF for --peer-gguf (default: MODEL converted to F32).")
+@click.option("--llama-cpp", "llama_cpp", type=click.Path(path_type=Path), default=None,
+              help="Directory holding llama-perplexity (default: found on PATH).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Run configurations on a local process pool or on Ray.")
+@click.option("--address", default=None,
+              help="Ray cluster address (default: start a local Ray instance).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Configurations run at once (more than 1 disturbs the speed figures).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@reports_errors
+def compare_cmd(model, configs, out_dir, chunks, threads, repeat, tokens, humaneval, limit,
+                no_eval, no_bench, peer_gguf, peer_base, llama_cpp, executor, address, jobs,
+                quiet):
+    """Build, evaluate and benchmark MODEL in every --config, and write DIR/results.csv,
+    DIR/results.json and the plots bpw vs KL divergence and bpw vs tok/s. Finished
+    configurations are kept in DIR/results/ and not redone when the command is run again."""
+    from .eval import compare
+
+    if address and executor != "ray":
+        raise click.UsageError("--address needs --executor ray")
+    settings = {"eval": not no_eval, "chunks": chunks, "bench": not no_bench,
+                "threads": parse_threads(threads), "repeat": repeat, "tokens": tokens,
+                "humaneval": humaneval, "limit": limit}
+    peers = []
+    if peer_gguf:
+        from .eval import llamacpp
+
+        peers = llamacpp.peer_rows(model, list(peer_gguf), out_dir, base_gguf=peer_base,
+                                   bin_dir=llama_cpp, n_chunks=chunks, quiet=quiet)
+    prog = None
+    if not quiet:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        prog = Progress("configurations", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), "{task.description}",
+                        console=Console(stderr=True, markup=False))
+        task = prog.add_task("", total=len(configs))
+        prog.start()
+
+    def update(done, total, spec):
+        if prog is not None:
+            prog.update(task, completed=done, description=f"done: {spec}" if spec else "")
+
+    try:
+        rows = compare.compare(model, list(configs), out_dir, settings, executor=executor,
+                               address=address, jobs=jobs, peers=peers, progress=update)
+    finally:
+        if prog is not None:
+            prog.stop()
+    print_compare(rows, out_dir)
+
+
+def print_compare(rows: list[dict], out_dir: Path) -> None:
+    """The readable table of ``ditto compare``."""
+    from rich.table import Column, Table
+
+    con = _stdout()
+    t = Table("bpw", "mean KLD", "same top-1 %", "PPL", "decode tok/s", "prompt tok/s",
+              "peak RSS MiB")
+    t.columns.insert(0, Column("config", no_wrap=True,
+                               min_width=max(len(str(r["config"])) for r in rows)))
+    for r in rows:
+        t.add_row(r["config"], _fmt(r.get("bpw"), ".3f"), _fmt(r.get("mean_kld"), ".6f"),
+                  _fmt(None if r.get("same_top1") is None else 100 * r["same_top1"], ".2f"),
+                  _fmt(r.get("ppl"), ".4f"), _fmt(r.get("decode_tok_per_s"), ".1f"),
+                  _fmt(r.get("prompt_tok_per_s"), ".1f"), _fmt(r.get("peak_rss_mib"), ".1f"))
+    con.print(t)
+    con.print(f"written: {out_dir}/results.csv, results.json, bpw_vs_kld.png, bpw_vs_tok_s.png",
+              soft_wrap=True)
+
+
 def register(group: click.Group) -> None:
     """Add ``ditto eval``, ``ditto bench`` and ``ditto compare`` to ``group``."""
     group.add_command(eval_cmd)
     group.add_command(bench_cmd)
+    group.add_command(compare_cmd)
