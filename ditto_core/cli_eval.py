@@ -75,6 +75,9 @@ def eval_cmd(build, baseline, chunks, humaneval, limit, seeds, peer_gguf, peer_b
     find_build(build)
     if limit is not None and not humaneval:
         raise click.UsageError("--limit applies to --humaneval only")
+    for g in peer_gguf:  # before the long runs
+        if not g.is_file():
+            raise DittoError(f"{g}: no such GGUF file")
     if baseline is None:
         if not quiet:
             click.echo("baseline: the fp32 build of the same model (cached)", err=True)
