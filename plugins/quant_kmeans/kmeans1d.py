@@ -26,6 +26,7 @@ codebook is rounded to its storage precision).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -55,15 +56,35 @@ def optimal_weighted(u, w, k, inv, cent):
     multiplicities ``w`` (int64 [m]), m > k ≥ 1; ``inv[c] = 1/c`` (float64, len > sum(w)).
 
     Writes the k centroids, ascending, into ``cent`` (float64 [k]) and returns the SSE (sum of
-    squared errors, each value counted with its multiplicity).
+    squared errors, each value counted with its multiplicity). Allocates the work arrays of
+    ``_optimal_ws`` (which has the method) for this one block."""
+    m = u.shape[0]
+    p0 = np.empty(m + 1, np.int64)
+    p1 = np.empty(m + 1, np.float64)
+    p2 = np.empty(m + 1, np.float64)
+    dprev = np.empty(m + 1, np.float64)
+    dcur = np.empty(m + 1, np.float64)
+    arg = np.empty((k + 1, m + 1), np.int32)
+    return _optimal_ws(u, w, m, k, inv, cent, p0, p1, p2, dprev, dcur, arg)
+
+
+@njit(cache=True)
+def _optimal_ws(u, w, m, k, inv, cent, p0, p1, p2, dprev, dcur, arg):
+    """``optimal_weighted`` on the first ``m`` entries of ``u``/``w``, in caller-provided work
+    arrays (p0 int64, p1/p2/dprev/dcur float64, each ≥ m + 1 long; arg int32 [≥ k + 1, ≥ m + 1])
+    so a thread reuses them over many sub-blocks.
 
     Dynamic programming ``D[q][i] = min_j D[q-1][j] + SSE(u[j:i])`` (Wang & Song 2011). The
     arg-minima ``J[q][i]`` are monotone in both indices because the 1-D SSE cost satisfies the
     quadrangle inequality (Grønlund et al. 2017, §2): ``J[q-1][i] ≤ J[q][i] ≤ J[q][i+1]``, so
     each layer is filled for i descending scanning only that window (Knuth's speed-up, Yao
-    1980). Measured here this scans fewer candidates than divide and conquer for K = 16,
-    m ≈ 100 (docs/QUANT.md)."""
-    m = u.shape[0]
+    1980); within a window the first (lowest) j of the smallest value wins.
+
+    The scan is ~90 % of the quantizer's time (docs/QUANT.md, "Where the time goes"), so it is
+    written for the machine: array indices are unsigned (numba then emits no negative-index
+    wrap-around test per load) and the running minimum is branch-free (min + conditional move;
+    the comparison is unpredictable). The arithmetic, its order and the tie rule are exactly
+    those of the plain loop, so the result is bit-identical (tests/test_quant_pinned.py)."""
     # prefix sums of the centred data (centring keeps the SSE differences accurate)
     tot = 0.0
     cnt = 0
@@ -71,9 +92,9 @@ def optimal_weighted(u, w, k, inv, cent):
         tot += w[i] * u[i]
         cnt += w[i]
     mu = tot / cnt
-    p0 = np.zeros(m + 1, np.int64)
-    p1 = np.zeros(m + 1, np.float64)
-    p2 = np.zeros(m + 1, np.float64)
+    p0[0] = 0
+    p1[0] = 0.0
+    p2[0] = 0.0
     for i in range(m):
         d = u[i] - mu
         p0[i + 1] = p0[i] + w[i]
@@ -81,9 +102,6 @@ def optimal_weighted(u, w, k, inv, cent):
         p2[i + 1] = p2[i] + w[i] * d * d
 
     width = m - k + 1  # layer q < k is needed for i in [q, q + width - 1]; layer k at i = m
-    dprev = np.empty(m + 1, np.float64)
-    dcur = np.empty(m + 1, np.float64)
-    arg = np.zeros((k + 1, m + 1), np.int32)
     for i in range(1, width + 1):
         s1 = p1[i]
         dprev[i] = p2[i] - s1 * s1 * inv[p0[i]]
@@ -103,12 +121,13 @@ def optimal_weighted(u, w, k, inv, cent):
             s2 = p2[i]
             best = np.inf
             bj = jlo
-            for j in range(jlo, jhi + 1):
+            for jj in range(jlo, jhi + 1):
+                j = np.uint64(jj)
                 a = s1 - p1[j]
-                v = dprev[j] + (s2 - p2[j]) - a * a * inv[s0 - p0[j]]
-                if v < best:
-                    best = v
-                    bj = j
+                v = dprev[j] + (s2 - p2[j]) - a * a * inv[np.uint64(s0 - p0[j])]
+                lt = v < best
+                bj = jj if lt else bj
+                best = v if lt else best
             dcur[i] = best
             arg[q, i] = bj
         for i in range(ilo, ihi + 1):
@@ -315,13 +334,26 @@ def sort_sub_blocks(W: np.ndarray, group_size: int) -> np.ndarray:
     return out
 
 
-@njit(cache=True, parallel=True)
+#: sub-blocks per unit of parallel work: each unit allocates its work arrays once, and the
+#: threads take units dynamically (a machine shared with other jobs slows threads unevenly)
+CHUNK_BLOCKS = 16
+
+
 def matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, cent):
     """Centroids of every sub-block of ``W`` (float32 [rows, cols], each sub-block already
     sorted ascending: ``sort_sub_blocks``) into ``cent`` (float64
     [rows, S, k], S = ceil(cols / G)); parallel over sub-blocks. Returns the unrounded SSE per
     sub-block, float64 [rows, S]. The Lloyd seed of sub-block (r, s) is derived from ``seed``
-    and (r, s) only, so the output does not depend on the thread count."""
+    and (r, s) only, so the output does not depend on the thread count or on which thread
+    takes which sub-blocks."""
+    with numba.parallel_chunksize(1):
+        return _matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, cent)
+
+
+@njit(cache=True, parallel=True)
+def _matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, cent):
+    """``matrix_centroids``: a parallel loop over units of ``CHUNK_BLOCKS`` sub-blocks, each
+    with its own work arrays."""
     rows, cols = W.shape
     S = (cols + group_size - 1) // group_size
     inv = np.empty(group_size + 1, np.float64)
@@ -329,14 +361,37 @@ def matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, ce
     for c in range(1, group_size + 1):
         inv[c] = 1.0 / c
     sse = np.empty((rows, S), np.float64)
-    for t in prange(rows * S):
-        r = t // S
-        s = t - r * S
-        a = s * group_size
-        b = min(a + group_size, cols)
-        bseed = np.uint64(seed) ^ (np.uint64(t) * np.uint64(0xD1B54A32D192ED03))
-        sse[r, s] = sorted_block_centroids(W[r, a:b], k, method, bseed, restarts, max_iter, tol,
-                                    inv, cent[r, s])
+    nb = rows * S
+    n_units = (nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS
+    g = min(group_size, cols)
+    for unit in prange(n_units):
+        u = np.empty(g, np.float64)
+        w = np.empty(g, np.int64)
+        p0 = np.empty(g + 1, np.int64)
+        p1 = np.empty(g + 1, np.float64)
+        p2 = np.empty(g + 1, np.float64)
+        dprev = np.empty(g + 1, np.float64)
+        dcur = np.empty(g + 1, np.float64)
+        arg = np.empty((k + 1, g + 1), np.int32)
+        for t in range(unit * CHUNK_BLOCKS, min(nb, unit * CHUNK_BLOCKS + CHUNK_BLOCKS)):
+            r = t // S
+            s = t - r * S
+            a = s * group_size
+            b = min(a + group_size, cols)
+            cb = cent[r, s]
+            m = _distinct(W[r, a:b], u, w)
+            if m <= k:  # at most k distinct values: exactly those
+                for c in range(m):
+                    cb[c] = u[c]
+                for c in range(m, k):
+                    cb[c] = u[m - 1]
+                sse[r, s] = 0.0
+            elif method == METHOD_OPTIMAL:
+                sse[r, s] = _optimal_ws(u, w, m, k, inv, cb, p0, p1, p2, dprev, dcur, arg)
+            else:
+                bseed = np.uint64(seed) ^ (np.uint64(t) * np.uint64(0xD1B54A32D192ED03))
+                sse[r, s] = lloyd_weighted(u[:m], w[:m], k, bseed, restarts, max_iter, tol, cb,
+                                           np.empty(0, np.float64))
     return sse
 
 
