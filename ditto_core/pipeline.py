@@ -30,6 +30,7 @@ from .options import normalize
 from .plugins import Registry, get_registry
 from .selection import DEFAULT_PACKER, Chosen, check_all_used, choose, choose_compile
 from .progress import progress_bar
+from .resources import StagePeaks, check_resources
 from .signals import deferred, pid_tag, sweep_stale
 from .types import Checkpoint, QuantizedModel
 
@@ -350,6 +351,33 @@ class _StageLog:
             self.bar.stop()
 
 
+def planned_model_bytes(model: QuantizedModel) -> int:
+    """Payload bytes of the model file ``model.plan`` describes (FORMAT.md sizes: f32, or
+    codebooks + packed indices; tensors of an encoding unknown here counted as f32), plus
+    64-byte alignment per tensor. The header, tensor table and tokenizer are left to the
+    pre-flight check's margin."""
+    from .modelfile import codebook_nbytes, f32_nbytes
+
+    total = 0
+    for name, (encoding, params) in model.plan.items():
+        shape = tuple(int(x) for x in model.shapes[name])
+        n = f32_nbytes(shape)
+        if encoding == "codebook" and len(shape) == 2:
+            try:
+                n = codebook_nbytes(shape[0], shape[1], *params[:3])
+            except (DittoError, KeyError, TypeError, ValueError):
+                pass
+        total += n + 64
+    return total
+
+
+def largest_tensor(model: QuantizedModel) -> int:
+    """Weights of the largest tensor in ``model`` (what one quantization step holds)."""
+    import math
+
+    return max((math.prod(int(x) for x in s) for s in model.shapes.values()), default=0)
+
+
 def _timed_tensors(model: QuantizedModel) -> tuple[QuantizedModel, list[float]]:
     """``model`` with its lazy tensor iterator timed: the returned list's one element
     accumulates the wall seconds spent producing tensors (quantization, and the lazy loading
@@ -422,6 +450,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                     "components": components, "stages": timings.seconds, "cached": {}}
     tmp = _prepare_out_dir(out_dir)
     log = _StageLog(show_progress, 6)
+    peaks = StagePeaks()
     try:
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
         key = model_key(path, exporter, quantizer, packer, options.quant)
@@ -438,12 +467,19 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
             record["cached"]["model"] = True
         else:
             log("export", f"{path.name} with {exporter.name}")
+            peaks.start("export")
             with timings.stage("export"):
                 checkpoint = exporter.component.load(path)
             log("quantize", quantizer.name)
+            peaks.start("quantize")
             with timings.stage("quantize"):
                 qmodel = quantizer.component.quantize(checkpoint, options.quant)
+            # the plan fixes the model file's size: check disk and memory before any tensor
+            record["resources"] = check_resources(
+                out_dir, planned_model_bytes(qmodel), largest_tensor(qmodel),
+                cache.root if cache.enabled else None)
             log("pack", f"{packer.name} (quantization runs as the packer pulls tensors)")
+            peaks.start("pack")
             qmodel, pulled = _timed_tensors(qmodel)
             with timings.stage("pack"):
                 summary = packer.component.pack(qmodel, tmp / MODEL_FILE)
@@ -462,8 +498,15 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                  "rewrite": ", ".join(p.name for p in compile_stages.passes) or "no pass",
                  "link": compile_stages.linker.name
                  + (f" + {compile_stages.blas.name}" if compile_stages.blas else "")}
+
+        def on_stage(st):
+            peaks.start(st)
+            log(st, doing[st])
+
+        peaks.stop()
         res = build_runtime(tmp / EXECUTABLE, stages=compile_stages, openmp=options.openmp,
-                            cache=cache, on_stage=lambda st: log(st, doing[st]))
+                            cache=cache, on_stage=on_stage)
+        peaks.stop()
         if res.cached:
             for st in res.seconds:
                 log(st, "cached")
@@ -473,6 +516,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         record["passes"] = list(res.passes)
         record["pass_summary"] = list(res.summary)
         record["total_seconds"] = time.perf_counter() - t_start
+        record["peak_rss"] = peaks.record()
         record["status"] = "complete"
         _write_json_atomic(tmp / "build.json", record)
         _normal_permissions(tmp)
