@@ -91,15 +91,27 @@ class SafetensorsIndex:
                     raise DittoError(f"{f}: tensor {name!r} is also in "
                                      f"{self.tensors[name].file}")
                 self.tensors[name] = t
-        self._maps: dict[Path, np.memmap] = {}
 
     def load_f32(self, name: str) -> np.ndarray:
-        """float32 C-contiguous copy of tensor ``name`` (widened from F16/BF16)."""
+        """float32 C-contiguous copy of tensor ``name`` (widened from F16/BF16).
+
+        Only this tensor's bytes are mapped, and unmapped again once copied: mapped file pages
+        count in the process's resident set, so a mapping kept open for a whole shard would
+        make a 7B build's RSS grow to the size of the checkpoint (docs/BUILD.md, "Memory")."""
         t = self.tensors[name]
-        mm = self._maps.get(t.file)
-        if mm is None:
-            mm = self._maps[t.file] = np.memmap(t.file, dtype=np.uint8, mode="r")
-        raw = mm[t.begin:t.end].view(np.ndarray).view(DTYPES[t.dtype]).reshape(t.shape)
-        if t.dtype == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        return np.array(raw, dtype=np.float32, order="C")
+        dtype = DTYPES[t.dtype]
+        n = (t.end - t.begin) // dtype.itemsize
+        if n == 0:
+            return np.zeros(t.shape, np.float32)
+        mm = np.memmap(t.file, dtype=dtype, mode="r", offset=t.begin, shape=(n,))
+        try:
+            if t.dtype == "BF16":  # bf16 is the top half of an IEEE float32
+                out = mm.astype(np.uint32)
+                out <<= 16
+                out = out.view(np.float32)
+            else:
+                out = np.array(mm, dtype=np.float32)
+        finally:
+            mm._mmap.close()
+            del mm
+        return out.reshape(t.shape)

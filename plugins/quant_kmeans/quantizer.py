@@ -306,6 +306,7 @@ class KMeansQuantizer:
                 report["seconds"] += dt
                 report["total_rel_error"] = (totals["sse"] / totals["norm2"]
                                              if totals["norm2"] > 0 else 0.0)
+                del W  # not held while the packer encodes q and the next tensor loads
                 yield name, q
 
         return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
