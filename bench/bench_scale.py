@@ -1,0 +1,169 @@
+"""Benchmark: build and run the synthetic Code Llama-7B-shaped model; writes JSON.
+
+    python bench/bench_scale.py [--layers 32] [--dim 4096] [--ffn 11008]
+        [--ablation-layers 4] [--no-ablation] [--tokens 32] [--workdir DIR]
+        [-o bench/results/bench_scale.json]
+
+1. ``bench/synth_checkpoint.py`` writes the checkpoint (reused from ``--workdir`` when it was
+   already written there with the same arguments).
+2. ``ditto build MODEL --quantizer kmeans --blas openblas --no-cache`` runs as a child process
+   (b = 4, G = 256, optimal): build seconds, per-stage seconds and peak RSS (build.json
+   ``stages`` and ``peak_rss``; the child's ``ru_maxrss`` from wait4(2) as a cross-check), the
+   model file size, bpw, and quantization seconds per 1B quantized weights.
+3. The built executable generates ``--tokens`` tokens (greedy, ``--ignore-eos``) after a code
+   prompt of ~70 tokens, twice: decode tok/s and prompt (prefill) tok/s from its ``stats`` line
+   (native/README.md), and its peak RSS.
+4. The RQ3 ablation on a ``--ablation-layers`` variant (same dims; fp32 fits in memory there):
+   fp32 naive (``--quantizer none --no-rewrite``), BLAS only (``--quantizer none``),
+   quantization only (``--quantizer kmeans --no-rewrite``) and full Ditto, each built and run
+   the same way.
+
+The machine's load average is recorded before and after: on a shared machine the seconds are
+upper bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import synth_checkpoint as S  # noqa: E402
+
+from ditto_core.run import run_stats  # noqa: E402
+
+PROMPT = ('import os\nimport sys\n\n\ndef read_lines(path):\n    """Return the lines of a text '
+          'file without their newlines."""\n    with open(path, encoding="utf-8") as f:\n'
+          '        return [line.rstrip("\\n") for line in f]\n\n\ndef main(argv):\n')
+
+ABLATION = {
+    "fp32_naive": ["--quantizer", "none", "--no-rewrite"],
+    "blas_only": ["--quantizer", "none"],
+    "quant_only": ["--quantizer", "kmeans", "--no-rewrite"],
+    "full": ["--quantizer", "kmeans"],
+}
+
+
+def synth(workdir: Path, layers: int, dim: int, ffn: int, log) -> Path:
+    """The synthetic checkpoint for these arguments, written once per workdir."""
+    d = workdir / f"synth-L{layers}-d{dim}-f{ffn}"
+    stamp = d / ".synth_args.json"
+    args = {"layers": layers, "dim": dim, "ffn": ffn, "seed": 0}
+    if stamp.is_file() and json.loads(stamp.read_text()) == args:
+        log(f"reusing {d}")
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    t0 = time.perf_counter()
+    S.write_checkpoint(d, layers, dim, ffn, S.CODE_LLAMA_7B["heads"], S.CODE_LLAMA_7B["vocab"],
+                       seed=0, log=log)
+    stamp.write_text(json.dumps(args))
+    log(f"synthesised {d} in {time.perf_counter() - t0:.0f} s")
+    return d
+
+
+def build(model: Path, out: Path, extra: list[str], log) -> dict:
+    """Run ``ditto build`` as a child; return its figures (build.json + wall time + the
+    child's peak RSS from wait4)."""
+    cmd = [sys.executable, "-m", "ditto_core.cli", "build", str(model), "-o", str(out),
+           "--blas", "openblas", "--no-cache", "-q", *extra]
+    log(" ".join(cmd[2:]))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"ditto build failed ({os.waitstatus_to_exitcode(status)}): "
+                         f"{' '.join(cmd)}")
+    rec = json.loads((out / "build.json").read_text())
+    quantized = rec.get("pack", {}).get("n_weights")
+    qweights = sum(t["shape"][0] * t["shape"][1] for t in rec["tensors"].values()
+                   if t.get("encoding") == "codebook")
+    file_bytes = (out / "model.ditto").stat().st_size
+    res = {"command": "ditto " + " ".join(cmd[3:]), "wall_s": wall,
+           "stages_s": rec["stages"], "total_s": rec.get("total_seconds"),
+           "peak_rss": rec.get("peak_rss"), "child_maxrss_bytes": usage.ru_maxrss * 1024,
+           "file_bytes": file_bytes, "bpw": rec.get("bpw"), "n_weights": quantized,
+           "quantized_weights": qweights}
+    if qweights:
+        res["quantize_s_per_1B_quantized"] = rec["stages"]["quantize"] / qweights * 1e9
+    return res
+
+
+def run(build_dir: Path, tokens: int, threads: int, rounds: int = 2) -> dict:
+    """Decode and prompt tok/s (median of ``rounds``) and peak RSS of the built executable."""
+    samples = []
+    for _ in range(rounds):
+        st = run_stats(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0",
+                                   "--ignore-eos", "--threads", str(threads)], timeout=7200)
+        samples.append(st)
+    samples.sort(key=lambda s: s["tok_per_s"])
+    mid = samples[len(samples) // 2]
+    return {"decode_tok_per_s": mid["tok_per_s"],
+            "prompt_tok_per_s": 1000.0 * mid["prompt_tokens"] / mid["prompt_ms"],
+            "prompt_tokens": mid["prompt_tokens"], "load_ms": mid["load_ms"],
+            "peak_rss_bytes": mid["peak_rss_kib"] * 1024, "threads": threads,
+            "samples": samples}
+
+
+def main(argv=None) -> int:
+    c = S.CODE_LLAMA_7B
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=c["layers"])
+    ap.add_argument("--dim", type=int, default=c["dim"])
+    ap.add_argument("--ffn", type=int, default=c["ffn"])
+    ap.add_argument("--ablation-layers", type=int, default=4)
+    ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--no-main", action="store_true", help="only the ablation")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/ditto-bench-scale"))
+    ap.add_argument("-o", "--out", type=Path, default=HERE / "results" / "bench_scale.json")
+    args = ap.parse_args(argv)
+
+    def log(s):
+        print(f"[bench_scale] {s}", file=sys.stderr, flush=True)
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    result = {"bench": "bench_scale", "load_average_before": os.getloadavg(),
+              "cpu_count": os.cpu_count(), "tokens": args.tokens, "threads": args.threads,
+              "prompt": PROMPT}
+    if not args.no_main:
+        model = synth(args.workdir, args.layers, args.dim, args.ffn, log)
+        out = args.workdir / f"build-L{args.layers}"
+        main_res = {"model": {"layers": args.layers, "dim": args.dim, "ffn": args.ffn,
+                              "checkpoint_bytes": sum(p.stat().st_size
+                                                      for p in model.glob("*.safetensors"))}}
+        main_res["build"] = build(model, out, ["--quantizer", "kmeans"], log)
+        main_res["run"] = run(out, args.tokens, args.threads)
+        result["full_ditto"] = main_res
+        log(json.dumps({k: main_res["build"][k] for k in ("wall_s", "file_bytes", "bpw")}))
+    if not args.no_ablation:
+        model = synth(args.workdir, args.ablation_layers, args.dim, args.ffn, log)
+        abl = {}
+        for name, extra in ABLATION.items():
+            out = args.workdir / f"ablation-L{args.ablation_layers}-{name}"
+            abl[name] = {"build": build(model, out, extra, log),
+                         "run": run(out, args.tokens, args.threads)}
+            shutil.rmtree(out, ignore_errors=True)  # fp32 files are large
+            log(f"{name}: {abl[name]['run']['decode_tok_per_s']:.2f} tok/s")
+        base = abl["fp32_naive"]["run"]["decode_tok_per_s"]
+        result["ablation"] = {"layers": args.ablation_layers, "configs": abl,
+                              "decode_speedup_vs_fp32_naive": {
+                                  k: v["run"]["decode_tok_per_s"] / base
+                                  for k, v in abl.items()}}
+    result["load_average_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
