@@ -105,13 +105,15 @@ class SafetensorsIndex:
             return np.zeros(t.shape, np.float32)
         mm = np.memmap(t.file, dtype=dtype, mode="r", offset=t.begin, shape=(n,))
         try:
+            raw = mm.view(np.ndarray)
             if t.dtype == "BF16":  # bf16 is the top half of an IEEE float32
-                out = mm.astype(np.uint32)
+                out = raw.astype(np.uint32)
                 out <<= 16
                 out = out.view(np.float32)
             else:
-                out = np.array(mm, dtype=np.float32)
+                out = np.array(raw, dtype=np.float32)
+            del raw
         finally:
-            mm._mmap.close()
+            mm._mmap.close()  # every array above is a copy: nothing refers to the mapping
             del mm
         return out.reshape(t.shape)
