@@ -33,7 +33,7 @@ long parse_token_file(const char *path, const char *text, size_t len, uint32_t v
             if (id > vocab) id = vocab; /* saturate: reported below */
             i++;
         }
-        if (id >= vocab) {
+        if (id >= vocab || id > INT32_MAX) { /* ids are int32: a vocab above 2^31 cannot be */
             snprintf(err, errlen, "%s: token id at byte %zu is out of range (vocab_size=%u)",
                      path, i, vocab);
             free(v);

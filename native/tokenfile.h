@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* Parse text[len] (not NUL-terminated) read from path (named in messages). Every id must be
- * < vocab. Returns the count with *ids malloc'd (the caller frees it), or -1 with a message
+ * < vocab and fit in int32. Returns the count with *ids malloc'd (the caller frees it), or -1 with a message
  * "<path>: <problem>" in err (unexpected character and its byte offset, id out of range, out
  * of memory). */
 long parse_token_file(const char *path, const char *text, size_t len, uint32_t vocab,
