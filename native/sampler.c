@@ -42,6 +42,28 @@ void softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = (float)(x[i] / sum);
 }
 
+void softmax_temperature(float *x, int n, float temperature) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max) max = x[i]; /* NaN never compares greater: ignored */
+    if (isinf(max) || isnan(max)) { /* a +inf logit, or nothing above -inf: the limit is */
+        int hot = sample_argmax(x, n); /* one-hot on the (first) largest */
+        for (int i = 0; i < n; i++) x[i] = i == hot ? 1.0f : 0.0f;
+        return;
+    }
+    const double t = (double)temperature;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        /* (x - max) <= 0 is exact in double, so exp((x - max) / T) is in [0, 1] for every T > 0:
+         * no overflow however small T is (the largest logit always gets exp(0) = 1) */
+        double d = (double)x[i] - (double)max;
+        double e = isnan(d) || d == -INFINITY ? 0.0 : exp(d / t);
+        x[i] = (float)e;
+        sum += e;
+    }
+    for (int i = 0; i < n; i++) x[i] = (float)((double)x[i] / sum);
+}
+
 int sample_argmax(const float *logits, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -51,12 +73,15 @@ int sample_argmax(const float *logits, int n) {
 
 /* Draw from the distribution probs[n] with the uniform number u. */
 static int sample_multinomial(const float *probs, int n, float u) {
-    float cdf = 0.0f;
+    double cdf = 0.0;
+    int last = 0;
     for (int i = 0; i < n; i++) {
+        if (probs[i] <= 0.0f) continue;
         cdf += probs[i];
-        if (u < cdf) return i;
+        last = i;
+        if ((double)u < cdf) return i;
     }
-    return n - 1; /* rounding */
+    return last; /* u above the rounded total: the last token that can be drawn */
 }
 
 static int by_prob_desc(const void *a, const void *b) {
@@ -89,7 +114,7 @@ static int sample_topp(const float *probs, int n, float topp, ProbIndex *cand, f
             break;
         }
     }
-    float r = u * mass, cdf = 0.0f;
+    double r = (double)u * mass, cdf = 0.0;
     for (int i = 0; i <= last; i++) {
         cdf += cand[i].prob;
         if (r < cdf) return cand[i].index;
@@ -99,8 +124,7 @@ static int sample_topp(const float *probs, int n, float topp, ProbIndex *cand, f
 
 int sampler_sample(Sampler *s, float *logits) {
     if (s->temperature == 0.0f) return sample_argmax(logits, s->vocab_size);
-    for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
-    softmax(logits, s->vocab_size);
+    softmax_temperature(logits, s->vocab_size, s->temperature);
     float u = sampler_random(s);
     if (s->topp <= 0.0f || s->topp >= 1.0f) return sample_multinomial(logits, s->vocab_size, u);
     return sample_topp(logits, s->vocab_size, s->topp, s->candidates, u);

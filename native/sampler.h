@@ -33,6 +33,13 @@ int sampler_sample(Sampler *s, float *logits);
 /* Uniform float in [0, 1) from the sampler's PRNG. */
 float sampler_random(Sampler *s);
 
+/* In place: x[n] becomes softmax(x / temperature), temperature > 0 (+inf included), computed
+ * as exp((x_i - max) / T) / sum in double, so that no T overflows: a T so small that x / T
+ * would overflow gives its limit, one-hot on the largest logit (greedy); equal largest logits
+ * share the mass. NaN logits get probability 0; a +inf logit (or none above -inf) gives
+ * one-hot on the first largest. Always a valid distribution (finite, >= 0, sums to 1). */
+void softmax_temperature(float *x, int n, float temperature);
+
 /* In-place softmax of x[n] (max-subtracted). */
 void softmax(float *x, int n);
 
