@@ -14,7 +14,8 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"DITTOMDL"  # DITTO_MAGIC, 8 bytes, no terminator
-VERSION = 1  # DITTO_VERSION
+VERSION = 2  # DITTO_VERSION: newest written (2 = tokenizer flags + extension section)
+VERSION_MIN = 1  # DITTO_VERSION_MIN: oldest read (1 = tokenizer flags and ext_bytes zero)
 HEADER_BYTES = 64  # DITTO_HEADER_BYTES
 ALIGN = 64  # DITTO_ALIGN: every tensor payload starts at a multiple of this
 NAME_BYTES = 64  # DITTO_NAME_BYTES
@@ -53,6 +54,37 @@ TT_USER_DEFINED = 4  # DITTO_TT_USER_DEFINED
 TT_UNUSED = 5  # DITTO_TT_UNUSED
 TT_BYTE = 6  # DITTO_TT_BYTE
 
+TOKF_ADDED_RECORDS = 0x1  # DITTO_TOKF_ADDED_RECORDS
+TOKF_PREFIX_SPACE = 0x2  # DITTO_TOKF_PREFIX_SPACE
+TOKF_MS_SHIFT = 2  # DITTO_TOKF_MS_SHIFT
+TOKF_MS_MASK = 0xC  # DITTO_TOKF_MS_MASK
+TOKF_MS_SPLIT = 0x10  # DITTO_TOKF_MS_SPLIT
+TOKF_RANK_MERGES = 0x20  # DITTO_TOKF_RANK_MERGES
+TOKF_FUSE_UNK = 0x40  # DITTO_TOKF_FUSE_UNK
+TOKF_DECODE_STRIP = 0x80  # DITTO_TOKF_DECODE_STRIP
+TOKF_ALL = 0xFF  # DITTO_TOKF_ALL
+
+MS_NONE = 0  # DITTO_MS_NONE
+MS_ALWAYS = 1  # DITTO_MS_ALWAYS
+MS_FIRST = 2  # DITTO_MS_FIRST
+MS_NEVER = 3  # DITTO_MS_NEVER
+
+TX_LOWERCASE = 1  # DITTO_TX_LOWERCASE
+TX_STRIP = 2  # DITTO_TX_STRIP
+TX_REPLACE = 3  # DITTO_TX_REPLACE
+TX_PREPEND = 4  # DITTO_TX_PREPEND
+TX_ADDED = 16  # DITTO_TX_ADDED
+TX_CHAT_PREFIX = 32  # DITTO_TX_CHAT_PREFIX
+TX_CHAT_SUFFIX = 33  # DITTO_TX_CHAT_SUFFIX
+
+ADDED_SPECIAL = 0x1  # DITTO_ADDED_SPECIAL
+ADDED_LSTRIP = 0x2  # DITTO_ADDED_LSTRIP
+ADDED_RSTRIP = 0x4  # DITTO_ADDED_RSTRIP
+ADDED_NORMALIZED = 0x8  # DITTO_ADDED_NORMALIZED
+
+#: extension record header: tag, a, b, payload length
+EXT_RECORD = struct.Struct("<4I")
+
 CHAT_NONE = 0  # DITTO_CHAT_NONE
 CHAT_CHATML = 1  # DITTO_CHAT_CHATML
 
@@ -80,10 +112,10 @@ TENSOR_ENTRY_FIELDS = ("name", "encoding", "codebook_type", "bits", "group_size"
                        "offset", "nbytes", "ndim", "reserved")
 
 #: DittoTokenizerHeader (64 bytes)
-TOKENIZER_HEADER = struct.Struct("<4I4i5I12s")
+TOKENIZER_HEADER = struct.Struct("<4I4i8I")
 TOKENIZER_HEADER_FIELDS = ("kind", "pre", "n_tokens", "n_merges", "bos_id", "eos_id", "unk_id",
                            "pad_id", "add_bos", "add_space_prefix", "chat_format", "blob_bytes",
-                           "template_bytes", "reserved")
+                           "template_bytes", "flags", "ext_bytes", "reserved")
 
 #: struct name in the C header -> (struct.Struct, field names)
 STRUCTS = {

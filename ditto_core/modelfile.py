@@ -233,6 +233,80 @@ def _enum(table: dict, value, what: str) -> int:
     return table[value]
 
 
+def _ext_record(tag: int, payload: bytes, a: int = 0, b: int = 0) -> bytes:
+    return F.EXT_RECORD.pack(tag, a, b, len(payload)) + _pad4(payload)
+
+
+def serialize_ext(tok: TokenizerSpec) -> bytes:
+    """The tokenizer extension section (FORMAT.md "Tokenizer extension"): normalizer steps,
+    added tokens, chat text, as records ``(tag, a, b, len)`` + payload padded to 4 bytes.
+    Raises DittoError for an unknown normalizer step."""
+    out = []
+    for step in tok.normalizer:
+        kind = step[0]
+        if kind == "lowercase":
+            out.append(_ext_record(F.TX_LOWERCASE, b""))
+        elif kind == "strip":
+            out.append(_ext_record(F.TX_STRIP, b"", int(step[1]), int(step[2])))
+        elif kind == "replace":
+            pat, content = step[1].encode("utf-8"), step[2].encode("utf-8")
+            if not pat:
+                raise DittoError("tokenizer: Replace normalizer with an empty pattern")
+            out.append(_ext_record(F.TX_REPLACE, pat + content, len(pat)))
+        elif kind == "prepend":
+            out.append(_ext_record(F.TX_PREPEND, step[1].encode("utf-8")))
+        else:
+            raise DittoError(f"tokenizer: unknown normalizer step {kind!r}")
+    for tid, flags, text in tok.added:
+        out.append(_ext_record(F.TX_ADDED, bytes(text), int(tid), int(flags)))
+    if tok.chat_prefix is not None:
+        out.append(_ext_record(F.TX_CHAT_PREFIX, tok.chat_prefix.encode("utf-8")))
+        out.append(_ext_record(F.TX_CHAT_SUFFIX, (tok.chat_suffix or "").encode("utf-8")))
+    return b"".join(out)
+
+
+def parse_ext(buf: bytes, where: str) -> dict:
+    """Inverse of ``serialize_ext``: the TokenizerSpec fields ``normalizer``, ``added``,
+    ``chat_prefix``, ``chat_suffix``. Raises DittoError for a malformed or unknown record."""
+    normalizer, added, chat = [], [], {}
+    pos = 0
+    while pos < len(buf):
+        if len(buf) - pos < F.EXT_RECORD.size:
+            raise DittoError(f"{where}: truncated tokenizer extension record at byte {pos}")
+        tag, a, b, n = F.EXT_RECORD.unpack_from(buf, pos)
+        pos += F.EXT_RECORD.size
+        if pos + F.round_up(n, 4) > len(buf):
+            raise DittoError(f"{where}: tokenizer extension record {tag} overruns the section")
+        pay = bytes(buf[pos:pos + n])
+        pos += F.round_up(n, 4)
+        try:
+            text = pay.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DittoError(f"{where}: tokenizer extension record {tag} is not UTF-8") from None
+        if tag == F.TX_LOWERCASE:
+            normalizer.append(("lowercase",))
+        elif tag == F.TX_STRIP:
+            normalizer.append(("strip", bool(a), bool(b)))
+        elif tag == F.TX_REPLACE:
+            normalizer.append(("replace", pay[:a].decode("utf-8"), pay[a:].decode("utf-8")))
+        elif tag == F.TX_PREPEND:
+            normalizer.append(("prepend", text))
+        elif tag == F.TX_ADDED:
+            added.append((a, b, pay))
+        elif tag == F.TX_CHAT_PREFIX:
+            chat["chat_prefix"] = text
+        elif tag == F.TX_CHAT_SUFFIX:
+            chat["chat_suffix"] = text
+        else:
+            raise DittoError(f"{where}: unknown tokenizer extension record {tag}")
+    return dict(normalizer=tuple(normalizer), added=tuple(added), **chat)
+
+
+def tokenizer_needs_v2(tok: TokenizerSpec) -> bool:
+    """True when the tokenizer uses version-2 features (flags or an extension section)."""
+    return bool(tok.flags or tok.normalizer or tok.added or tok.chat_prefix is not None)
+
+
 def serialize_tokenizer(tok: TokenizerSpec) -> bytes:
     """The tokenizer block (FORMAT.md "Tokenizer block"): a 64-byte DittoTokenizerHeader, then
     scores f32[n], types u32[n], offsets u32[n+1], blob, merges (u32, u32)[n_merges] and the
@@ -262,13 +336,17 @@ def serialize_tokenizer(tok: TokenizerSpec) -> bytes:
     if merges.size and merges.max() >= n:
         raise DittoError(f"tokenizer: a merge refers to token id {int(merges.max())} >= {n}")
     template = tok.chat_template.encode("utf-8")
+    if tok.flags & ~F.TOKF_ALL:
+        raise DittoError(f"tokenizer: unknown flags 0x{tok.flags:x}")
+    ext = serialize_ext(tok)
     head = F.pack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, kind=kind, pre=pre,
                   n_tokens=n, n_merges=len(merges), bos_id=tok.bos_id, eos_id=tok.eos_id,
                   unk_id=tok.unk_id, pad_id=tok.pad_id, add_bos=int(tok.add_bos),
                   add_space_prefix=int(tok.add_space_prefix), chat_format=chat,
-                  blob_bytes=len(blob), template_bytes=len(template))
+                  blob_bytes=len(blob), template_bytes=len(template), flags=tok.flags,
+                  ext_bytes=len(ext))
     return b"".join([head, scores.tobytes(), types.tobytes(), offsets.tobytes(), _pad4(blob),
-                     merges.tobytes(), _pad4(template)])
+                     merges.tobytes(), _pad4(template), ext])
 
 
 def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
@@ -280,15 +358,18 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
     h = F.unpack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, mv)
     n, m = h["n_tokens"], h["n_merges"]
     sizes = [4 * n, 4 * n, 4 * (n + 1), F.round_up(h["blob_bytes"], 4), 8 * m,
-             F.round_up(h["template_bytes"], 4)]
+             F.round_up(h["template_bytes"], 4), h["ext_bytes"]]
     if F.TOKENIZER_HEADER.size + sum(sizes) != len(mv):
         raise DittoError(f"{where}: the tokenizer block's sections take "
                          f"{F.TOKENIZER_HEADER.size + sum(sizes)} bytes, the block has {len(mv)}")
     if h["add_bos"] > 1 or h["add_space_prefix"] > 1:
         raise DittoError(f"{where}: tokenizer add_bos = {h['add_bos']} and add_space_prefix = "
                          f"{h['add_space_prefix']} must be 0 or 1")
-    if any(h["reserved"]):
-        raise DittoError(f"{where}: tokenizer reserved header bytes 52..63 must be zero")
+    if h["reserved"]:
+        raise DittoError(f"{where}: tokenizer reserved header bytes 60..63 must be zero")
+    if h["flags"] & ~F.TOKF_ALL or h["ext_bytes"] % 4:
+        raise DittoError(f"{where}: tokenizer flags 0x{h['flags']:x} or extension of "
+                         f"{h['ext_bytes']} bytes (not a multiple of 4) unknown to this Ditto")
     for what in ("bos_id", "eos_id", "unk_id", "pad_id"):
         if not -1 <= h[what] < n:
             raise DittoError(f"{where}: tokenizer {what} {h[what]} is outside [-1, {n})")
@@ -345,7 +426,7 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
         bos_id=h["bos_id"], eos_id=h["eos_id"], unk_id=h["unk_id"], pad_id=h["pad_id"],
         add_bos=bool(h["add_bos"]), add_space_prefix=bool(h["add_space_prefix"]),
         chat_format=name_of(F.CHAT_FORMATS, h["chat_format"], "chat format"),
-        chat_template=template)
+        chat_template=template, flags=h["flags"], **parse_ext(parts[6], where))
 
 
 def tokenizers_equal(a: TokenizerSpec, b: TokenizerSpec) -> bool:
@@ -508,7 +589,8 @@ def write_model(path, config: ModelConfig, tokenizer: TokenizerSpec,
                 raise DittoError(f"{where}: payload for unknown tensor {extra[0]!r}")
             assert pos == file_size
             f.seek(0)
-            f.write(F.pack(F.HEADER, F.HEADER_FIELDS, magic=F.MAGIC, version=F.VERSION,
+            version = F.VERSION if tokenizer_needs_v2(tokenizer) else F.VERSION_MIN
+            f.write(F.pack(F.HEADER, F.HEADER_FIELDS, magic=F.MAGIC, version=version,
                            crc32=crc & 0xFFFFFFFF, file_size=file_size,
                            meta_size=meta_size))
             f.flush()
@@ -571,9 +653,9 @@ class ModelFile:
         if h["magic"] != F.MAGIC:
             raise DittoError(f"{where}: not a Ditto model file (magic {h['magic']!r}, "
                              f"expected {F.MAGIC!r})")
-        if h["version"] != F.VERSION:
+        if not F.VERSION_MIN <= h["version"] <= F.VERSION:
             raise DittoError(f"{where}: unsupported Ditto format version {h['version']} "
-                             f"(this Ditto reads version {F.VERSION})")
+                             f"(this Ditto reads versions {F.VERSION_MIN}..{F.VERSION})")
         if any(h["reserved"]):
             first = next(i for i, x in enumerate(h["reserved"]) if x)
             raise DittoError(f"{where}: header reserved bytes 32..63 must be zero, byte "

@@ -65,6 +65,16 @@ class TokenizerSpec:
     add_space_prefix: bool = False
     chat_format: str = "none"  # "none" | "chatml"
     chat_template: str = ""
+    #: FORMAT.md "Tokenizer flags" (DITTO_TOKF_*): HF behaviours beyond GGUF's
+    flags: int = 0
+    #: normalizer steps in order: ("lowercase",), ("strip", left, right),
+    #: ("replace", pattern, content), ("prepend", text)
+    normalizer: tuple = ()
+    #: added tokens matched in text (with flag ADDED_RECORDS): (id, DITTO_ADDED_* bits, text)
+    added: tuple = ()
+    #: the chat template rendered around a user message: text before and after it, or None
+    chat_prefix: str | None = None
+    chat_suffix: str | None = None
 
 
 @attrs.define

@@ -1,4 +1,4 @@
-/* ditto_format.h: on-disk layout of a Ditto model file (.ditto), format version 1.
+/* ditto_format.h: on-disk layout of a Ditto model file (.ditto), format versions 1 and 2.
  *
  * The single source of truth for the layout is docs/FORMAT.md; this header mirrors it for the
  * C runtime and ditto_core/format.py mirrors it for the Python writer. tests/test_format_agree.py
@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 #define DITTO_MAGIC "DITTOMDL" /* 8 bytes, no terminator in the file */
-#define DITTO_VERSION 1u
+#define DITTO_VERSION 2u     /* newest version written (2: tokenizer flags + extension) */
+#define DITTO_VERSION_MIN 1u /* oldest version read (1: tokenizer flags and ext_bytes zero) */
 #define DITTO_HEADER_BYTES 64u
 #define DITTO_ALIGN 64u /* every tensor payload starts at a multiple of this */
 #define DITTO_NAME_BYTES 64u
@@ -60,6 +61,38 @@
 #define DITTO_TT_USER_DEFINED 4u
 #define DITTO_TT_UNUSED 5u
 #define DITTO_TT_BYTE 6u
+
+/* tokenizer flags (DittoTokenizerHeader.flags, version 2; docs/FORMAT.md "Tokenizer flags") */
+#define DITTO_TOKF_ADDED_RECORDS 0x1u /* added tokens are the ADDED records (HF semantics) */
+#define DITTO_TOKF_PREFIX_SPACE 0x2u  /* byte-level: prepend ' ' to a piece not starting so */
+#define DITTO_TOKF_MS_SHIFT 2u        /* bits 2-3: Metaspace step, DITTO_MS_* */
+#define DITTO_TOKF_MS_MASK 0xCu
+#define DITTO_TOKF_MS_SPLIT 0x10u     /* Metaspace split: every U+2581 starts a new word */
+#define DITTO_TOKF_RANK_MERGES 0x20u  /* SentencePiece kind: HF BPE by merge rank, byte fallback */
+#define DITTO_TOKF_FUSE_UNK 0x40u     /* consecutive unk ids become one */
+#define DITTO_TOKF_DECODE_STRIP 0x80u /* decoding drops one leading space of the text */
+#define DITTO_TOKF_ALL 0xFFu
+
+/* Metaspace step (flags bits 2-3): ' ' -> U+2581 and the prepend scheme */
+#define DITTO_MS_NONE 0u   /* no Metaspace pre-tokenizer */
+#define DITTO_MS_ALWAYS 1u /* prepend U+2581 to every piece not starting with it */
+#define DITTO_MS_FIRST 2u  /* only to the piece at offset 0 of the text */
+#define DITTO_MS_NEVER 3u
+
+/* records of the tokenizer extension section (version 2): u32 tag, u32 a, u32 b, u32 len,
+ * then len bytes zero-padded to a multiple of 4 */
+#define DITTO_TX_LOWERCASE 1u /* normalizer Lowercase (Unicode, per character) */
+#define DITTO_TX_STRIP 2u     /* normalizer Strip: a = left, b = right */
+#define DITTO_TX_REPLACE 3u   /* normalizer Replace: a = pattern bytes, payload pattern+content */
+#define DITTO_TX_PREPEND 4u   /* normalizer Prepend: payload */
+#define DITTO_TX_ADDED 16u    /* added token: a = id, b = DITTO_ADDED_*, payload = text matched */
+#define DITTO_TX_CHAT_PREFIX 32u /* chat template text before the user message */
+#define DITTO_TX_CHAT_SUFFIX 33u /* chat template text after it (ends the generation prompt) */
+
+#define DITTO_ADDED_SPECIAL 0x1u
+#define DITTO_ADDED_LSTRIP 0x2u
+#define DITTO_ADDED_RSTRIP 0x4u
+#define DITTO_ADDED_NORMALIZED 0x8u /* matched in the normalized text (payload normalized) */
 
 /* chat formats */
 #define DITTO_CHAT_NONE 0u
@@ -119,7 +152,9 @@ typedef struct {
     uint32_t chat_format;      /* DITTO_CHAT_* */
     uint32_t blob_bytes;       /* bytes of the token text blob (before 4-byte padding) */
     uint32_t template_bytes;   /* bytes of the chat template text (before padding) */
-    uint32_t reserved[3];
+    uint32_t flags;            /* DITTO_TOKF_* (version 2; 0 in version 1) */
+    uint32_t ext_bytes;        /* bytes of the extension section (a multiple of 4) */
+    uint32_t reserved;
 } DittoTokenizerHeader; /* 64 bytes */
 
 _Static_assert(sizeof(DittoHeader) == 64, "DittoHeader is 64 bytes");

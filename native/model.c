@@ -344,9 +344,9 @@ int model_open(Model *m, const char *path, char *err, size_t errlen) {
         fail(m, err, errlen, "not a Ditto model file (bad magic, expected \"%s\")", DITTO_MAGIC);
         goto bad;
     }
-    if (h.version != DITTO_VERSION) {
-        fail(m, err, errlen, "unsupported format version %u (this program reads version %u)",
-             h.version, DITTO_VERSION);
+    if (h.version < DITTO_VERSION_MIN || h.version > DITTO_VERSION) {
+        fail(m, err, errlen, "unsupported format version %u (this program reads versions "
+             "%u..%u)", h.version, DITTO_VERSION_MIN, DITTO_VERSION);
         goto bad;
     }
     for (size_t i = 0; i < sizeof h.reserved; i++) {

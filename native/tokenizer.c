@@ -111,6 +111,30 @@ static uint32_t utf8_decode(const uint8_t *s, int *len) {
     return cp;
 }
 
+/* UTF-8 bytes of code point cp (< 0x110000) into u; returns their number. */
+static int utf8_encode(uint32_t cp, uint8_t u[4]) {
+    if (cp < 0x80) {
+        u[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        u[0] = (uint8_t)(0xC0 | cp >> 6);
+        u[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        u[0] = (uint8_t)(0xE0 | cp >> 12);
+        u[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+        u[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    u[0] = (uint8_t)(0xF0 | cp >> 18);
+    u[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
+    u[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+    u[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
 static int char_class(uint32_t cp) {
     if (cp < 0x80) { /* ASCII fast path, same answers as the table */
         if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return UC_LETTER;
@@ -131,6 +155,22 @@ typedef struct {
     int32_t merged;       /* id of text(left) + text(right); -1 marks an empty slot */
 } MergeSlot;
 
+typedef struct {
+    uint32_t op;           /* DITTO_TX_LOWERCASE / STRIP / REPLACE / PREPEND */
+    uint32_t a, b;         /* Strip: left, right */
+    const uint8_t *s1;     /* Replace pattern, Prepend text */
+    size_t n1;
+    const uint8_t *s2;     /* Replace content */
+    size_t n2;
+} NormOp;
+
+typedef struct {
+    int32_t id;
+    uint32_t flags;        /* DITTO_ADDED_* */
+    const uint8_t *text;   /* what is matched (normalized text for NORMALIZED tokens) */
+    size_t len;
+} AddedTok;
+
 struct Tokenizer {
     uint32_t kind, pre, n_tokens, chat_format;
     int32_t bos_id, eos_id, unk_id;
@@ -145,9 +185,18 @@ struct Tokenizer {
     size_t merge_mask;
     int32_t byte_id[256]; /* bpe: token of one raw byte; spm: the <0xXX> token; -1 none
                              (SmolLM2 has no token for 21 bytes, e.g. 0x04 and 0xC0) */
-    int32_t *specials;    /* control + user-defined ids, longest text first */
-    size_t n_specials;
-    uint8_t special_first[256]; /* 1 if some special token's text starts with this byte */
+    uint32_t flags;       /* DITTO_TOKF_* */
+    uint8_t *ext;         /* copy of the extension section (records point into it) */
+    NormOp *norm;         /* normalizer, in order */
+    size_t n_norm;
+    AddedTok *added;      /* added tokens matched in text, longest text first */
+    size_t n_added;
+    uint8_t added_first[2][256]; /* [normalized][b]: some added token's text starts with b */
+    const uint8_t *chat_prefix, *chat_suffix;
+    size_t chat_prefix_len, chat_suffix_len;
+    int has_chat;
+    int32_t rank_byte_id[256]; /* RANK_MERGES: the token whose text is "<0xXX>", -1 none */
+    int has_norm_added;   /* some added token is matched in the normalized text */
     size_t max_token_bytes;
 };
 
@@ -184,17 +233,14 @@ void tokenizer_free(Tokenizer *t) {
     free(t->blob);
     free(t->vocab);
     free(t->merges);
-    free(t->specials);
+    free(t->ext);
+    free(t->norm);
+    free(t->added);
     free(t);
 }
 
-typedef struct {
-    uint32_t len;
-    int32_t id;
-} SpecialKey;
-
-static int cmp_special(const void *a, const void *b) {
-    const SpecialKey *x = a, *y = b;
+static int cmp_added(const void *a, const void *b) {
+    const AddedTok *x = a, *y = b;
     if (x->len != y->len) return x->len > y->len ? -1 : 1; /* longest first */
     return (x->id > y->id) - (x->id < y->id);
 }
@@ -214,6 +260,64 @@ static int parse_byte_piece(const uint8_t *s, size_t n) {
     return v;
 }
 
+/* Read the extension section (FORMAT.md "Tokenizer extension"): normalizer records, added
+ * tokens, chat template text. Returns 0, or -1 with a message for a malformed record. */
+static int load_ext(Tokenizer *t, const uint8_t *p, size_t nbytes, char *err, size_t errlen) {
+    if (nbytes == 0) return 0;
+    t->ext = malloc(nbytes);
+    size_t max_rec = nbytes / 16 + 1;
+    t->norm = malloc(sizeof(NormOp) * max_rec);
+    t->added = malloc(sizeof(AddedTok) * max_rec);
+    if (!t->ext || !t->norm || !t->added) {
+        set_err(err, errlen, "tokenizer: out of memory");
+        return -1;
+    }
+    memcpy(t->ext, p, nbytes);
+    for (size_t pos = 0; pos < nbytes;) {
+        if (nbytes - pos < 16) goto bad;
+        const uint8_t *r = t->ext + pos;
+        uint32_t tag = rd_u32(r), a = rd_u32(r + 4), b = rd_u32(r + 8), len = rd_u32(r + 12);
+        if (len > nbytes - pos - 16 || pad4(len) > nbytes - pos - 16) goto bad;
+        const uint8_t *pay = r + 16;
+        if (tag >= DITTO_TX_LOWERCASE && tag <= DITTO_TX_PREPEND) {
+            NormOp op = {tag, a, b, pay, len, NULL, 0};
+            if (tag == DITTO_TX_REPLACE) {
+                if (a == 0 || a > len) goto bad;
+                op.n1 = a;
+                op.s2 = pay + a;
+                op.n2 = len - a;
+            }
+            t->norm[t->n_norm++] = op;
+        } else if (tag == DITTO_TX_ADDED) {
+            if ((int32_t)a < 0 || a >= t->n_tokens || len == 0 || (b & ~0xFu) != 0) goto bad;
+            t->added[t->n_added++] = (AddedTok){(int32_t)a, b, pay, len};
+        } else if (tag == DITTO_TX_CHAT_PREFIX) {
+            t->chat_prefix = pay;
+            t->chat_prefix_len = len;
+            t->has_chat = 1;
+        } else if (tag == DITTO_TX_CHAT_SUFFIX) {
+            t->chat_suffix = pay;
+            t->chat_suffix_len = len;
+            t->has_chat = 1;
+        } else {
+            set_err(err, errlen, "tokenizer block: unknown extension record %u at byte %zu", tag,
+                    pos);
+            return -1;
+        }
+        if (utf8_invalid_at(pay, len) != len) {
+            set_err(err, errlen, "tokenizer block: extension record %u at byte %zu is not UTF-8",
+                    tag, pos);
+            return -1;
+        }
+        pos += 16 + pad4(len);
+    }
+    return 0;
+bad:
+    set_err(err, errlen, "tokenizer block: malformed extension record (section of %zu bytes)",
+            nbytes);
+    return -1;
+}
+
 Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_vocab, char *err,
                          size_t errlen) {
     const size_t H = sizeof(DittoTokenizerHeader);
@@ -229,9 +333,15 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     uint32_t add_bos = rd_u32(block + 32);
     uint32_t add_space_prefix = rd_u32(block + 36), chat = rd_u32(block + 40);
     uint32_t blob_bytes = rd_u32(block + 44), template_bytes = rd_u32(block + 48);
+    uint32_t flags = rd_u32(block + 52), ext_bytes = rd_u32(block + 56);
 
     if (kind != DITTO_TOK_BPE_BYTES && kind != DITTO_TOK_SPM_BPE) {
         set_err(err, errlen, "tokenizer block: unknown kind %u", kind);
+        return NULL;
+    }
+    if ((flags & ~DITTO_TOKF_ALL) != 0 || (ext_bytes & 3u) != 0) {
+        set_err(err, errlen, "tokenizer block: unknown flags 0x%x or extension of %u bytes (not "
+                "a multiple of 4)", flags, ext_bytes);
         return NULL;
     }
     if (pre > DITTO_PRE_GPT2_DIGITS) {
@@ -252,9 +362,9 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
                 add_bos, add_space_prefix);
         return NULL;
     }
-    for (size_t k = 52; k < H; k++) {
+    for (size_t k = 60; k < H; k++) {
         if (block[k] != 0) {
-            set_err(err, errlen, "tokenizer block: reserved header bytes 52..63 must be zero");
+            set_err(err, errlen, "tokenizer block: reserved header bytes 60..63 must be zero");
             return NULL;
         }
     }
@@ -267,14 +377,14 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     }
     /* section sizes in 64-bit arithmetic: no overflow for any u32 field values */
     uint64_t need = (uint64_t)H + 4ull * n + 4ull * n + 4ull * ((uint64_t)n + 1) +
-                    pad4(blob_bytes) + 8ull * n_merges + pad4(template_bytes);
+                    pad4(blob_bytes) + 8ull * n_merges + pad4(template_bytes) + ext_bytes;
     if (need != block_len) {
         set_err(err, errlen, "tokenizer block: its sections take %llu bytes, the block has %zu",
                 (unsigned long long)need, block_len);
         return NULL;
     }
 
-    const uint8_t *tpl = block + need - pad4(template_bytes);
+    const uint8_t *tpl = block + need - ext_bytes - pad4(template_bytes);
     if (utf8_invalid_at(tpl, template_bytes) < template_bytes) {
         set_err(err, errlen, "tokenizer block: the chat template is not valid UTF-8");
         return NULL;
@@ -290,6 +400,7 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     t->eos_id = eos;
     t->unk_id = unk;
     t->add_space_prefix = add_space_prefix != 0;
+    t->flags = flags;
     t->scores = malloc(sizeof(float) * n);
     t->types = malloc(sizeof(uint32_t) * n);
     t->offsets = malloc(sizeof(uint32_t) * ((size_t)n + 1));
@@ -398,12 +509,12 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
         }
     }
 
-    /* control and user-defined tokens, matched longest first when parse_special is on */
-    SpecialKey *keys = malloc(sizeof(SpecialKey) * n);
-    t->specials = malloc(sizeof(int32_t) * n);
-    if (!keys || !t->specials) {
-        free(keys);
-        goto oom;
+    if (kind == DITTO_TOK_SPM_BPE && (flags & DITTO_TOKF_RANK_MERGES)) {
+        for (int b = 0; b < 256; b++) {
+            char piece[8];
+            snprintf(piece, sizeof piece, "<0x%02X>", b);
+            t->rank_byte_id[b] = vocab_find(t, (const uint8_t *)piece, 6);
+        }
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t len = t->offsets[i + 1] - t->offsets[i];
@@ -411,17 +522,34 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
         if (special && utf8_invalid_at(t->blob + t->offsets[i], len) < len) {
             set_err(err, errlen, "tokenizer block: control/user-defined token %u is not valid "
                     "UTF-8 text", i);
-            free(keys);
             goto fail;
         }
-        if (special && len > 0) {
-            keys[t->n_specials++] = (SpecialKey){len, (int32_t)i};
-            t->special_first[t->blob[t->offsets[i]]] = 1;
+    }
+
+    p += 8 * (size_t)n_merges + pad4(template_bytes);
+    if (load_ext(t, p, ext_bytes, err, errlen)) goto fail;
+    if (!(flags & DITTO_TOKF_ADDED_RECORDS)) {
+        /* GGUF semantics (llama.cpp): control and unknown tokens are matched with
+         * parse_special, user-defined tokens always */
+        t->added = malloc(sizeof(AddedTok) * n);
+        if (!t->added) goto oom;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t ty = t->types[i];
+            size_t len;
+            const uint8_t *txt = tok_text(t, (int32_t)i, &len);
+            if (len == 0 || (ty != DITTO_TT_CONTROL && ty != DITTO_TT_USER_DEFINED &&
+                             ty != DITTO_TT_UNKNOWN))
+                continue;
+            t->added[t->n_added++] = (AddedTok){(int32_t)i,
+                                                ty == DITTO_TT_USER_DEFINED ? 0u
+                                                                            : DITTO_ADDED_SPECIAL,
+                                                txt, len};
         }
     }
-    qsort(keys, t->n_specials, sizeof(SpecialKey), cmp_special);
-    for (size_t k = 0; k < t->n_specials; k++) t->specials[k] = keys[k].id;
-    free(keys);
+    qsort(t->added, t->n_added, sizeof(AddedTok), cmp_added);
+    for (size_t k = 0; k < t->n_added; k++) t->has_norm_added |= (t->added[k].flags & DITTO_ADDED_NORMALIZED) != 0;
+    for (size_t k = 0; k < t->n_added; k++)
+        t->added_first[(t->added[k].flags & DITTO_ADDED_NORMALIZED) != 0][t->added[k].text[0]] = 1;
     return t;
 
 oom:
@@ -450,9 +578,28 @@ typedef struct {
     int32_t merged;   /* id of the merged token */
 } Candidate;
 
-typedef struct { /* everything encode needs, sized for the whole input once */
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+} Buf;
+
+typedef struct {
+    size_t a, b;  /* byte range */
+    int32_t id;   /* added token, or -1 for plain text */
+} Seg;
+
+typedef struct {
+    Seg *v;
+    size_t n, cap;
+} Segs;
+
+typedef struct { /* everything encode needs; arrays grow to the longest piece */
     int32_t *ids;
     size_t n_ids, cap_ids;
+    size_t cap;     /* entries of syms, cps, offs (heap: 3x, buf: 3x bytes) */
+    Buf norm, tmp;  /* normalizer output and scratch */
+    Buf pre;        /* a piece with its prefix space / U+2581 escape */
+    Segs segs1, segs2; /* added-token cuts of the text and of a normalized range */
     Symbol *syms;
     Candidate *heap;
     size_t n_heap;
@@ -510,7 +657,7 @@ static void try_pair(const Tokenizer *t, Work *w, const uint8_t *word, int32_t l
     if (left < 0 || right < 0) return;
     const Symbol *a = &w->syms[left], *b = &w->syms[right];
     Candidate c = {0, left, right, a->len + b->len, -1};
-    if (t->kind == DITTO_TOK_BPE_BYTES) {
+    if (t->kind == DITTO_TOK_BPE_BYTES || (t->flags & DITTO_TOKF_RANK_MERGES)) {
         const MergeSlot *m = merge_find(t, a->id, b->id);
         if (!m) return;
         c.key = m->rank;
@@ -669,34 +816,305 @@ static int encode_spm_fragment(const Tokenizer *t, Work *w, const uint8_t *frag,
     return 0;
 }
 
-static int encode_fragment(const Tokenizer *t, Work *w, const uint8_t *frag, size_t len,
-                           int after_special) {
-    if (len == 0) return 0;
-    if (t->kind == DITTO_TOK_BPE_BYTES) return encode_bpe_fragment(t, w, frag, len);
-    return encode_spm_fragment(t, w, frag, len, t->add_space_prefix && after_special);
+/* ---- growable buffers and per-piece capacity ---- */
+
+static int buf_reserve(Buf *b, size_t need) {
+    if (need <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) cap *= 2;
+    uint8_t *q = realloc(b->p, cap);
+    if (!q) return -1;
+    b->p = q;
+    b->cap = cap;
+    return 0;
 }
 
-/* id of the longest control/user-defined token whose text starts s[0..n), its length in *len.
- * s starts a character of valid UTF-8 text; a match must also end on a character boundary, so
- * the plain fragments around it stay valid UTF-8 (a token text that is incomplete UTF-8 never
- * matches, as in HF tokenizers, whose texts are strings). */
-static int32_t special_at(const Tokenizer *t, const uint8_t *s, size_t n, size_t *len) {
-    if (!t->special_first[s[0]]) return -1;
-    for (size_t k = 0; k < t->n_specials; k++) {
-        int32_t id = t->specials[k];
-        size_t l;
-        const uint8_t *txt = tok_text(t, id, &l);
-        if (l <= n && txt[0] == s[0] && memcmp(txt, s, l) == 0 &&
-            (l == n || utf8_need(s[l]) != 0)) {
-            *len = l;
-            return id;
-        }
+static int buf_put(Buf *b, const uint8_t *s, size_t n) {
+    if (buf_reserve(b, b->n + n + 1)) return -1;
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+/* Room in the symbol, heap, code-point and escape arrays for a piece of n bytes (plus a
+ * prefix character). */
+static int work_reserve(Work *w, size_t n) {
+    size_t need = n + 4;
+    if (need <= w->cap) return 0;
+    Symbol *syms = realloc(w->syms, sizeof(Symbol) * need);
+    if (syms) w->syms = syms;
+    Candidate *heap = realloc(w->heap, sizeof(Candidate) * 3 * need); /* n-1 pairs + 2/merge */
+    if (heap) w->heap = heap;
+    uint32_t *cps = realloc(w->cps, sizeof(uint32_t) * need);
+    if (cps) w->cps = cps;
+    uint32_t *offs = realloc(w->offs, sizeof(uint32_t) * need);
+    if (offs) w->offs = offs;
+    uint8_t *buf = realloc(w->buf, 3 * need);
+    if (buf) w->buf = buf;
+    if (!syms || !heap || !cps || !offs || !buf) return -1;
+    w->cap = need;
+    return 0;
+}
+
+static int segs_push(Segs *g, size_t a, size_t b, int32_t id) {
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 16;
+        Seg *p = realloc(g->v, sizeof(Seg) * cap);
+        if (!p) return -1;
+        g->v = p;
+        g->cap = cap;
     }
-    return -1;
+    g->v[g->n++] = (Seg){a, b, id};
+    return 0;
 }
 
-long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
-                      int add_bos, int32_t *ids, size_t max_ids, char *err, size_t errlen) {
+/* White_Space (Rust char::is_whitespace, regex \s) at s[0]; its byte length in *len. */
+static int ws_at(const uint8_t *s, int *len) {
+    return char_class(utf8_decode(s, len)) == UC_SPACE;
+}
+
+/* ---- added tokens (HF AddedVocabulary::find_matches; llama.cpp for GGUF files) ---- */
+
+/* The longest added token of set `normalized` whose text starts s[i..) and ends by `end` on a
+ * character boundary, or NULL. */
+static const AddedTok *added_at(const Tokenizer *t, int normalized, const uint8_t *s, size_t i,
+                                size_t end) {
+    if (!t->added_first[normalized][s[i]]) return NULL;
+    for (size_t k = 0; k < t->n_added; k++) {
+        const AddedTok *a = &t->added[k];
+        if (((a->flags & DITTO_ADDED_NORMALIZED) != 0) != normalized) continue;
+        if (a->len <= end - i && a->text[0] == s[i] && memcmp(a->text, s + i, a->len) == 0 &&
+            (i + a->len == end || utf8_need(s[i + a->len]) != 0))
+            return a;
+    }
+    return NULL;
+}
+
+/* Cut s[0..n) into added-token matches (id >= 0) and plain ranges (id -1), leftmost first and
+ * longest first at a position, as HF's Aho-Corasick LeftmostLongest search does. Special
+ * tokens count only outside [lo, hi) (the user's text when special tokens are not parsed); a
+ * special token found inside is plain text there, and no match crosses lo or hi. lstrip /
+ * rstrip tokens take the White_Space next to them (never past the previous match). */
+static int find_added(const Tokenizer *t, int normalized, const uint8_t *s, size_t n, size_t lo,
+                      size_t hi, Segs *out) {
+    out->n = 0;
+    size_t start_offset = 0;
+    for (size_t i = 0; i < n;) {
+        size_t region_end = i < lo ? lo : i < hi ? hi : n;
+        const AddedTok *m = added_at(t, normalized, s, i, region_end);
+        if (!m) {
+            i += (size_t)utf8_need(s[i]); /* >= 1: the text is valid UTF-8 */
+            continue;
+        }
+        size_t start = i, stop = i + m->len;
+        i = stop;
+        if ((m->flags & DITTO_ADDED_SPECIAL) && start >= lo && start < hi) continue;
+        if (m->flags & DITTO_ADDED_LSTRIP) {
+            while (start > start_offset) {
+                size_t p = start - 1;
+                while (p > start_offset && (s[p] & 0xC0) == 0x80) p--;
+                int l;
+                if (!ws_at(s + p, &l)) break;
+                start = p;
+            }
+        }
+        if (m->flags & DITTO_ADDED_RSTRIP) {
+            int l;
+            while (stop < n && ws_at(s + stop, &l)) stop += (size_t)l;
+            i = stop;
+        }
+        if (start > start_offset && segs_push(out, start_offset, start, -1)) return -1;
+        if (segs_push(out, start, stop, m->id)) return -1;
+        start_offset = stop;
+    }
+    if (start_offset < n && segs_push(out, start_offset, n, -1)) return -1;
+    return 0;
+}
+
+/* ---- normalizers (HF normalizers: Strip, Replace with a string pattern, Prepend) ---- */
+
+/* Apply the normalizer to s[0..n) into w->norm. *lead0 (in: the piece starts the text) is
+ * cleared when the first character of the result no longer comes from offset 0 of the text
+ * (HF offsets_original, which Metaspace prepend_scheme "first" reads). */
+static int normalize(const Tokenizer *t, Work *w, const uint8_t *s, size_t n, int *lead0) {
+    Buf *cur = &w->norm, *nxt = &w->tmp;
+    cur->n = 0;
+    if (buf_put(cur, s, n)) return -1;
+    for (size_t k = 0; k < t->n_norm; k++) {
+        const NormOp *op = &t->norm[k];
+        nxt->n = 0;
+        const uint8_t *c = cur->p;
+        size_t cn = cur->n;
+        if (op->op == DITTO_TX_STRIP) {
+            size_t a = 0, b = cn;
+            int l;
+            while (op->a && a < b && ws_at(c + a, &l)) a += (size_t)l;
+            while (op->b && b > a) {
+                size_t p = b - 1;
+                while (p > a && (c[p] & 0xC0) == 0x80) p--;
+                if (!ws_at(c + p, &l)) break;
+                b = p;
+            }
+            if (a > 0) *lead0 = 0;
+            if (buf_put(nxt, c + a, b - a)) return -1;
+        } else if (op->op == DITTO_TX_REPLACE) {
+            for (size_t i = 0; i < cn;) {
+                if (op->n1 <= cn - i && memcmp(c + i, op->s1, op->n1) == 0) {
+                    if (i == 0 && op->n2 == 0) *lead0 = 0;
+                    if (buf_put(nxt, op->s2, op->n2)) return -1;
+                    i += op->n1;
+                } else {
+                    if (buf_put(nxt, c + i, 1)) return -1;
+                    i++;
+                }
+            }
+        } else if (op->op == DITTO_TX_PREPEND) {
+            if (cn > 0 && (buf_put(nxt, op->s1, op->n1) || buf_put(nxt, c, cn))) return -1;
+        } else { /* DITTO_TX_LOWERCASE: per character, Rust char::to_lowercase */
+            for (size_t i = 0; i < cn;) {
+                int l;
+                uint32_t cp = utf8_decode(c + i, &l), low[3];
+                int nl = unicode_lower(cp, low);
+                for (int j = 0; j < nl; j++) {
+                    uint8_t u[4];
+                    int ul = utf8_encode(low[j], u);
+                    if (buf_put(nxt, u, (size_t)ul)) return -1;
+                }
+                i += (size_t)l;
+            }
+        }
+        Buf tmp = *cur;
+        *cur = *nxt;
+        *nxt = tmp;
+    }
+    if (cur != &w->norm) { /* keep the result in w->norm */
+        Buf tmp = w->norm;
+        w->norm = *cur;
+        *cur = tmp;
+    }
+    return 0;
+}
+
+/* ---- the model on one pre-tokenized piece ---- */
+
+/* HF BPE (models::bpe::BPE::merge_word) of one word of a SentencePiece-style tokenizer.json:
+ * one symbol per character that is a token, else its <0xXX> byte tokens (byte_fallback), else
+ * unk (consecutive unks fused with fuse_unk; a pending unk goes after byte symbols, as HF);
+ * then merges by rank. */
+static int rank_word(const Tokenizer *t, Work *w, const uint8_t *s, size_t n) {
+    int32_t m = 0;
+    size_t unk_start = 0, unk_len = 0;
+#define ADD_SYM(ID, START, LEN)                                                               \
+    do {                                                                                       \
+        w->syms[m] = (Symbol){(ID), m - 1, -1, (uint32_t)(START), (uint32_t)(LEN)};           \
+        if (m > 0) w->syms[m - 1].next = m;                                                    \
+        m++;                                                                                   \
+    } while (0)
+    for (size_t i = 0; i < n;) {
+        size_t l = (size_t)utf8_need(s[i]);
+        int32_t id = vocab_find(t, s + i, l);
+        if (id >= 0) {
+            if (unk_len) ADD_SYM(t->unk_id, unk_start, unk_len);
+            unk_len = 0;
+            ADD_SYM(id, i, l);
+        } else {
+            int fallback = 1;
+            for (size_t k = 0; k < l; k++) fallback &= t->rank_byte_id[s[i + k]] >= 0;
+            if (fallback) {
+                for (size_t k = 0; k < l; k++) ADD_SYM(t->rank_byte_id[s[i + k]], i + k, 1);
+            } else if (t->unk_id >= 0) {
+                if (unk_len && (t->flags & DITTO_TOKF_FUSE_UNK)) {
+                    unk_len += l;
+                } else {
+                    if (unk_len) ADD_SYM(t->unk_id, unk_start, unk_len);
+                    unk_start = i;
+                    unk_len = l;
+                }
+            }
+        }
+        i += l;
+    }
+    if (unk_len) ADD_SYM(t->unk_id, unk_start, unk_len);
+#undef ADD_SYM
+    merge_word(t, w, s, m);
+    for (int32_t i = 0; i >= 0 && m > 0; i = w->syms[i].next)
+        if (push_id(w, w->syms[i].id)) return -1;
+    return 0;
+}
+
+static const uint8_t METASPACE[3] = {0xE2, 0x96, 0x81}; /* U+2581 */
+
+/* One piece between added tokens, after the normalizer: pre-tokenizer and model.
+ * at_start: the piece starts at offset 0 of the text (Metaspace prepend_scheme "first"). */
+static int encode_piece(const Tokenizer *t, Work *w, const uint8_t *s, size_t n, int at_start) {
+    if (n == 0) return 0;
+    if (t->kind == DITTO_TOK_BPE_BYTES) {
+        if ((t->flags & DITTO_TOKF_PREFIX_SPACE) && s[0] != ' ') { /* HF ByteLevel */
+            w->pre.n = 0;
+            if (buf_put(&w->pre, (const uint8_t *)" ", 1) || buf_put(&w->pre, s, n)) return -1;
+            s = w->pre.p;
+            n = w->pre.n;
+        }
+        if (work_reserve(w, n)) return -1;
+        return encode_bpe_fragment(t, w, s, n);
+    }
+    if (!(t->flags & DITTO_TOKF_RANK_MERGES)) {
+        if (work_reserve(w, n + 1)) return -1;
+        return encode_spm_fragment(t, w, s, n, t->add_space_prefix);
+    }
+    uint32_t ms = (t->flags & DITTO_TOKF_MS_MASK) >> DITTO_TOKF_MS_SHIFT;
+    if (ms != DITTO_MS_NONE) { /* HF Metaspace: ' ' -> U+2581, then the prepend scheme */
+        w->pre.n = 0;
+        int starts = s[0] == ' ' || (n >= 3 && memcmp(s, METASPACE, 3) == 0);
+        if (!starts && (ms == DITTO_MS_ALWAYS || (ms == DITTO_MS_FIRST && at_start)) &&
+            buf_put(&w->pre, METASPACE, 3))
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            if (s[i] == ' ' ? buf_put(&w->pre, METASPACE, 3) : buf_put(&w->pre, s + i, 1))
+                return -1;
+        s = w->pre.p;
+        n = w->pre.n;
+    }
+    if (work_reserve(w, n)) return -1;
+    if (!(t->flags & DITTO_TOKF_MS_SPLIT)) return rank_word(t, w, s, n);
+    size_t a = 0; /* split before every U+2581 (SplitDelimiterBehavior::MergedWithNext) */
+    for (size_t i = 1; i + 3 <= n; i++) {
+        if (memcmp(s + i, METASPACE, 3) != 0) continue;
+        if (rank_word(t, w, s + a, i - a)) return -1;
+        a = i;
+    }
+    return rank_word(t, w, s + a, n - a);
+}
+
+/* A plain range of the text (between added tokens matched in the raw text): normalizer, then
+ * added tokens matched in the normalized text, then each piece. off: its offset in the text;
+ * [lo, hi): the text where special tokens are not parsed. */
+static int encode_plain(const Tokenizer *t, Work *w, const uint8_t *s, size_t n, size_t off,
+                        size_t lo, size_t hi) {
+    int lead0 = off == 0;
+    size_t plo = 0, phi = 0;
+    if (t->n_norm) {
+        if (normalize(t, w, s, n, &lead0)) return -1;
+        s = w->norm.p;
+        n = w->norm.n;
+        if (hi > lo) phi = n; /* offsets are not tracked through the normalizer */
+    } else {
+        plo = lo > off ? (lo - off < n ? lo - off : n) : 0;
+        phi = hi > off ? (hi - off < n ? hi - off : n) : 0;
+    }
+    if (!t->has_norm_added) return encode_piece(t, w, s, n, lead0);
+    if (find_added(t, 1, s, n, plo, phi, &w->segs2)) return -1;
+    for (size_t k = 0; k < w->segs2.n; k++) {
+        Seg g = w->segs2.v[k];
+        if (g.id >= 0 ? push_id(w, g.id) : encode_piece(t, w, s + g.a, g.b - g.a, lead0 && g.a == 0))
+            return -1;
+    }
+    return 0;
+}
+
+long tokenizer_encode_range(const Tokenizer *t, const char *text, size_t len, size_t lo,
+                            size_t hi, int add_bos, int32_t *ids, size_t max_ids, char *err,
+                            size_t errlen) {
     const uint8_t *s = (const uint8_t *)text;
     if (len > 0 && !text) {
         set_err(err, errlen, "tokenizer: NULL text");
@@ -706,6 +1124,11 @@ long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int pars
         set_err(err, errlen, "tokenizer: text of %zu bytes is too long", len);
         return -1;
     }
+    if (lo > hi || hi > len) {
+        set_err(err, errlen, "tokenizer: plain range [%zu, %zu) outside the text of %zu bytes",
+                lo, hi, len);
+        return -1;
+    }
     size_t bad = utf8_invalid_at(s, len);
     if (bad < len) {
         set_err(err, errlen, "invalid UTF-8 in the text at byte offset %zu (byte 0x%02X)", bad,
@@ -713,36 +1136,14 @@ long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int pars
         return -1;
     }
     Work w = {0};
-    size_t cap = len + 2; /* symbols, code points: at most one per byte (+ prefix space) */
-    w.syms = malloc(sizeof(Symbol) * cap);
-    w.heap = malloc(sizeof(Candidate) * 3 * cap); /* n-1 initial pairs + 2 per merge */
-    w.cps = malloc(sizeof(uint32_t) * cap);
-    w.offs = malloc(sizeof(uint32_t) * cap);
-    w.buf = malloc(3 * cap);
     long result = -1;
-    if (!w.syms || !w.heap || !w.cps || !w.offs || !w.buf) goto oom;
-
     if (add_bos && t->bos_id >= 0 && push_id(&w, t->bos_id)) goto oom;
-    size_t start = 0;
-    int after_special = 1; /* SentencePiece: the prefix space goes before each plain fragment
-                              that starts the text or follows a special token (as llama.cpp) */
-    for (size_t i = 0; parse_special && i < len;) {
-        size_t l;
-        int32_t id = special_at(t, s + i, len - i, &l);
-        if (id < 0) {
-            i += (size_t)utf8_need(s[i]); /* >= 1: the text is valid UTF-8 */
-            continue;
-        }
-        if (i > start) {
-            if (encode_fragment(t, &w, s + start, i - start, after_special)) goto oom;
-        }
-        if (push_id(&w, id)) goto oom;
-        i += l;
-        start = i;
-        after_special = 1;
+    if (find_added(t, 0, s, len, lo, hi, &w.segs1)) goto oom;
+    for (size_t k = 0; k < w.segs1.n; k++) {
+        Seg g = w.segs1.v[k];
+        if (g.id >= 0 ? push_id(&w, g.id) : encode_plain(t, &w, s + g.a, g.b - g.a, g.a, lo, hi))
+            goto oom;
     }
-    if (encode_fragment(t, &w, s + start, len - start, after_special)) goto oom;
-
     for (size_t i = 0; i < w.n_ids && i < max_ids; i++) ids[i] = w.ids[i];
     result = (long)w.n_ids;
     goto done;
@@ -755,7 +1156,18 @@ done:
     free(w.cps);
     free(w.offs);
     free(w.buf);
+    free(w.norm.p);
+    free(w.tmp.p);
+    free(w.pre.p);
+    free(w.segs1.v);
+    free(w.segs2.v);
     return result;
+}
+
+long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
+                      int add_bos, int32_t *ids, size_t max_ids, char *err, size_t errlen) {
+    return tokenizer_encode_range(t, text, len, 0, parse_special ? 0 : len, add_bos, ids,
+                                  max_ids, err, errlen);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -823,7 +1235,8 @@ size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_sp
         if (show_special) feed(d, &o, s, len);
         return o.n;
     }
-    int drop_space = d->at_start && t->kind == DITTO_TOK_SPM_BPE && t->add_space_prefix;
+    int drop_space = d->at_start && ((t->kind == DITTO_TOK_SPM_BPE && t->add_space_prefix) ||
+                                     (t->flags & DITTO_TOKF_DECODE_STRIP));
     d->at_start = 0;
     if (t->kind == DITTO_TOK_BPE_BYTES) {
         feed(d, &o, s, len);
@@ -834,7 +1247,8 @@ size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_sp
         if (!(drop_space && b == ' ')) feed(d, &o, &b, 1);
         return o.n;
     }
-    if (type == DITTO_TT_USER_DEFINED) {
+    if (type == DITTO_TT_USER_DEFINED && !(t->flags & DITTO_TOKF_RANK_MERGES)) {
+        /* llama.cpp prints user-defined text as is; HF's decoder also rewrites added tokens */
         feed(d, &o, s, len);
         return o.n;
     }
@@ -865,6 +1279,15 @@ int32_t tokenizer_bos(const Tokenizer *t) { return t->bos_id; }
 int32_t tokenizer_eos(const Tokenizer *t) { return t->eos_id; }
 uint32_t tokenizer_chat_format(const Tokenizer *t) { return t->chat_format; }
 uint32_t tokenizer_n_tokens(const Tokenizer *t) { return t->n_tokens; }
+
+int tokenizer_chat_text(const Tokenizer *t, const char **prefix, size_t *prefix_len,
+                        const char **suffix, size_t *suffix_len) {
+    *prefix = (const char *)t->chat_prefix;
+    *prefix_len = t->chat_prefix_len;
+    *suffix = (const char *)t->chat_suffix;
+    *suffix_len = t->chat_suffix_len;
+    return t->has_chat;
+}
 
 int32_t tokenizer_find(const Tokenizer *t, const char *text) {
     return vocab_find(t, (const uint8_t *)text, strlen(text));

@@ -29,6 +29,18 @@ void tokenizer_free(Tokenizer *t);
 long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
                       int add_bos, int32_t *ids, size_t max_ids, char *err, size_t errlen);
 
+/* As tokenizer_encode, with special tokens parsed everywhere except in text[lo, hi) (the user's
+ * message inside a chat template; lo = hi = 0 parses them everywhere). No special-token match
+ * crosses lo or hi, so the template's own tokens stay whole whatever the user typed. */
+long tokenizer_encode_range(const Tokenizer *t, const char *text, size_t len, size_t lo,
+                            size_t hi, int add_bos, int32_t *ids, size_t max_ids, char *err,
+                            size_t errlen);
+
+/* The model's chat template reduced to the fixed text before and after the user's message
+ * (rendered at export); returns 0 when the model file has none. */
+int tokenizer_chat_text(const Tokenizer *t, const char **prefix, size_t *prefix_len,
+                        const char **suffix, size_t *suffix_len);
+
 /* Streaming decoder: bytes of a token sequence, emitted so that a UTF-8 character split over
  * several tokens comes out whole. */
 typedef struct {

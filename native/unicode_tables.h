@@ -14,4 +14,8 @@ enum { UC_OTHER = 0, UC_LETTER = 1, UC_NUMBER = 2, UC_SPACE = 3 };
 /* Class (UC_*) of code point cp; UC_OTHER for anything not in the table. */
 int unicode_class(uint32_t cp);
 
+/* Lowercase of code point cp (Rust char::to_lowercase; unicode_case.c): writes 1..3 code
+ * points to out and returns their number (cp itself when it has no lowercase). */
+int unicode_lower(uint32_t cp, uint32_t out[3]);
+
 #endif

@@ -84,7 +84,9 @@ def test_exported_spm_spec(spm_hf_dir, spm_model, tokenizer_lib):
     ck = HFExporter().load(d)
     spec = ck.tokenizer
     n = spm_model.get_piece_size()
-    assert spec.kind == "spm_bpe" and spec.add_space_prefix and spec.add_bos
+    assert spec.kind == "spm_bpe" and spec.add_bos
+    # the ▁ prefix and escape are the tokenizer.json normalizer, run by the C tokenizer
+    assert spec.normalizer == (("prepend", "\u2581"), ("replace", " ", "\u2581"))
     assert spec.tokens == tuple(spm_model.id_to_piece(i).encode() for i in range(n))
     assert (spec.bos_id, spec.eos_id, spec.unk_id) == (spm_model.bos_id(), spm_model.eos_id(),
                                                       spm_model.unk_id())

@@ -137,8 +137,8 @@ def test_refuses_bad_magic(written):
 
 def test_refuses_unknown_version(written):
     path = written[0]
-    _rewrite_header(path, version=2)
-    with pytest.raises(DittoError, match=f"{path}.*version 2"):
+    _rewrite_header(path, version=3)
+    with pytest.raises(DittoError, match=f"{path}.*version 3"):
         ModelFile(path)
 
 

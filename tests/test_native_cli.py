@@ -110,7 +110,7 @@ ENTRY = 128  # tensor table start; entry i at ENTRY + 128 * i
 def bad_model_cases(size):
     return [
         ("magic", lambda d: d.__setitem__(slice(0, 8), b"NOTDITTO"), False, "bad magic"),
-        ("version", put_u32(8, 2), False, "unsupported format version 2"),
+        ("version", put_u32(8, 3), False, "unsupported format version 3"),
         ("checksum", lambda d: d.__setitem__(-5, d[-5] ^ 0x40), False, "checksum mismatch"),
         ("offset_past_end", put_u64(ENTRY + 128 * 3 + 96, (size + 4096) // 64 * 64), True,
          "extends past the end of the file"),

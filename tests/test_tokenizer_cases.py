@@ -26,7 +26,8 @@ CASES = {
 }
 
 #: cases whose tokenizer.json Ditto reproduces (the others must be refused)
-EXPORTED: set[str] = set()
+EXPORTED = {"bytelevel-add-prefix-space", "added-token-lstrip-rstrip", "metaspace-prepend-first",
+            "user-defined-token-not-split"}
 
 
 def load_case(name: str):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ditto_core.chat_template import with_chat_text
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import check_config, expected_shapes
 from ditto_core.types import Checkpoint, ModelConfig
@@ -113,7 +114,7 @@ class GGUFExporter:
         scaling = meta.get("llama.rope.scaling.type", "none")
         if scaling not in ("none", None):
             raise DittoError(f"{where}: RoPE scaling {scaling!r} is not supported")
-        tokenizer = tokenizer_from_gguf(meta, where)
+        tokenizer = with_chat_text(tokenizer_from_gguf(meta, where), where)
         config = ModelConfig(
             dim=dim, hidden_dim=int(need("llama.feed_forward_length")),
             n_layers=int(need("llama.block_count")), n_heads=n_heads, n_kv_heads=n_kv,

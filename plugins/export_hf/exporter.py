@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ditto_core.chat_template import with_chat_text
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import check_config, expected_shapes
 from ditto_core.types import Checkpoint, ModelConfig
@@ -169,7 +170,8 @@ class HFExporter:
             check_config(config, shapes, where)
         except DittoError as exc:
             raise DittoError(f"{exc} (config: {directory / 'config.json'})") from None
-        tokenizer = tokenizer_from_hf(directory, config.vocab_size, raw)
+        tokenizer = with_chat_text(tokenizer_from_hf(directory, config.vocab_size, raw),
+                                   str(directory))
         order = list(expected_shapes(config))
 
         def loader(d):

@@ -23,8 +23,11 @@ from ditto_core.bytelevel import unicode_to_bytes
 from ditto_core.errors import DittoError
 from ditto_core.types import TokenizerSpec
 
-from .tokenizer_features import (check_added_tokens, check_byte_level, check_model,
-                                 check_post_processor, check_sentencepiece, flatten)
+from ditto_core import format as F
+
+from .tokenizer_features import (added_records, check_byte_level, check_model,
+                                 check_post_processor, check_sentencepiece, flatten,
+                                 normalizer_steps)
 
 TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 3, 4, 5, 6
 
@@ -136,32 +139,40 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
     if not template and jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
     bos_id = tok_id("bos_token", "bos_token_id")
-    check_added_tokens(tj, where)
+    steps = normalizer_steps(tj, where)
+    added_recs, need_records = added_records(tj, where, steps)
+    for tid, flags, matched in added_recs:
+        if flags & F.ADDED_NORMALIZED:  # HF decodes such a token as its normalized text,
+            tokens[tid] = matched        # and skips it as special only if that is unchanged
+            if matched != texts[tid].encode("utf-8"):
+                types[tid] = TT_USER_DEFINED
     post_bos = check_post_processor(tj, where, texts[bos_id] if bos_id >= 0 else None)
     add_bos = bool(tcfg["add_bos_token"]) if "add_bos_token" in tcfg else post_bos
+    ext = dict(normalizer=steps, added=added_recs if need_records else (),
+               flags=F.TOKF_ADDED_RECORDS if need_records else 0)
     common = dict(bos_id=bos_id,
                   eos_id=tok_id("eos_token", "eos_token_id"), unk_id=unk,
                   pad_id=tok_id("pad_token", "pad_token_id"), add_bos=add_bos,
                   chat_format="chatml" if "<|im_start|>" in template else "none",
                   chat_template=template)
     if byte_level:
-        pre = check_byte_level(tj, where, any(v < 0 for v in _byte_ids(tokens, types)))
+        pre, flags = check_byte_level(tj, where, any(v < 0 for v in _byte_ids(tokens, types)))
+        ext["flags"] |= flags
         return TokenizerSpec(kind="bpe_bytes", tokens=tuple(tokens),
                              scores=np.zeros(vocab_size, np.float32), token_types=types,
                              merges=tuple((a, b) for a, b, _ in merges),
-                             pre=pre, add_space_prefix=False, **common)
+                             pre=pre, add_space_prefix=False, **common, **ext)
     if metaspace:
-        check_sentencepiece(tj, where)
+        ext["flags"] |= check_sentencepiece(tj, where)
         scores = np.zeros(vocab_size, np.float32)
         seen = set()
         for rank, (_, _, merged) in enumerate(merges):
             if merged not in seen:
                 seen.add(merged)
                 scores[merged] = -float(rank)
-        prepend = any(n.get("type") == "Prepend" for n in norms) or any(
-            p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
-            and p.get("add_prefix_space", True) for p in pres)
+        common["unk_id"] = by_text.get(model.get("unk_token"), -1)
         return TokenizerSpec(kind="spm_bpe", tokens=tuple(tokens), scores=scores,
-                             token_types=types, add_space_prefix=prepend, **common)
+                             token_types=types, merges=tuple((a, b) for a, b, _ in merges),
+                             add_space_prefix=False, **common, **ext)
     raise DittoError(f"{where}: BPE tokenizer is neither byte-level (ByteLevel pre-tokenizer) "
                      f"nor SentencePiece (Metaspace); not supported")

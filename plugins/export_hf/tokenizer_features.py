@@ -11,6 +11,7 @@ The accepted set is listed in docs/TOKENIZER.md ("What an HF tokenizer.json may 
 
 from __future__ import annotations
 
+from ditto_core import format as F
 from ditto_core.errors import DittoError
 
 METASPACE = "\u2581"
@@ -58,30 +59,77 @@ def check_model(model: dict, where: str) -> None:
         raise _refuse(where, "model BPE", "ignore_merges true", "ignore_merges false")
 
 
-def check_byte_level(tj: dict, where: str, byte_tokens_missing: bool) -> str:
-    """Byte-level BPE: the normalizer must be null; the pre-tokenizer ByteLevel (use_regex
-    true, add_prefix_space false), optionally after Digits(individual_digits=true); decoder
-    ByteLevel. Returns the Ditto pre-tokenizer name (``gpt2`` / ``gpt2_digits``)."""
-    norms = flatten(tj.get("normalizer"), "normalizers")
-    if norms:
-        raise _refuse(where, "normalizer", norms[0].get("type"), "none on a byte-level BPE")
+def normalizer_steps(tj: dict, where: str) -> tuple:
+    """The normalizer as Ditto steps (TokenizerSpec.normalizer): Lowercase, Strip, Replace with
+    a string pattern, Prepend, in order (Sequence flattened). Others are refused."""
+    ok = "Lowercase, Strip, Replace (string pattern), Prepend, Sequence of them"
+    steps = []
+    for n in flatten(tj.get("normalizer"), "normalizers"):
+        kind = n.get("type")
+        if kind == "Lowercase":
+            steps.append(("lowercase",))
+        elif kind == "Strip":
+            steps.append(("strip", bool(_opt(n, "strip_left", True)),
+                          bool(_opt(n, "strip_right", True))))
+        elif kind == "Replace":
+            pat = n.get("pattern") or {}
+            if "String" not in pat or not pat["String"]:
+                raise _refuse(where, "normalizer Replace", f"pattern {pat}", ok)
+            steps.append(("replace", pat["String"], n.get("content") or ""))
+        elif kind == "Prepend":
+            steps.append(("prepend", n.get("prepend") or ""))
+        else:
+            raise _refuse(where, "normalizer", str(kind), ok)
+    return tuple(steps)
+
+
+def apply_normalizer(steps: tuple, text: str) -> str:
+    """``steps`` applied to ``text`` as HF's normalizers do (for added tokens with
+    ``normalized: true``, whose text is matched in normalized form)."""
+    for step in steps:
+        if step[0] == "lowercase":
+            text = "".join(c.lower() for c in text)
+        elif step[0] == "strip":
+            ws = "".join(chr(c) for c in _WHITE_SPACE)
+            text = text.lstrip(ws) if step[1] else text
+            text = text.rstrip(ws) if step[2] else text
+        elif step[0] == "replace":
+            text = text.replace(step[1], step[2])
+        elif step[0] == "prepend":
+            text = step[1] + text if text else text
+    return text
+
+
+# Unicode White_Space (Rust char::is_whitespace), as native/gen_unicode_tables.py
+_WHITE_SPACE = frozenset(
+    [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
+     0x202F, 0x205F, 0x3000])
+
+
+def check_byte_level(tj: dict, where: str, byte_tokens_missing: bool) -> tuple[str, int]:
+    """Byte-level BPE: pre-tokenizer ByteLevel (use_regex, add_prefix_space), optionally after
+    Digits(individual_digits=true) (then without add_prefix_space); decoder ByteLevel. Returns
+    the Ditto pre-tokenizer name (``gpt2`` / ``gpt2_digits`` / ``none``) and flags."""
     pres = flatten(tj.get("pre_tokenizer"), "pretokenizers")
     kinds = [p.get("type") for p in pres]
-    ok = "ByteLevel(use_regex=true, add_prefix_space=false), optionally after " \
-         "Digits(individual_digits=true)"
+    ok = "ByteLevel(use_regex, add_prefix_space), or Digits(individual_digits=true) + " \
+         "ByteLevel(use_regex=true, add_prefix_space=false)"
+    bl = pres[-1] if pres else {}
+    regex = _opt(bl, "use_regex", True)
+    prefix = _opt(bl, "add_prefix_space", False)
     if kinds == ["ByteLevel"]:
-        pre = "gpt2"
+        pre = "gpt2" if regex else "none"
     elif kinds == ["Digits", "ByteLevel"]:
         if not pres[0].get("individual_digits"):
             raise _refuse(where, "pre_tokenizer Digits", "individual_digits false", ok)
+        if not regex:
+            raise _refuse(where, "pre_tokenizer Digits + ByteLevel", "use_regex false", ok)
+        if prefix:
+            raise _refuse(where, "pre_tokenizer Digits + ByteLevel", "add_prefix_space true "
+                          "(a space before every digit)", ok)
         pre = "gpt2_digits"
     else:
         raise _refuse(where, "pre_tokenizer", " + ".join(map(str, kinds)) or "none", ok)
-    bl = pres[-1]
-    if not _opt(bl, "use_regex", True):
-        raise _refuse(where, "pre_tokenizer ByteLevel", "use_regex false", ok)
-    if _opt(bl, "add_prefix_space", False):
-        raise _refuse(where, "pre_tokenizer ByteLevel", "add_prefix_space true", ok)
     model = tj.get("model") or {}
     if byte_tokens_missing and (model.get("unk_token") or model.get("byte_fallback")):
         raise _refuse(where, "model BPE", "unk_token / byte_fallback with bytes that have no "
@@ -90,36 +138,57 @@ def check_byte_level(tj: dict, where: str, byte_tokens_missing: bool) -> str:
     if [d.get("type") for d in decs] != ["ByteLevel"]:
         raise _refuse(where, "decoder", " + ".join(str(d.get("type")) for d in decs) or "none",
                       "ByteLevel on a byte-level BPE")
-    return pre
+    return pre, F.TOKF_PREFIX_SPACE if prefix else 0
 
 
-def check_sentencepiece(tj: dict, where: str) -> None:
-    """SentencePiece-style BPE (Llama 2's tokenizer.json): normalizer Prepend("▁") then
-    Replace(" ", "▁"), no pre-tokenizer, byte_fallback, and the matching decoder."""
+def check_sentencepiece(tj: dict, where: str) -> int:
+    """SentencePiece-style BPE (byte_fallback): either no pre-tokenizer (Llama 2: the
+    normalizer does Prepend("▁") + Replace(" ", "▁")) or a Metaspace pre-tokenizer (replacement
+    "▁", prepend_scheme always / first / never, split); decoder Replace(▁→space) + ByteFallback
+    + Fuse (+ Strip(1 leading space)), or Metaspace. Returns the flags."""
     model = tj.get("model") or {}
     if not model.get("byte_fallback", False):
         raise _refuse(where, "model BPE", "a SentencePiece-style BPE without byte_fallback",
                       "byte_fallback true")
-    norms = flatten(tj.get("normalizer"), "normalizers")
-    want = [("Prepend", METASPACE), ("Replace", " ", METASPACE)]
-    got = []
-    for n in norms:
-        if n.get("type") == "Prepend":
-            got.append(("Prepend", n.get("prepend")))
-        elif n.get("type") == "Replace":
-            got.append(("Replace", (n.get("pattern") or {}).get("String"), n.get("content")))
-        else:
-            got.append((n.get("type"),))
-    ok = 'normalizer Prepend("▁") + Replace(" ", "▁") with no pre-tokenizer (Llama 2)'
-    if got != want:
-        raise _refuse(where, "normalizer", " + ".join(str(g[0]) for g in got) or "none", ok)
+    flags = F.TOKF_RANK_MERGES | (F.TOKF_FUSE_UNK if model.get("fuse_unk") else 0)
     pres = flatten(tj.get("pre_tokenizer"), "pretokenizers")
-    if pres:
-        raise _refuse(where, "pre_tokenizer", " + ".join(str(p.get("type")) for p in pres), ok)
-    decs = [d.get("type") for d in flatten(tj.get("decoder"), "decoders")]
-    if decs not in (["Replace", "ByteFallback", "Fuse", "Strip"], ["Metaspace"]):
-        raise _refuse(where, "decoder", " + ".join(map(str, decs)) or "none",
-                      "Replace(▁→space) + ByteFallback + Fuse + Strip(1 leading space)")
+    kinds = [p.get("type") for p in pres]
+    ok = "Metaspace, or none (normalizer Prepend/Replace as Llama 2)"
+    if kinds == ["Metaspace"]:
+        ms = pres[0]
+        if ms.get("replacement", METASPACE) != METASPACE:
+            raise _refuse(where, "pre_tokenizer Metaspace",
+                          f"replacement {ms.get('replacement')!r}", "replacement ▁")
+        scheme = ms.get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if _opt(ms, "add_prefix_space", True) else "never"
+        modes = {"always": F.MS_ALWAYS, "first": F.MS_FIRST, "never": F.MS_NEVER}
+        if scheme not in modes:
+            raise _refuse(where, "pre_tokenizer Metaspace", f"prepend_scheme {scheme!r}",
+                          "always, first, never")
+        flags |= modes[scheme] << F.TOKF_MS_SHIFT
+        if _opt(ms, "split", True):
+            flags |= F.TOKF_MS_SPLIT
+    elif kinds:
+        raise _refuse(where, "pre_tokenizer", " + ".join(map(str, kinds)), ok)
+    decs = flatten(tj.get("decoder"), "decoders")
+    names = [d.get("type") for d in decs]
+    if names == ["Metaspace"]:
+        if decs[0].get("prepend_scheme", "always") != "never":
+            flags |= F.TOKF_DECODE_STRIP
+    elif names[:3] == ["Replace", "ByteFallback", "Fuse"] and names[3:] in ([], ["Strip"]):
+        rep = decs[0]
+        if (rep.get("pattern") or {}).get("String") != METASPACE or rep.get("content") != " ":
+            raise _refuse(where, "decoder Replace", "not ▁ → space", "Replace(▁, space)")
+        if names[3:]:
+            st = decs[3]
+            if (st.get("content"), st.get("start"), st.get("stop")) != (" ", 1, 0):
+                raise _refuse(where, "decoder Strip", f"{st}", "Strip(space, 1, 0)")
+            flags |= F.TOKF_DECODE_STRIP
+    else:
+        raise _refuse(where, "decoder", " + ".join(map(str, names)) or "none",
+                      "Replace(▁→space) + ByteFallback + Fuse (+ Strip(space, 1, 0)), Metaspace")
+    return flags
 
 
 def check_post_processor(tj: dict, where: str, bos_text: str | None) -> bool:
@@ -146,18 +215,32 @@ def check_post_processor(tj: dict, where: str, bos_text: str | None) -> bool:
     return add_bos
 
 
-def check_added_tokens(tj: dict, where: str) -> None:
-    """Added tokens: special, not lstrip / rstrip / single_word, and ``normalized`` only when
-    the tokenizer has no normalizer (where it makes no difference)."""
-    has_norm = bool(flatten(tj.get("normalizer"), "normalizers"))
+def added_records(tj: dict, where: str, steps: tuple) -> tuple[tuple, bool]:
+    """Added tokens as (id, DITTO_ADDED_* flags, text matched) and whether they need the
+    explicit records (HF semantics); without them the C tokenizer derives the same set from
+    the token types (special = control, matched with --special; non-special = user-defined,
+    always matched), which holds when no token strips whitespace and all are matched in the
+    same text. ``single_word`` is refused."""
+    out, normalized = [], set()
+    plain = True
     for a in tj.get("added_tokens") or []:
-        name = f"added token {a.get('content')!r} (id {a.get('id')})"
-        if not a.get("special", False):
-            raise _refuse(where, name, "special false (a token matched in plain text)",
-                          "special added tokens")
-        for flag in ("lstrip", "rstrip", "single_word"):
-            if a.get(flag):
-                raise _refuse(where, name, f"{flag} true", f"{flag} false")
-        if a.get("normalized") and has_norm:
-            raise _refuse(where, name, "normalized true with a normalizer",
-                          "normalized false")
+        content = a.get("content") or ""
+        if not content:
+            continue
+        name = f"added token {content!r} (id {a.get('id')})"
+        if a.get("single_word"):
+            raise _refuse(where, name, "single_word true", "single_word false")
+        flags = F.ADDED_SPECIAL if a.get("special") else 0
+        flags |= F.ADDED_LSTRIP if a.get("lstrip") else 0
+        flags |= F.ADDED_RSTRIP if a.get("rstrip") else 0
+        text = content
+        if _opt(a, "normalized", not a.get("special")):
+            flags |= F.ADDED_NORMALIZED
+            text = apply_normalizer(steps, content)
+            if not text:
+                raise _refuse(where, name, "normalizes to empty text", "a non-empty text")
+        plain &= not (flags & (F.ADDED_LSTRIP | F.ADDED_RSTRIP))
+        normalized.add(bool(flags & F.ADDED_NORMALIZED))
+        out.append((int(a["id"]), flags, text.encode("utf-8")))
+    same_text = normalized != {True, False} and not (True in normalized and steps)
+    return tuple(out), not (plain and same_text)
