@@ -103,7 +103,7 @@ static void usage(FILE *f) {
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 64; 1 = one token at a time)\n"
-            "  --chat             wrap the prompt in the model's chat template (ChatML)\n"
+            "  --chat             wrap the prompt in the model's own chat template\n"
             "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
             "                     --tokens and --chat default to no BOS)\n"
             "  --special          parse control-token texts such as <|im_start|> in the prompt\n"
@@ -197,11 +197,13 @@ static void read_error(const char *path) {
 
 /* ---------------------------------------------------------------- prompt encoding */
 
-/* Append the tokens of text to *ids (growing it). Returns 0, or -1 with err filled. */
-static int encode_append(const Tokenizer *tok, const char *text, size_t len, int special,
-                         int bos, int32_t **ids, long *n, long *cap, char *err, size_t errlen) {
-    long need = tokenizer_encode(tok, text, len, special, bos, *ids + *n, (size_t)(*cap - *n),
-                                 err, errlen);
+/* Append the tokens of text to *ids (growing it); special tokens are parsed outside
+ * text[lo, hi) (tokenizer_encode_range). Returns 0, or -1 with err filled. */
+static int encode_append(const Tokenizer *tok, const char *text, size_t len, size_t lo,
+                         size_t hi, int bos, int32_t **ids, long *n, long *cap, char *err,
+                         size_t errlen) {
+    long need = tokenizer_encode_range(tok, text, len, lo, hi, bos, *ids + *n,
+                                       (size_t)(*cap - *n), err, errlen);
     if (need < 0) return -1;
     if (need > *cap - *n) {
         long ncap = *n + need;
@@ -212,8 +214,8 @@ static int encode_append(const Tokenizer *tok, const char *text, size_t len, int
         }
         *ids = nv;
         *cap = ncap;
-        need = tokenizer_encode(tok, text, len, special, bos, *ids + *n, (size_t)(*cap - *n),
-                                err, errlen);
+        need = tokenizer_encode_range(tok, text, len, lo, hi, bos, *ids + *n,
+                                      (size_t)(*cap - *n), err, errlen);
         if (need < 0) return -1;
     }
     *n += need;
@@ -362,7 +364,7 @@ typedef struct {
     double t_start, t_loaded;
 } Run;
 
-/* The input tokens of a text prompt (-p or -f), wrapped in the ChatML turn with --chat.
+/* The input tokens of a text prompt (-p or -f), inside the model's chat template with --chat.
  * Returns an exit code; on success r->ids / r->n_ids hold the tokens. */
 static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
     size_t len;
@@ -387,20 +389,31 @@ static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
     }
     int ok;
     if (a->chat) {
-        if (tokenizer_chat_format(r->tok) != DITTO_CHAT_CHATML) {
+        /* the model's chat template, rendered at export around the user's message; the whole
+         * prompt is tokenized as one string, special tokens parsed only in the template's
+         * text unless --special (so a typed "<|im_end|>" stays plain text) */
+        const char *pre, *post;
+        size_t npre, npost;
+        if (!tokenizer_chat_text(r->tok, &pre, &npre, &post, &npost)) {
             free(text);
-            fprintf(stderr, "%s: error: %s: --chat: the model has no chat format\n", prog,
+            fprintf(stderr, "%s: error: %s: --chat: the model file has no chat template text "
+                    "(none in the source model, or one its export could not reduce)\n", prog,
                     a->model_path);
             return EXIT_USAGE;
         }
-        static const char pre[] = "<|im_start|>user\n";
-        static const char post[] = "<|im_end|>\n<|im_start|>assistant\n";
-        ok = !encode_append(r->tok, pre, strlen(pre), 1, a->bos == 1, &r->ids, &r->n_ids, &cap,
-                            err, errlen) &&
-             !encode_append(r->tok, text, len, a->special, 0, &r->ids, &r->n_ids, &cap, err,
-                            errlen) &&
-             !encode_append(r->tok, post, strlen(post), 1, 0, &r->ids, &r->n_ids, &cap, err,
-                            errlen);
+        char *full = malloc(npre + len + npost + 1);
+        if (!full) {
+            free(text);
+            fprintf(stderr, "%s: error: out of memory\n", prog);
+            return EXIT_OOM;
+        }
+        memcpy(full, pre, npre);
+        memcpy(full + npre, text, len);
+        memcpy(full + npre + len, post, npost);
+        size_t lo = a->special ? 0 : npre, hi = a->special ? 0 : npre + len;
+        ok = !encode_append(r->tok, full, npre + len + npost, lo, hi, a->bos == 1, &r->ids,
+                            &r->n_ids, &cap, err, errlen);
+        free(full);
     } else {
         int bos = a->bos >= 0 ? a->bos : (a->tokens_only ? 0 : -1);
         if (bos < 0) { /* the model file's default */
@@ -408,8 +421,8 @@ static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
                 (const DittoTokenizerHeader *)(const void *)r->model.tokenizer_block;
             bos = th->add_bos != 0;
         }
-        ok = !encode_append(r->tok, text, len, a->special, bos, &r->ids, &r->n_ids, &cap, err,
-                            errlen);
+        ok = !encode_append(r->tok, text, len, 0, a->special ? 0 : len, bos, &r->ids, &r->n_ids,
+                            &cap, err, errlen);
     }
     free(text);
     if (!ok) {
@@ -621,6 +634,10 @@ static int generate(Run *r, const Args *a) {
     int32_t eos = tokenizer_eos(r->tok);
     TokenDecoder dec;
     token_decoder_init(&dec);
+    /* the generated text is decode(prompt + generated) minus decode(prompt), as HF and
+     * llama.cpp print it: the decoder first sees the prompt (e.g. SentencePiece drops the
+     * leading space of the text's first piece only, not of the first generated one) */
+    for (long i = 0; i < r->n_ids; i++) (void)token_decode(r->tok, &dec, r->ids[i], 0, out, out_cap);
     long n_gen = 0, pos = r->n_ids;
     int write_failed = 0;
     while (!stop_signal) {

@@ -531,6 +531,12 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     if (!(flags & DITTO_TOKF_ADDED_RECORDS)) {
         /* GGUF semantics (llama.cpp): control and unknown tokens are matched with
          * parse_special, user-defined tokens always */
+        if (t->n_added > 0) {
+            set_err(err, errlen, "tokenizer block: added-token records without the "
+                    "ADDED_RECORDS flag");
+            goto fail;
+        }
+        free(t->added);
         t->added = malloc(sizeof(AddedTok) * n);
         if (!t->added) goto oom;
         for (uint32_t i = 0; i < n; i++) {

@@ -62,13 +62,16 @@ def rewrite_crc(data: bytearray) -> bytearray:
 
 # ----------------------------------------------------------------------------- small models
 
-def byte_vocab() -> TokenizerSpec:
-    """Byte-level BPE vocabulary without merges: 3 control tokens, then the 256 bytes (259)."""
+def byte_vocab(chat: bool = True) -> TokenizerSpec:
+    """Byte-level BPE vocabulary without merges: 3 control tokens, then the 256 bytes (259);
+    with ``chat``, a ChatML user turn as the chat template text."""
     tokens = (b"<|endoftext|>", b"<|im_start|>", b"<|im_end|>") + tuple(bytes([i]) for i in range(256))
     types = np.array([3] * 3 + [1] * 256, dtype=np.uint32)
     return TokenizerSpec(kind="bpe_bytes", tokens=tokens, scores=np.zeros(259, np.float32),
                          token_types=types, merges=(), pre="gpt2", bos_id=1, eos_id=2,
-                         pad_id=0, add_bos=False, chat_format="chatml")
+                         pad_id=0, add_bos=False, chat_format="chatml",
+                         chat_prefix="<|im_start|>user\n" if chat else None,
+                         chat_suffix="<|im_end|>\n<|im_start|>assistant\n" if chat else None)
 
 
 def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,

@@ -213,9 +213,11 @@ def _hf_from_gguf(path: str, out_dir: str):
     return Tokenizer.from_file(str(out))
 
 
-def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8) -> Path:
+def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8,
+                              weights: dict | None = None) -> Path:
     """A .ditto file (ditto_core.modelfile.write_model) with tokenizer ``spec`` and a 1-layer
-    Llama of width ``dim`` with zero weights: enough for the program's ``--tokens``."""
+    Llama of width ``dim`` with zero weights (or ``weights[name]`` where given): enough for the
+    program's ``--tokens``."""
     from ditto_core.modelfile import TensorInfo, expected_shapes, write_model
     from ditto_core.types import ModelConfig
 
@@ -225,7 +227,8 @@ def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8) -> 
     shapes = expected_shapes(cfg)
     infos = [TensorInfo(name, "f32", shape) for name, shape in shapes.items()]
     write_model(path, cfg, spec, infos,
-                ((name, np.zeros(shape, np.float32)) for name, shape in shapes.items()))
+                ((name, (weights or {}).get(name, np.zeros(shape, np.float32)))
+                 for name, shape in shapes.items()))
     return path
 
 

@@ -255,10 +255,10 @@ def test_dump_logits_unwritable_leaves_nothing(native_build, native_synth, tmp_p
         ro.chmod(0o700)
 
 
-def test_chat_without_chat_format(native_build, native_synth, tmp_path):
-    src = native_synth.quant.path
-    n_tensors = struct.unpack("<I", src.read_bytes()[112:116])[0]
-    chat_at = 128 + 128 * n_tensors + 40  # DittoTokenizerHeader.chat_format
-    bad = patched(src, tmp_path, "nochat.ditto", put_u32(chat_at, 0))
-    p = run_native(native_build.asan, "-m", bad, "-p", "hi", "--chat")
-    check(p, EXIT_USAGE, "--chat: the model has no chat format")
+def test_chat_without_chat_text(native_build, tmp_path):
+    from tests.fixtures_native import byte_vocab
+    from tests.fixtures_tokenizer import tiny_model_with_tokenizer
+
+    model = tiny_model_with_tokenizer(tmp_path / "nochat.ditto", byte_vocab(chat=False))
+    p = run_native(native_build.asan, "-m", model, "-p", "hi", "--chat")
+    check(p, EXIT_USAGE, "--chat: the model file has no chat template text")

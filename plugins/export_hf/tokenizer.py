@@ -1,15 +1,15 @@
 """HF ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) ->
-``TokenizerSpec`` (docs/FORMAT.md, "Tokenizer block").
+``TokenizerSpec`` (docs/FORMAT.md, "Tokenizer block"; docs/TOKENIZER.md for what is accepted).
 
+Every part of tokenizer.json is checked by ``tokenizer_features``: what the C tokenizer
+reproduces becomes flags, normalizer steps and added-token records; the rest is refused.
 Two kinds of ``BPE`` model are read:
 - byte-level BPE (a ``ByteLevel`` pre-tokenizer): tokens are stored as raw bytes (the GPT-2
   byte-to-unicode form undone), added tokens as their text; merges become id pairs in rank
-  order. Pre-tokenizer ``ByteLevel(use_regex=True)`` is the GPT-2 regex; preceded by
-  ``Digits(individual_digits=True)`` it is the SmolLM2 one (``gpt2_digits``).
-- SentencePiece BPE (``Metaspace`` pre-tokenizer or a normalizer that replaces " " by "▁",
-  ``byte_fallback``): pieces are kept; HF stores no piece scores, so a piece gets
-  ``-rank`` of the first merge that produces it (pieces no merge produces get 0), which makes
-  "merge the pair with the highest score" the same order as HF's merge ranks.
+  order.
+- SentencePiece-style BPE (``Metaspace`` pre-tokenizer, or a normalizer that replaces " " by
+  "▁"; ``byte_fallback``): pieces are kept and merged by HF's merge ranks (flag RANK_MERGES);
+  a piece also gets ``-rank`` of the first merge producing it as its score (informational).
 """
 
 from __future__ import annotations
