@@ -637,7 +637,8 @@ static int generate(Run *r, const Args *a) {
     /* the generated text is decode(prompt + generated) minus decode(prompt), as HF and
      * llama.cpp print it: the decoder first sees the prompt (e.g. SentencePiece drops the
      * leading space of the text's first piece only, not of the first generated one) */
-    for (long i = 0; i < r->n_ids; i++) (void)token_decode(r->tok, &dec, r->ids[i], 0, out, out_cap);
+    for (long i = 0; i < r->n_ids; i++)
+        (void)token_decode(r->tok, &dec, r->ids[i], 0, out, out_cap);
     long n_gen = 0, pos = r->n_ids;
     int write_failed = 0;
     while (!stop_signal) {

@@ -553,9 +553,11 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
         }
     }
     qsort(t->added, t->n_added, sizeof(AddedTok), cmp_added);
-    for (size_t k = 0; k < t->n_added; k++) t->has_norm_added |= (t->added[k].flags & DITTO_ADDED_NORMALIZED) != 0;
-    for (size_t k = 0; k < t->n_added; k++)
-        t->added_first[(t->added[k].flags & DITTO_ADDED_NORMALIZED) != 0][t->added[k].text[0]] = 1;
+    for (size_t k = 0; k < t->n_added; k++) {
+        int nz = (t->added[k].flags & DITTO_ADDED_NORMALIZED) != 0;
+        t->has_norm_added |= nz;
+        t->added_first[nz][t->added[k].text[0]] = 1;
+    }
     return t;
 
 oom:
@@ -1112,7 +1114,8 @@ static int encode_plain(const Tokenizer *t, Work *w, const uint8_t *s, size_t n,
     if (find_added(t, 1, s, n, plo, phi, &w->segs2)) return -1;
     for (size_t k = 0; k < w->segs2.n; k++) {
         Seg g = w->segs2.v[k];
-        if (g.id >= 0 ? push_id(w, g.id) : encode_piece(t, w, s + g.a, g.b - g.a, lead0 && g.a == 0))
+        int at0 = lead0 && g.a == 0;
+        if (g.id >= 0 ? push_id(w, g.id) : encode_piece(t, w, s + g.a, g.b - g.a, at0))
             return -1;
     }
     return 0;

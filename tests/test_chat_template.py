@@ -63,7 +63,8 @@ def test_user_control_text_stays_plain_unless_special(native_build, smollm2_tok_
 def test_unreducible_template_is_refused_with_a_warning(smollm2_spec, capsys):
     import attrs
 
-    inspects = "{% if messages[0]['content'] | length > 25 %}long{% endif %}{{ messages[0]['content'] }}"
+    inspects = ("{% if messages[0]['content'] | length > 25 %}long{% endif %}"
+                "{{ messages[0]['content'] }}")
     with pytest.raises(ChatTemplateError, match="where.*depends on the message"):
         reduce_chat_template(inspects, {}, "where")
     with pytest.raises(ChatTemplateError, match="where.*appears 2 times"):

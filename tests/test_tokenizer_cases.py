@@ -56,3 +56,16 @@ def test_case_matches_hf_or_is_refused(name, tokenizer_lib):
     for text in texts:
         assert ctok.encode(text, parse_special=special) == \
             ref.encode(text, add_special_tokens=False).ids, text
+
+
+def test_gguf_add_eos_token_is_refused():
+    import numpy as np
+
+    from ditto_export_gguf.tokenizer import tokenizer_from_gguf
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "a"],
+            "tokenizer.ggml.scores": np.zeros(2), "tokenizer.ggml.add_eos_token": True}
+    with pytest.raises(DittoError, match="m.gguf: tokenizer.ggml.add_eos_token = true.*not "
+                                         "reproduced"):
+        tokenizer_from_gguf(meta, "m.gguf")
+    meta["tokenizer.ggml.add_eos_token"] = False
+    assert tokenizer_from_gguf(meta, "m.gguf").kind == "spm_bpe"

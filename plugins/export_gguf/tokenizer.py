@@ -41,6 +41,10 @@ def tokenizer_from_gguf(meta: dict, where: str) -> TokenizerSpec:
     if types.shape != (n,):
         raise DittoError(f"{where}: {len(types)} token types for {n} tokens")
     template = meta.get("tokenizer.chat_template", "") or ""
+    if meta.get("tokenizer.ggml.add_eos_token"):
+        raise DittoError(f"{where}: tokenizer.ggml.add_eos_token = true (llama.cpp appends EOS "
+                         f"to every prompt) is not reproduced by Ditto's tokenizer; refusing to "
+                         f"export a tokenizer that would give different token ids")
 
     def tid(key):
         v = meta.get(key)
