@@ -27,7 +27,7 @@ import attrs
 
 from . import affine as P
 from .match import INT32_MAX, IV_I, IV_K, Gemv, NestMatcher, PURE_CALLS, Reject, SIDE_EFFECT_OPS
-from .rewrite import NO_TRANS, ROW_MAJOR, TRANS, Emitter
+from .rewrite import NO_TRANS, ROW_MAJOR, TRANS, Emitter, nonzero_scalars
 
 IV_J = "@j"
 
@@ -399,7 +399,11 @@ def build(g: Gemm, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
         e.subst[v] = e.emit(f"load {ty}, ptr {sp}")
     alpha = e.scalar(g.alpha, ty)
     beta = e.scalar(g.beta, ty)
-    call = [f"{tag}.call:"]
+    # alpha = 0 or (C read) beta = 0: the original nest, as for GEMV (rewrite.nonzero_scalars)
+    nz = nonzero_scalars(e, alpha, beta if g.beta is not None else None, ty)
+    call = [f"{tag}.call:", *e.lines, f"  br i1 {nz}, label %{tag}.go, label {g.outer.header}",
+            f"{tag}.go:"]
+    e.lines = []
     if thread is not None:
         flag = thread["flag"]
         seen = e.emit(f"load atomic i32, ptr {flag} monotonic, align 4")
@@ -423,5 +427,5 @@ def build(g: Gemm, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
              f"ptr {ptrs['b']}, i32 {ld32['b']}, {ty} {beta}, ptr {ptrs['c']}, "
              f"i32 {ld32['c']})",
              f"  br label {g.exit}"]
-    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.call"
+    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.go"
     return guard + call, {"last_block": last_block}

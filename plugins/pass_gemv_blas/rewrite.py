@@ -5,10 +5,16 @@ For a nest entered from block P (its preheader) into header H and left to block 
     P:            br ... label %gemvN.guard ...          (was: label %H)
     gemvN.guard:  evaluate m, n, ld, pointers; ok = m>0 & n>0 & ld>=cols & no overlap & ...
                   br i1 ok, label %gemvN.call, label %H  (H's phis now come from gemvN.guard)
-    gemvN.call:   call void @<cblas_[sd]gemv>(101, 111|112, M, N, alpha, A, ld, x, 1, beta, y, 1)
+    gemvN.call:   load the scalars, alpha, beta; nz = alpha != 0 [& beta != 0]
+                  br i1 nz, label %gemvN.go, label %H   (and from gemvN.call)
+    gemvN.go:     call void @<cblas_[sd]gemv>(101, 111|112, M, N, alpha, A, ld, x, 1, beta, y, 1)
                   br label %E                           (E's phis get an incoming from here)
 
 The original nest stays as the fallback, so a failed guard runs the C semantics unchanged.
+alpha = 0 and beta = 0 go to the fallback too: BLAS returns early for alpha = 0 (A·x unread)
+and does not read y for beta = 0 (BLAS Technical Forum §2.8.3), where the C loop computes
+0·Inf or 0·NaN = NaN; NaN and Inf keep their meaning (docs/PASS.md "Floating-point policy").
+A beta that the store form does not have (``y[i] = alpha·acc``) is not checked: y is not read.
 CBLAS interface: BLAS Technical Forum Standard (2001), Annex B (``CblasRowMajor`` = 101,
 ``CblasNoTrans`` = 111, ``CblasTrans`` = 112).
 """
@@ -81,6 +87,16 @@ class Emitter:
         if sign < 0:
             v = self.emit(f"fneg {ty} {v}")
         return v
+
+
+def nonzero_scalars(e: Emitter, alpha: str, beta: str | None, ty: str) -> str:
+    """i1 value: alpha != 0 and (when the C code reads y_old, ``beta`` given) beta != 0. The
+    BLAS call is equivalent to the C loop only then (NaN alpha/beta count as nonzero: both
+    sides give NaN)."""
+    ok = e.emit(f"fcmp une {ty} {alpha}, 0.000000e+00")
+    if beta is not None:
+        ok = e.emit(f"and i1 {ok}, {e.emit(f'fcmp une {ty} {beta}, 0.000000e+00')}")
+    return ok
 
 
 def _at(p: dict, i: dict, k: dict) -> dict:
@@ -161,8 +177,11 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None,
         e.subst[v] = e.emit(f"load {ty}, ptr {sp}")
     alpha = e.scalar(g.alpha, ty)
     beta = e.scalar(g.beta, ty)
+    nz = nonzero_scalars(e, alpha, beta if g.beta is not None else None, ty)
     trans = NO_TRANS if g.layout == "row" else TRANS
-    call = [f"{tag}.call:"]
+    call = [f"{tag}.call:", *e.lines, f"  br i1 {nz}, label %{tag}.go, label {g.outer.header}",
+            f"{tag}.go:"]
+    e.lines = []
     if thread is not None:
         # exactly one thread (the first to flip the flag 0 -> 1) sets BLAS to one thread
         flag = thread["flag"]
@@ -184,7 +203,7 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None,
              f"{ty} {alpha}, ptr {a_ptr}, i32 {ld32}, ptr {x_ptr}, i32 1, {ty} {beta}, "
              f"ptr {y_ptr}, i32 1)",
              f"  br label {next_guard or g.exit}"]
-    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.call"
+    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.go"
     return guard + call, {"last_block": last_block}
 
 
@@ -205,10 +224,12 @@ def text_edits(fn_blocks: dict, g: Gemv, tag: str, last_block: str,
         edits[line] = f if prev is None else (lambda s, p=prev, f=f: f(p(s)))
 
     add(term_line, lambda s: _relabel(s, g.outer.header, guard))
+    call = f"%{tag}.call"  # enters the header too when alpha or beta is 0
     for ins in fn_blocks[g.outer.header].instrs:
         if ins.op == "phi":
-            add(ins.line, lambda s: re.sub(rf",\s*{re.escape(g.preheader)}\s*\]",
-                                           f", {guard} ]", s))
+            v = [v for v, b in ins.extra["incoming"] if b == g.preheader][0]
+            add(ins.line, lambda s, v=v: re.sub(rf",\s*{re.escape(g.preheader)}\s*\]",
+                                                f", {guard} ], [ {v}, {call} ]", s))
     latch = g.outer.latches[0]
     for ins in (fn_blocks[g.exit].instrs if exit_phis else ()):
         if ins.op == "phi":
