@@ -85,13 +85,14 @@ def export_cmd(model, out, exporter, quiet):
 # --------------------------------------------------------------------------------------------
 def theoretical_bytes(t) -> int:
     """Bytes of a tensor with no padding at all: 4 per f32 weight, or ``ceil(rows·cols·b/8)``
-    index bytes plus ``rows·S·2^b`` codebook values of ``codebook_type``."""
-    from .format import CODEBOOK_ITEMSIZE
+    index bytes plus ``rows·S·2^b`` codebook values of ``codebook_type`` (and ``rows·S`` f16
+    scales for ``int8``)."""
+    from .format import sub_block_codebook_bytes
 
     if t.encoding == "f32":
         return 4 * t.n_weights
     return (math.ceil(t.n_weights * t.bits / 8)
-            + t.rows * t.n_sub_blocks * (1 << t.bits) * CODEBOOK_ITEMSIZE[t.codebook_type])
+            + t.rows * t.n_sub_blocks * sub_block_codebook_bytes(t.bits, t.codebook_type))
 
 
 def inspect_summary(mf) -> dict:
@@ -269,8 +270,10 @@ def compile_stage_options(func):
 @click.option("--keep-fp32", multiple=True, metavar="PATTERN",
               help="Glob over tensor names kept in fp32 (repeatable); norms always are.")
 @click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
-@click.option("--codebook-type", type=click.Choice(["f16", "f32"]), default="f16",
-              show_default=True, help="Storage type of codebook centroids.")
+@click.option("--codebook-type", type=click.Choice(["f16", "f32", "int8"]), default="f16",
+              show_default=True,
+              help="Storage type of codebook centroids (int8: int8 centroids and one f16 "
+                   "scale per sub-block, run by the integer GEMV kernels).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")

@@ -46,7 +46,7 @@ class Exporter(Protocol):
 class QuantOptions:
     """Options of the quantize stage. ``bits`` b in 1..8, ``group_size`` G in 2..2^24, ``keep_fp32``
     glob patterns over tensor names kept in fp32 (norms always are), ``method`` a quantizer
-    specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32"."""
+    specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32" | "int8"."""
 
     bits: int = 4
     group_size: int = 256

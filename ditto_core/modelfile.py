@@ -90,10 +90,12 @@ def f32_nbytes(shape: Sequence[int]) -> int:
 
 def codebook_bytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
     """Bytes of the codebook part of a CODEBOOK payload, padded to 64 (FORMAT.md):
-    ``roundup(rows · S · 2^b · sizeof(codebook_type), 64)`` with ``S = ceil(cols / G)``."""
+    ``roundup(rows · S · 2^b · sizeof(codebook_type), 64)`` with ``S = ceil(cols / G)``, and
+    for ``int8`` ``roundup(rows · S · (2^b + 2), 64)`` (int8 centroids, then one f16 scale per
+    sub-block)."""
     check_codebook_params(bits, group_size, codebook_type)
     s = math.ceil(cols / group_size)
-    return F.round_up(rows * s * (1 << bits) * F.CODEBOOK_ITEMSIZE[codebook_type], F.ALIGN)
+    return F.round_up(rows * s * F.sub_block_codebook_bytes(bits, codebook_type), F.ALIGN)
 
 
 def codebook_nbytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
@@ -119,7 +121,7 @@ def codebook_saves_space(rows: int, cols: int, bits: int, group_size: int,
 def check_codebook_params(bits, group_size, codebook_type) -> None:
     """Raise DittoError unless the CODEBOOK parameters are what a model file may hold
     (FORMAT.md "encoding = 1"): bit width b an integer in 1..8, group size G an integer in
-    ``MIN_GROUP_SIZE..MAX_GROUP_SIZE`` (2..2^24), codebook type 'f16' or 'f32'. The quantize
+    ``MIN_GROUP_SIZE..MAX_GROUP_SIZE`` (2..2^24), codebook type 'f16', 'f32' or 'int8'. The quantize
     options of ``ditto build`` are checked with it before any work starts."""
     for what, v in (("bit width b", bits), ("group size G", group_size)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -130,7 +132,7 @@ def check_codebook_params(bits, group_size, codebook_type) -> None:
         raise DittoError(f"codebook group size G must be in {F.MIN_GROUP_SIZE}.."
                          f"{F.MAX_GROUP_SIZE}, got {group_size}")
     if codebook_type not in F.CODEBOOK_ITEMSIZE:
-        raise DittoError(f"codebook type must be 'f16' or 'f32', got {codebook_type!r}")
+        raise DittoError(f"codebook type must be 'f16', 'f32' or 'int8', got {codebook_type!r}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -98,8 +98,10 @@ class CodebookTensor:
     """One tensor quantized with sub-block codebooks (FORMAT.md, encoding CODEBOOK), unpacked.
 
     ``codebooks``: float32 [rows, S, 2^b] with S = ceil(cols / G); ``indices``: uint8
-    [rows, cols], each < 2^b. ``codebook_type``: ``"f16"`` or ``"f32"`` (storage precision; the
-    values here are already rounded to it). ``rel_error``: ‖W − Ŵ‖²/‖W‖².
+    [rows, cols], each < 2^b. ``codebook_type``: ``"f16"``, ``"f32"`` or ``"int8"`` (storage
+    precision; the values here are already rounded to it). For ``"int8"``, ``scales`` is float32
+    [rows, S] holding f16 values and each centroid is ``scales[r, s] · q`` with q an integer in
+    −127..127 (FORMAT.md); ``scales`` is None otherwise. ``rel_error``: ‖W − Ŵ‖²/‖W‖².
     """
 
     bits: int
@@ -108,6 +110,7 @@ class CodebookTensor:
     indices: np.ndarray = attrs.field(eq=False)
     codebook_type: str = "f16"
     rel_error: float = 0.0
+    scales: np.ndarray | None = attrs.field(default=None, eq=False)
 
 
 @attrs.define

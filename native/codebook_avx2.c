@@ -22,6 +22,9 @@
  */
 #include "codebook_avx2.h"
 
+/* x86 only: an Arm build uses the NEON and generic kernel tables (kernels.c) */
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -386,3 +389,5 @@ void codebook_gemv_avx2(float *y, const float *x, const uint8_t *payload, uint32
         y[r] = xp ? row_dot_b4_planes(&L, r, x, xp, cols) : row_dot_avx2(&L, r, x, cols);
     free(xp);
 }
+
+#endif

@@ -14,6 +14,9 @@
  */
 #include "codebook_avx512.h"
 
+/* x86 only: an Arm build uses the NEON and generic kernel tables (kernels.c) */
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -105,3 +108,5 @@ void codebook_gemv_avx512(float *y, const float *x, const uint8_t *payload,
 #pragma omp parallel for schedule(static) private(r)
     for (r = 0; r < rows; r++) y[r] = row_dot_b4_avx512(&L, r, x, cols);
 }
+
+#endif

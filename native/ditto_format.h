@@ -44,6 +44,7 @@
 /* codebook element types */
 #define DITTO_CB_F32 0u
 #define DITTO_CB_F16 1u
+#define DITTO_CB_I8 2u /* int8 centroids [rows][S][K], then f16 scales [rows][S] */
 
 /* tokenizer kinds */
 #define DITTO_TOK_BPE_BYTES 1u /* byte-level BPE (GPT-2 style) with merges */

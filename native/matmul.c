@@ -1,8 +1,11 @@
 /* matmul.c: GEMV kernels and the dispatcher by tensor encoding (docs/FORMAT.md "Encodings"). */
 #include "matmul.h"
 
-#include "codebook_avx512.h"
+#include "kernels.h"
+#include "qgemv.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* y[d] = W[d, n] x[n]. Kept naive on purpose: the rewrite stage turns this nest into
@@ -49,12 +52,16 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
                                int group_size, int rows, int cols) {
     CodebookLayout L;
     L.is_f16 = codebook_type == DITTO_CB_F16;
+    L.is_i8 = codebook_type == DITTO_CB_I8;
     L.bits = bits;
     L.group_size = group_size;
     L.n_sub = (int)(((int64_t)cols + group_size - 1) / group_size);
     L.k = 1 << bits;
     L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
-    size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * (size_t)L.k * (L.is_f16 ? 2u : 4u);
+    size_t n_cb = (size_t)rows * (size_t)L.n_sub;
+    size_t cb_bytes = n_cb * (size_t)L.k * (L.is_i8 ? 1u : L.is_f16 ? 2u : 4u);
+    L.scales = L.is_i8 ? payload + cb_bytes : NULL;
+    if (L.is_i8) cb_bytes += 2 * n_cb;
     cb_bytes = (cb_bytes + 63u) & ~(size_t)63u;
     L.codebooks = payload;
     L.indices = payload + cb_bytes;
@@ -64,6 +71,11 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
 /* Centroid k of sub-block s of row r. */
 static float centroid(const CodebookLayout *L, int r, int s, int k) {
     size_t i = ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + (size_t)k;
+    if (L->is_i8) { /* scale * int8, exact in float32 (11 + 7 significant bits) */
+        uint16_t h;
+        memcpy(&h, L->scales + 2 * ((size_t)r * (size_t)L->n_sub + (size_t)s), 2);
+        return f16_to_f32(h) * (float)(int8_t)L->codebooks[i];
+    }
     if (L->is_f16) {
         uint16_t h;
         memcpy(&h, L->codebooks + 2 * i, 2);
@@ -138,10 +150,19 @@ void gemv(float *y, const float *x, const Tensor *W) {
         matmul(y, x, (const float *)(const void *)W->data, (int)W->cols, (int)W->rows);
         break;
     case DITTO_ENC_CODEBOOK:
-        /* SIMD kernel chain: AVX-512 (b = 4) -> AVX2 (any b) -> codebook_gemv_ref, chosen at
-         * run time from the CPU's features (docs/KERNELS.md) */
-        codebook_gemv_avx512(y, x, W->data, W->codebook_type, (int)W->bits, kernel_group_size(W),
-                             (int)W->rows, (int)W->cols);
+        if (W->codebook_type == DITTO_CB_I8) {
+            /* one quantized copy of x, shared by every row and thread of this GEMV */
+            static QuantActs qa;
+            if (act_quantize(&qa, x, (int)W->cols, kernels_active()->vnni_acts)) {
+                fprintf(stderr, "ditto: out of memory quantizing a GEMV input of %llu floats\n",
+                        (unsigned long long)W->cols);
+                abort();
+            }
+            gemv_i8(y, &qa, W);
+        } else {
+            kernels_active()->float_cb(y, x, W->data, W->codebook_type, (int)W->bits,
+                                       kernel_group_size(W), (int)W->rows, (int)W->cols);
+        }
         break;
     default: /* model_open() rejects other encodings */
         memset(y, 0, W->rows * sizeof(float));

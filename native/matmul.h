@@ -18,9 +18,11 @@ void matmul(float *y, const float *x, const float *W, int n, int d);
 
 /* Where things are in one codebook tensor payload (FORMAT.md "encoding = 1"). */
 typedef struct {
-    const uint8_t *codebooks; /* [rows][n_sub][k] of f16 or f32 */
+    const uint8_t *codebooks; /* [rows][n_sub][k] of f16, f32 or int8 */
+    const uint8_t *scales;    /* int8 codebooks: [rows][n_sub] f16 scales; else NULL */
     const uint8_t *indices;   /* [rows][row_bytes] bit-packed indices */
     int is_f16;               /* codebook_type == DITTO_CB_F16 */
+    int is_i8;                /* codebook_type == DITTO_CB_I8 */
     int bits, group_size;     /* b, G */
     int n_sub, k;             /* S = ceil(cols / G) sub-blocks per row, K = 2^b centroids */
     size_t row_bytes;         /* ceil(cols / 8) * b */
@@ -31,9 +33,12 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
                                int group_size, int rows, int cols);
 
 /* y[rows] = W x[cols] for a codebook tensor (FORMAT.md "encoding = 1") given as its raw payload:
- * codebooks [rows][S][2^b] of codebook_type (DITTO_CB_F16 / DITTO_CB_F32), padded to 64 bytes,
- * then rows x ceil(cols/8)*b bytes of bit-packed indices. b in 1..8, G >= 2, S = ceil(cols/G).
- * Scalar reference kernel: decode each sub-block's indices, look up its codebook, dot with x. */
+ * codebooks [rows][S][2^b] of codebook_type (DITTO_CB_F16 / DITTO_CB_F32; DITTO_CB_I8: int8
+ * centroids then [rows][S] f16 scales), padded to 64 bytes, then rows x ceil(cols/8)*b bytes of
+ * bit-packed indices. b in 1..8, G >= 2, S = ceil(cols/G).
+ * Scalar float reference kernel: decode each sub-block's indices, look up its codebook (int8:
+ * scale times centroid, exact in float32), dot with x in float32. gemv() runs int8 codebooks
+ * through the integer kernels instead (qgemv.h), whose result this approximates. */
 void codebook_gemv_ref(float *y, const float *x, const uint8_t *payload, uint32_t codebook_type,
                        int bits, int group_size, int rows, int cols);
 
@@ -41,7 +46,9 @@ void codebook_gemv_ref(float *y, const float *x, const uint8_t *payload, uint32_
 void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type, int bits,
                       int group_size, int rows, int cols, int r);
 
-/* Dispatcher: y[W->rows] = W x[W->cols] for any encoding. */
+/* Dispatcher: y[W->rows] = W x[W->cols] for any encoding, through the kernel table chosen at
+ * model load (kernels.h): fp32 -> matmul(); int8 codebooks -> x quantized once (act_quantize),
+ * then the table's integer kernel (gemv_i8); f16/f32 codebooks -> the table's float kernel. */
 void gemv(float *y, const float *x, const Tensor *W);
 
 /* Most activation rows one matmul_batch() call takes (the prefill tile, --batch-size). */

@@ -69,10 +69,12 @@ uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint3
     if (bits < 1 || bits > 8 || group_size < DITTO_MIN_GROUP_SIZE ||
         group_size > DITTO_MAX_GROUP_SIZE)
         return 0;
-    uint64_t elem = codebook_type == DITTO_CB_F16 ? 2 : codebook_type == DITTO_CB_F32 ? 4 : 0;
+    uint64_t elem = codebook_type == DITTO_CB_F16 ? 2 : codebook_type == DITTO_CB_F32 ? 4
+                    : codebook_type == DITTO_CB_I8 ? 1 : 0;
     if (elem == 0) return 0;
     uint64_t n_sub = (cols + group_size - 1) / group_size;
-    uint64_t codebook_bytes = roundup64(rows * n_sub * (1ull << bits) * elem);
+    uint64_t scale_bytes = codebook_type == DITTO_CB_I8 ? 2 * rows * n_sub : 0;
+    uint64_t codebook_bytes = roundup64(rows * n_sub * (1ull << bits) * elem + scale_bytes);
     uint64_t row_bytes = (cols + 7) / 8 * bits;
     return codebook_bytes + rows * row_bytes;
 }
@@ -87,6 +89,33 @@ static int fail(const Model *m, char *err, size_t errlen, const char *fmt, ...) 
     va_end(ap);
     snprintf(err, errlen, "%s: %s", m->path, msg);
     return -1;
+}
+
+/* ---------------------------------------------------------------- int8 codebooks */
+
+/* The integer kernels rely on every int8 centroid being in -127..127 (|c| fits their sign
+ * trick, docs/KERNELS.md) and on finite, non-negative f16 scales (FORMAT.md). */
+static int check_int8_codebooks(const Model *m, const Tensor *t, char *err, size_t errlen) {
+    uint64_t n_sub = (t->cols + t->group_size - 1) / t->group_size, k = 1ull << t->bits;
+    uint64_t n_cent = t->rows * n_sub * k;
+    const int8_t *c = (const int8_t *)(const void *)t->data;
+    for (uint64_t i = 0; i < n_cent; i++)
+        if (c[i] == -128)
+            return fail(m, err, errlen,
+                        "tensor %s: int8 centroid -128 at row %llu sub-block %llu (int8 "
+                        "codebooks use -127..127)", t->name,
+                        (unsigned long long)(i / k / n_sub),
+                        (unsigned long long)(i / k % n_sub));
+    for (uint64_t i = 0; i < t->rows * n_sub; i++) {
+        uint16_t h;
+        memcpy(&h, t->data + n_cent + 2 * i, 2);
+        if ((h & 0x8000u) || (h & 0x7c00u) == 0x7c00u)
+            return fail(m, err, errlen,
+                        "tensor %s: int8 codebook scale 0x%04x at row %llu sub-block %llu is "
+                        "negative, infinite or NaN", t->name, h,
+                        (unsigned long long)(i / n_sub), (unsigned long long)(i % n_sub));
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- tensor lookup */
@@ -251,6 +280,9 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
         t->cols = e->cols;
         t->data = m->map + e->offset;
         t->nbytes = e->nbytes;
+        if (t->encoding == DITTO_ENC_CODEBOOK && t->codebook_type == DITTO_CB_I8 &&
+            check_int8_codebooks(m, t, err, errlen))
+            return -1;
     }
     return check_no_overlap(m, err, errlen);
 }

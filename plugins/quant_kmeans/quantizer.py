@@ -4,7 +4,9 @@ Each row of a weight matrix W [out, in] is split into sub-blocks of G consecutiv
 row's last sub-block is shorter when G does not divide the row); each sub-block gets a codebook
 of K = 2^b centroids (kmeans1d.py) and every weight the index of its nearest centroid. Centroids
 are rounded to the codebook's storage precision (f16 by default) *before* the indices are
-assigned, so each weight maps to the nearest value that is actually stored.
+assigned, so each weight maps to the nearest value that is actually stored. With ``int8``
+codebooks a sub-block stores an f16 scale ``s = f16(max|c| / 127)`` and the integers
+``round(c / s)`` in −127..127 (``int8_codebooks``); the stored centroid is ``s · round(c / s)``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,34 @@ EMBEDDING_EXTRA_BITS = 2
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
 _CB_NP = {"f16": np.float16, "f32": np.float32}
+CODEBOOK_TYPES = ("f16", "f32", "int8")
+
+
+def int8_codebooks(cent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round float centroids onto the int8 grid of their sub-block (FORMAT.md, ``int8``).
+
+    ``cent``: float [..., K] (one sub-block's centroids on the last axis). Per sub-block the
+    scale is ``s = f16(max|c| / 127)``, raised to the next f16 when rounding made
+    ``max|c| / s > 127``, and each centroid becomes ``q = round(c / s)`` (half to even)
+    clipped to −127..127 (−128 is never used, so ``|q| ≤ 127`` for the kernels' sign trick,
+    docs/KERNELS.md). An all-zero sub-block has s = 0, q = 0. Returns (stored centroids
+    float32 [..., K] = s · q, scales float32 [...] holding f16 values). Raises DittoError if a
+    scale overflows f16 (max|c| > 65504 · 127)."""
+    cent = np.asarray(cent, np.float64)
+    amax = np.abs(cent).max(axis=-1)
+    with np.errstate(over="ignore"):
+        s16 = (amax / 127.0).astype(np.float16)
+        low = (s16.astype(np.float64) * 127.0 < amax)
+        s16[low] = np.nextafter(s16[low], np.float16(np.inf))
+    if not np.isfinite(s16).all():
+        raise DittoError(f"a centroid of magnitude {float(amax.max()):.6g} overflows the f16 "
+                         f"scale of an int8 codebook; use --codebook-type f32")
+    scale = s16.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale[..., None] > 0, np.rint(cent / scale[..., None]), 0.0)
+    q = np.clip(q, -127, 127)
+    stored = (q * scale[..., None]).astype(np.float32)
+    return stored, s16.astype(np.float32)
 
 #: A stored centroid whose relative rounding error exceeds this lost precision to the codebook
 #: type's range (f16 keeps 11 significant bits for |c| >= 2^-14: half an ulp is 2^-11 relative;
@@ -94,9 +124,9 @@ def check_options(options: QuantOptions) -> str:
             or not F.MIN_GROUP_SIZE <= g <= F.MAX_GROUP_SIZE):
         raise DittoError(f"kmeans: group size G must be an integer in {F.MIN_GROUP_SIZE}.."
                          f"{F.MAX_GROUP_SIZE}, got {g!r}")
-    if options.codebook_type not in _CB_NP:
-        raise DittoError(f"kmeans: codebook type must be 'f16' or 'f32', got "
-                         f"{options.codebook_type!r}")
+    if options.codebook_type not in CODEBOOK_TYPES:
+        raise DittoError(f"kmeans: codebook type must be one of {', '.join(CODEBOOK_TYPES)}, "
+                         f"got {options.codebook_type!r}")
     method = options.method or DEFAULT_METHOD
     if method not in METHODS:
         raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
@@ -122,10 +152,12 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
     ``W``: float32 [rows, cols] (any float dtype is converted). Returns a CodebookTensor with
     codebooks float32 [rows, S, 2^b] (values rounded to ``codebook_type``, ascending within a
     sub-block), indices uint8 [rows, cols] (nearest stored centroid, ties to the lower index)
-    and ``rel_error`` = ‖W − Ŵ‖²/‖W‖² (0 for an all-zero W). Deterministic for any thread count.
+    and ``rel_error`` = ‖W − Ŵ‖²/‖W‖² (0 for an all-zero W). ``codebook_type="int8"`` rounds
+    the centroids with ``int8_codebooks`` and also returns ``scales`` [rows, S]. Deterministic
+    for any thread count.
 
     Raises DittoError for b/G out of range, a non-2-D W, NaN/Inf (naming ``name`` and (row,
-    col)), or a centroid that overflows f16 (use ``codebook_type="f32"``)."""
+    col)), or a centroid (int8: a scale) that overflows f16 (use ``codebook_type="f32"``)."""
     return _quantize(W, bits, group_size, method, codebook_type, seed, name, restarts,
                      max_iter, tol)[0]
 
@@ -151,13 +183,25 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
     kmeans1d.matrix_centroids(Ws, group_size, k, METHODS[method], np.uint64(tseed), restarts,
                               max_iter, tol, cent)
     del Ws
-    with np.errstate(over="ignore"):
-        cb = cent.astype(_CB_NP[codebook_type]).astype(np.float32)
+    scales = None
+    if codebook_type == "int8":
+        try:
+            cb, scales = int8_codebooks(cent)
+        except DittoError as exc:
+            raise DittoError(f"tensor {name!r}: {exc}") from None
+    else:
+        with np.errstate(over="ignore"):
+            cb = cent.astype(_CB_NP[codebook_type]).astype(np.float32)
     if not np.isfinite(cb).all():
         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(cb))[0])
         raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} of row {pos[0]} sub-block "
                          f"{pos[1]} overflows {codebook_type}; use --codebook-type f32")
-    under = underflow_report(cent, cb)
+    if scales is None:
+        under = underflow_report(cent, cb)
+    else:  # int8: the grid is relative to the sub-block's largest centroid; only its f16
+        # scale can underflow
+        amax = np.abs(cent).max(axis=-1, keepdims=True) / 127.0
+        under = underflow_report(amax, scales[..., None])
     indices = np.empty((rows, cols), np.uint8)
     sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
     err = float(sse_rows.sum())
@@ -166,7 +210,8 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
     if under is not None:
         print(underflow_warning(name, under, codebook_type, rel), file=sys.stderr, flush=True)
     return CodebookTensor(bits=bits, group_size=group_size, codebooks=cb, indices=indices,
-                          codebook_type=codebook_type, rel_error=rel), err, norm2, under
+                          codebook_type=codebook_type, rel_error=rel, scales=scales), err, norm2, \
+        under
 
 
 def embedding_bits(bits: int, extra: int = EMBEDDING_EXTRA_BITS) -> int:

@@ -1,0 +1,208 @@
+/* kernels.c: the GEMV kernel tables, their selection by CPU features, and the threaded int8
+ * codebook GEMV (kernels.h). */
+#include "kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "codebook_avx2.h"
+#include "codebook_avx512.h"
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
+
+static int always(void) { return 1; }
+
+#if defined(__x86_64__) || defined(__i386__)
+void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                          int cols);
+void i8cb_b4_rows_avx512vnni(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
+void i8cb_b4_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
+
+static int has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+static int has_avxvnni(void) { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
+static int has_avx512vnni(void) {
+    return has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+static int has_avx512vbmi(void) {
+    return has_avx512vnni() && __builtin_cpu_supports("avx512vbmi");
+}
+
+static const KernelTable TABLES[] = {
+    {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c",
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, 1, codebook_gemv_avx512},
+    {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c", has_avx512vnni,
+     i8cb_b4_rows_avx512vnni, 64, 1, codebook_gemv_avx512},
+    {"avxvnni", "avx_vnni avx2 fma f16c", has_avxvnni, i8cb_b4_rows_avxvnni, 32, 1,
+     codebook_gemv_avx2},
+    {"avx2", "avx2 fma f16c", has_avx2, i8cb_b4_rows_avx2, 32, 0, codebook_gemv_avx2},
+    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+};
+
+#elif defined(__aarch64__)
+void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+static int has_neon_dotprod(void) {
+#if defined(__APPLE__)
+    return 1; /* every Apple M-series core has the dot product instructions */
+#else
+    return (getauxval(AT_HWCAP) & (1ul << 20)) != 0; /* HWCAP_ASIMDDP */
+#endif
+}
+
+static const KernelTable TABLES[] = {
+    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+};
+
+#else
+static const KernelTable TABLES[] = {
+    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+};
+#endif
+
+#define N_TABLES ((int)(sizeof TABLES / sizeof TABLES[0]))
+
+static const KernelTable *active = NULL;
+
+const KernelTable *kernel_tables(int *n) {
+    *n = N_TABLES;
+    return TABLES;
+}
+
+const char *kernel_name_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].name : NULL; }
+
+int kernel_supported_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].supported() : 0; }
+
+const char *kernel_active_name(void) { return kernels_active()->name; }
+
+const KernelTable *kernel_table_by_name(const char *name) {
+    for (int i = 0; i < N_TABLES; i++)
+        if (strcmp(TABLES[i].name, name) == 0) return &TABLES[i];
+    return NULL;
+}
+
+int kernels_select(const char *force, char *err, size_t errlen) {
+    if (!force || !*force) force = getenv("DITTO_KERNEL");
+    if (force && *force) {
+        const KernelTable *t = kernel_table_by_name(force);
+        if (!t) {
+            char names[256] = "";
+            for (int i = 0; i < N_TABLES; i++) {
+                strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                strncat(names, TABLES[i].name, sizeof names - strlen(names) - 1);
+            }
+            snprintf(err, errlen, "unknown kernel '%s' (this program has: %s)", force, names);
+            return -1;
+        }
+        if (!t->supported()) {
+            snprintf(err, errlen, "kernel '%s' needs CPU features this CPU lacks (%s)", force,
+                     t->features);
+            return -1;
+        }
+        active = t;
+        return 0;
+    }
+    for (int i = 0; i < N_TABLES; i++) {
+        if (TABLES[i].supported()) {
+            active = &TABLES[i];
+            return 0;
+        }
+    }
+    active = &TABLES[N_TABLES - 1];
+    return 0;
+}
+
+const KernelTable *kernels_active(void) {
+    if (!active) {
+        char err[256];
+        if (kernels_select(NULL, err, sizeof err)) { /* a bad DITTO_KERNEL: say so, go on */
+            fprintf(stderr, "ditto: DITTO_KERNEL: %s; using the default\n", err);
+            kernels_select("", err, sizeof err);
+            for (int i = 0; i < N_TABLES && !active; i++)
+                if (TABLES[i].supported()) active = &TABLES[i];
+        }
+    }
+    return active;
+}
+
+void split_rows(int rows, int t, int nt, int *r0, int *r1) {
+    int nblk = (rows + 15) / 16;
+    int b0 = (int)((long long)nblk * t / nt), b1 = (int)((long long)nblk * (t + 1) / nt);
+    *r0 = b0 * 16 < rows ? b0 * 16 : rows;
+    *r1 = b1 * 16 < rows ? b1 * 16 : rows;
+}
+
+void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
+    const KernelTable *K = kernels_active();
+    /* a sub-block longer than the row is the whole row (G <= cols keeps int arithmetic) */
+    int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    I8Layout L = i8_layout(W->data, bits, G, rows, cols);
+    I8RowsFn fn = i8cb_rows_generic;
+    if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || qa->has_vnni))
+        fn = K->i8_b4;
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1) fn(y, qa, &L, r0, r1, cols);
+    }
+#else
+    fn(y, qa, &L, 0, rows, cols);
+#endif
+}
+
+int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    if (act_quantize(&qa, x, cols, 1)) return -1;
+    I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
+    int fast = K->i8_b4 && bits == 4 && group_size % K->i8_b4_chunk == 0;
+    I8RowsFn fn = fast ? K->i8_b4 : i8cb_rows_generic;
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1) fn(y, &qa, &L, r0, r1, cols);
+    }
+#else
+    fn(y, &qa, &L, 0, rows, cols);
+#endif
+    act_free(&qa);
+    return fast;
+}
+
+int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    if (act_quantize(&qa, x, n, 0)) return -1;
+    *D = qa.D;
+    memcpy(m, qa.m, (size_t)qa.n_pad / QA_BLOCK);
+    memcpy(q, qa.q, (size_t)qa.n_pad);
+    int n_pad = qa.n_pad;
+    act_free(&qa);
+    return n_pad;
+}

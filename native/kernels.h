@@ -1,0 +1,75 @@
+/* kernels.h: the GEMV kernel table, one per instruction set, chosen once at model load from the
+ * CPU's features (docs/KERNELS.md "Kernel table").
+ *
+ * A table says, for each tensor format, which function computes it: int8 codebooks with b = 4
+ * (the default build) through an integer kernel of that ISA when G is a multiple of its chunk,
+ * every other int8 codebook through the scalar reference, f16/f32 codebooks through the float
+ * lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
+ * by name, for tests and benchmarks.
+ */
+#ifndef DITTO_KERNELS_H
+#define DITTO_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qgemv.h"
+
+/* rows [r0, r1) of y = W x for an int8 codebook tensor (qgemv.h) */
+typedef void (*I8RowsFn)(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                         int cols);
+/* the whole y = W x for an f16/f32 codebook tensor (parameters of codebook_gemv_ref) */
+typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
+                          uint32_t codebook_type, int bits, int group_size, int rows, int cols);
+
+typedef struct {
+    const char *name;     /* "generic", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "neon" */
+    const char *features; /* what the CPU needs, as named in /proc/cpuinfo (x86) or HWCAP */
+    int (*supported)(void);
+    I8RowsFn i8_b4;       /* int8 codebooks, b = 4, G % i8_b4_chunk == 0; NULL: generic */
+    int i8_b4_chunk;
+    int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
+    FloatCbFn float_cb;   /* f16/f32 codebooks */
+} KernelTable;
+
+/* Every table compiled into this program, best first; *n gets their number. */
+const KernelTable *kernel_tables(int *n);
+
+/* Table i's name (NULL past the last), whether this CPU can run it, and the active table's name
+ * (plain C types, for tests and benchmarks through ctypes). */
+const char *kernel_name_at(int i);
+int kernel_supported_at(int i);
+const char *kernel_active_name(void);
+
+/* The table named name (NULL if no such table is compiled in). */
+const KernelTable *kernel_table_by_name(const char *name);
+
+/* Choose the table the GEMVs use: the one named `force` (NULL or "" = the best this CPU
+ * supports, or the DITTO_KERNEL environment variable when set). Returns 0, or -1 with a message
+ * in err for an unknown name or a table this CPU cannot run (naming the missing features). */
+int kernels_select(const char *force, char *err, size_t errlen);
+
+/* The table in use (selects the default on first use). */
+const KernelTable *kernels_active(void);
+
+/* y[W->rows] = W x for an int8 codebook tensor whose input is already quantized (qa->n must be
+ * W->cols): the activation quantization can be shared by several tensors with the same input
+ * (q/k/v, gate/up). Rows are split across OpenMP threads in runs of 16 (a 64-byte line of y),
+ * so no two threads write the same cache line. */
+void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
+
+/* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
+void split_rows(int rows, int t, int nt, int *r0, int *r1);
+
+/* For tests and benchmarks: y = W x for an int8 codebook payload (parameters of
+ * codebook_gemv_ref) through the table named `kernel`, x quantized on the spot. Returns 1 when
+ * the table's SIMD kernel ran (b = 4 and G a multiple of its chunk), 0 when the scalar
+ * reference did, -1 for an unknown kernel, one this CPU cannot run, or no memory. */
+int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols);
+
+/* For tests: act_quantize(x, n) copied out: *D, m[n_pad / 32], q[n_pad] (n_pad =
+ * roundup(n, 64), the caller's arrays that large). Returns n_pad, or -1 (no memory). */
+int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);
+
+#endif

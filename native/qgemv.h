@@ -1,0 +1,87 @@
+/* qgemv.h: integer GEMV for int8 codebook tensors (docs/FORMAT.md "int8 codebooks",
+ * docs/KERNELS.md "Integer kernels").
+ *
+ * The input vector x is quantized once per GEMV input (act_quantize) into int8 values in blocks
+ * of 32 with a two-level scale: x[c] ~ D * m[c/32] * q[c], D one float32 for the whole vector,
+ * m a block multiplier in 0..255, q in -127..127. Every row and thread shares that buffer. A
+ * weight is s[r][sb] * cent[r][sb][idx] with cent an int8 in -127..127 and s an f16 scale. The
+ * result is defined exactly by the scalar reference i8cb_rows_generic:
+ *
+ *   T[r][sb] = sum over the columns c of sub-block sb of m[c/32] * q[c] * cent[r][sb][idx[r][c]]
+ *              (exact integer: every kernel computes the same int64)
+ *   acc = 0.0 (double); for sb = 0, 1, ...: acc = acc + (double)s[r][sb] * (double)T[r][sb]
+ *   y[r] = (float)(acc * (double)D)
+ *
+ * so every SIMD kernel, which only changes how the integer sums are formed, gives the same bits.
+ */
+#ifndef DITTO_QGEMV_H
+#define DITTO_QGEMV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "matmul.h"
+
+#define QA_BLOCK 32   /* activation quantization block (columns) */
+#define QA_PAD 64     /* the activation arrays are zero-padded to a multiple of this */
+#define QA_MMAX 255   /* largest block multiplier m */
+#define QA_QMAX 127   /* largest |q| */
+
+/* One quantized GEMV input (x of length n). Arrays hold n_pad = roundup(n, QA_PAD) entries, the
+ * ones past n zero; blocks past the last are m = 0. */
+typedef struct {
+    int n, n_pad;
+    float D;        /* x[c] ~ D * m[c/32] * q[c]; NaN when x has a NaN or an infinity */
+    uint8_t *m;     /* [n_pad / 32] block multipliers, 0..255 (0: an all-zero block) */
+    int16_t *m16;   /* the same as int16 (broadcast by the AVX2 kernels) */
+    int8_t *q;      /* [n_pad] natural column order, -127..127 */
+    /* "perm32" order, shared by the SIMD kernels: within each block of 32 columns, the 16 even
+     * columns first, then the 16 odd ones (the order a 16-byte run of b = 4 indices gives when
+     * its low nibbles and its high nibbles are taken apart) */
+    int8_t *qp;     /* q in perm32 order */
+    uint8_t *aqp;   /* |qp| */
+    uint8_t *mq_lo; /* perm32: low byte of |m * q| (<= 32385), VNNI kernels */
+    uint8_t *mq_hi; /* perm32: high byte of |m * q| */
+    uint64_t *neg;  /* perm32: bit i of word w set when qp[64 w + i] < 0 */
+    int has_vnni;   /* mq_lo, mq_hi and neg are filled */
+    size_t cap;     /* allocated n_pad */
+} QuantActs;
+
+/* Quantize x[n] into qa (growing its arrays as needed; a zeroed QuantActs is empty). Per block
+ * j of 32: a_j = max |x| of the block, A = max_j a_j, D = A / (127 * 255) (float32),
+ * m_j = min(255, ceil(a_j / (127 * D))) (0 when a_j = 0), and q[c] = clamp(rint(x[c] * inv_j),
+ * -127, 127) with inv_j = 1 / (D * m_j), all in float32, rint rounding half to even. A = 0
+ * gives D = 0 and all q = 0; a NaN or infinity in x gives D = NaN (so every y is NaN). Also
+ * fills the perm32 arrays; with_vnni also the VNNI ones. Returns 0, or -1 when out of memory
+ * (qa unchanged). */
+int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni);
+void act_free(QuantActs *qa);
+
+/* Where things are in an int8 codebook payload (FORMAT.md): centroids int8 [rows][S][K], then
+ * scales f16 [rows][S], padded to 64 bytes, then the packed indices. */
+typedef struct {
+    const int8_t *cent;
+    const uint16_t *scale; /* f16 bits */
+    const uint8_t *indices;
+    const uint8_t *end;    /* one past the last index byte */
+    int bits, group_size, n_sub, k;
+    size_t row_bytes;
+} I8Layout;
+
+I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, int cols);
+
+/* y[r] for rows r in [r0, r1): the reference (any b in 1..8, any G >= 2), exact integer
+ * arithmetic as defined at the top of this file. qa->n must equal cols. */
+void i8cb_rows_generic(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+/* The float part shared by every kernel: y = (float)(D * sum_sb s[sb] * T[sb]) in sub-block
+ * order, given the row's exact integer sums T[0..n_sub). */
+float i8_combine(const I8Layout *L, int r, const int64_t *T, float D);
+
+/* The b = 4 index bytes of the row's last, partial 32-column chunk starting at column c (a
+ * multiple of 32): ceil((cols - c) / 8) * 4 bytes copied into out[16], the rest zero (so
+ * the padding columns look up centroid 0 and meet q = 0). */
+void i8_tail_indices(uint8_t out[16], const uint8_t *row, int c, int cols);
+
+#endif

@@ -1,0 +1,150 @@
+/* qgemv_avx2.c: integer GEMV for int8 codebook tensors with b = 4, AVX2 and AVX-VNNI (256-bit)
+ * (definitions in qgemv.h; docs/KERNELS.md "Integer kernels").
+ *
+ * Per 32 columns of a row (one activation block, wholly inside one sub-block as G % 32 == 0):
+ * the 16 index bytes are split into their low nibbles (even columns) and high nibbles (odd
+ * columns), one 128-bit half each, which is the perm32 order of the quantized activations;
+ * one vpshufb looks the 32 indices up in the sub-block's 16 int8 centroids (broadcast to both
+ * halves). vpmaddubsw multiplies unsigned by signed bytes, so the sign of q moves onto the
+ * weight (vpsignb) and |q| is the unsigned operand (the trick of ggml's q4_0 x q8_0 dot):
+ *   AVX2:     vpmaddubsw(|q|, sign(w, q)) -> 16 x int16 (|pair| <= 2*127*127, no saturation),
+ *             vpmaddwd with the block multiplier m -> 8 x int32, added to the accumulator.
+ *   AVX-VNNI: vpdpbusd(lo, sign(w, q)) and vpdpbusd(hi, sign(w, q)) where lo/hi are the bytes
+ *             of |m q| (<= 32385), so T = sum(lo part) + 256 * sum(hi part).
+ * The int32 lanes are moved to an int64 sum before they can overflow (AVX2: every 128 chunks,
+ * a lane gains at most 2*32258*255 per chunk; VNNI: every 8192 chunks, at most 4*255*127).
+ */
+#include "qgemv.h"
+#include "kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX2_FN __attribute__((target("avx2")))
+#define AVXVNNI_FN __attribute__((target("avx2,avxvnni")))
+
+/* 32 indices of b = 4 from 16 bytes: low nibbles in the low half, high nibbles in the high. */
+AVX2_FN static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+AVX2_FN static int64_t hsum_epi32_wide(__m256i v) {
+    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
+    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
+    __m256i s = _mm256_add_epi64(lo, hi);
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
+}
+
+AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    int64_t T[L->n_sub];
+    const __m256i zero = _mm256_setzero_si256();
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
+            const __m256i tbl =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb));
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
+                __m256i acc0 = zero, acc1 = zero;
+                for (; c + 64 <= stop; c += 64) {
+                    __m256i w0 = _mm256_shuffle_epi8(tbl, nibbles32(row + c / 2));
+                    __m256i w1 = _mm256_shuffle_epi8(tbl, nibbles32(row + c / 2 + 16));
+                    __m256i q0 = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+                    __m256i q1 =
+                        _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c + 32));
+                    __m256i a0 = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+                    __m256i a1 =
+                        _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c + 32));
+                    __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, q0));
+                    __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, q1));
+                    acc0 = _mm256_add_epi32(
+                        acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16(qa->m16[c / 32])));
+                    acc1 = _mm256_add_epi32(
+                        acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16(qa->m16[c / 32 + 1])));
+                }
+                for (; c < stop; c += 32) { /* one block; the row's last may be partial */
+                    uint8_t tail[16];
+                    const uint8_t *ip = row + c / 2;
+                    if (c + 32 > cols) {
+                        i8_tail_indices(tail, row, c, cols);
+                        ip = tail;
+                    }
+                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+                    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+                    __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(w, q));
+                    acc0 = _mm256_add_epi32(
+                        acc0, _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32])));
+                }
+                t += hsum_epi32_wide(acc0) + hsum_epi32_wide(acc1);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}
+
+AVXVNNI_FN static int64_t hsum_epi32_wide_vnni(__m256i v) {
+    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
+    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
+    __m256i s = _mm256_add_epi64(lo, hi);
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
+}
+
+AVXVNNI_FN static inline __m256i nibbles32_vnni(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0,
+                                     int r1, int cols) {
+    int64_t T[L->n_sub];
+    const __m256i zero = _mm256_setzero_si256();
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
+            const __m256i tbl =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb));
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 8192 * 32 < c1 ? c + 8192 * 32 : c1;
+                __m256i lo = zero, hi = zero;
+                for (; c < stop; c += 32) {
+                    uint8_t tail[16];
+                    const uint8_t *ip = row + c / 2;
+                    if (c + 32 > cols) {
+                        i8_tail_indices(tail, row, c, cols);
+                        ip = tail;
+                    }
+                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32_vnni(ip));
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+                    __m256i ws = _mm256_sign_epi8(w, q);
+                    lo = _mm256_dpbusd_avx_epi32(
+                        lo, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_lo + c)), ws);
+                    hi = _mm256_dpbusd_avx_epi32(
+                        hi, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_hi + c)), ws);
+                }
+                t += hsum_epi32_wide_vnni(lo) + 256 * hsum_epi32_wide_vnni(hi);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}
+
+#endif

@@ -1,0 +1,172 @@
+/* qgemv_generic.c: activation quantization and the scalar reference integer GEMV for int8
+ * codebook tensors (definitions in qgemv.h). */
+#include "qgemv.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __clang__
+/* the float steps below are defined one rounding at a time: no fused multiply-add */
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+void act_free(QuantActs *qa) {
+    free(qa->m);
+    free(qa->m16);
+    free(qa->q);
+    free(qa->qp);
+    free(qa->aqp);
+    free(qa->mq_lo);
+    free(qa->mq_hi);
+    free(qa->neg);
+    memset(qa, 0, sizeof *qa);
+}
+
+static int act_reserve(QuantActs *qa, size_t n_pad) {
+    if (n_pad <= qa->cap && qa->q) return 0;
+    QuantActs t;
+    memset(&t, 0, sizeof t);
+    size_t nb = n_pad / QA_BLOCK;
+    t.m = malloc(nb);
+    t.m16 = malloc(nb * sizeof *t.m16);
+    t.q = malloc(n_pad);
+    t.qp = malloc(n_pad);
+    t.aqp = malloc(n_pad);
+    t.mq_lo = malloc(n_pad);
+    t.mq_hi = malloc(n_pad);
+    t.neg = malloc(n_pad / 64 * sizeof *t.neg);
+    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.mq_lo || !t.mq_hi || !t.neg) {
+        act_free(&t);
+        return -1;
+    }
+    t.cap = n_pad;
+    act_free(qa);
+    *qa = t;
+    return 0;
+}
+
+int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
+    size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
+    if (act_reserve(qa, n_pad)) return -1;
+    qa->n = n;
+    qa->n_pad = (int)n_pad;
+    int nb = (int)(n_pad / QA_BLOCK);
+    float A = 0.0f;
+    int finite = 1;
+    for (int c = 0; c < n; c++) {
+        float a = fabsf(x[c]);
+        if (!(a <= 3.402823466e38f)) finite = 0; /* NaN or infinity */
+        else if (a > A) A = a;
+    }
+    float D = A / (float)(QA_QMAX * QA_MMAX);
+    qa->D = finite ? D : NAN;
+    memset(qa->q, 0, n_pad);
+    for (int j = 0; j < nb; j++) {
+        int c0 = j * QA_BLOCK, c1 = c0 + QA_BLOCK < n ? c0 + QA_BLOCK : n;
+        float a = 0.0f;
+        for (int c = c0; c < c1; c++) {
+            float v = fabsf(x[c]);
+            if (v > a) a = v;
+        }
+        int m = 0;
+        if (finite && a > 0.0f) {
+            float t = a / ((float)QA_QMAX * D);
+            m = t >= (float)QA_MMAX ? QA_MMAX : (int)ceilf(t);
+            if (m < 1) m = 1;
+            float inv = 1.0f / (D * (float)m);
+            for (int c = c0; c < c1; c++) {
+                float r = rintf(x[c] * inv);
+                r = r > (float)QA_QMAX ? (float)QA_QMAX : r < -(float)QA_QMAX ? -(float)QA_QMAX : r;
+                qa->q[c] = (int8_t)r;
+            }
+        }
+        qa->m[j] = (uint8_t)m;
+        qa->m16[j] = (int16_t)m;
+    }
+    for (size_t c = 0; c < n_pad; c++) { /* perm32: evens of the block, then odds */
+        size_t base = c - c % 32, i = c % 32;
+        int8_t v = qa->q[base + (i < 16 ? 2 * i : 2 * (i - 16) + 1)];
+        qa->qp[c] = v;
+        qa->aqp[c] = (uint8_t)(v < 0 ? -v : v);
+    }
+    qa->has_vnni = with_vnni;
+    if (with_vnni) {
+        memset(qa->neg, 0, n_pad / 64 * sizeof *qa->neg);
+        for (size_t c = 0; c < n_pad; c++) {
+            int v = qa->qp[c];
+            unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
+            qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
+            qa->mq_hi[c] = (uint8_t)(mq >> 8);
+            if (v < 0) qa->neg[c / 64] |= UINT64_C(1) << (c % 64);
+        }
+    }
+    return 0;
+}
+
+I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, int cols) {
+    I8Layout L;
+    L.bits = bits;
+    L.group_size = group_size;
+    L.n_sub = (cols + group_size - 1) / group_size;
+    L.k = 1 << bits;
+    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
+    size_t n_cb = (size_t)rows * (size_t)L.n_sub;
+    size_t cb_bytes = (n_cb * (size_t)L.k + 2 * n_cb + 63u) & ~(size_t)63u;
+    L.cent = (const int8_t *)(const void *)payload;
+    L.scale = (const uint16_t *)(const void *)(payload + n_cb * (size_t)L.k);
+    L.indices = payload + cb_bytes;
+    L.end = L.indices + (size_t)rows * L.row_bytes;
+    return L;
+}
+
+float i8_combine(const I8Layout *L, int r, const int64_t *T, float D) {
+    const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
+    double acc = 0.0;
+    for (int s = 0; s < L->n_sub; s++) {
+        double p = (double)f16_to_f32(sc[s]) * (double)T[s];
+        acc = acc + p;
+    }
+    double y = acc * (double)D;
+    return (float)y;
+}
+
+void i8_tail_indices(uint8_t out[16], const uint8_t *row, int c, int cols) {
+    memset(out, 0, 16);
+    size_t nbytes = (size_t)((cols - c + 7) / 8) * 4u;
+    memcpy(out, row + (size_t)c / 2, nbytes);
+}
+
+/* The 8 indices of group g of a packed row (FORMAT.md: b bytes, one little-endian integer). */
+static void unpack8(const uint8_t *row, int bits, int g, int idx[8]) {
+    const uint8_t *p = row + (size_t)g * (size_t)bits;
+    uint64_t v = 0;
+    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    uint64_t mask = (UINT64_C(1) << bits) - 1u;
+    for (int j = 0; j < 8; j++) idx[j] = (int)((v >> (j * bits)) & mask);
+}
+
+void i8cb_rows_generic(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols) {
+    int64_t T[L->n_sub > 0 ? L->n_sub : 1];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            int idx[8], g = -1;
+            for (int c = c0; c < c1; c++) {
+                if (c / 8 != g) {
+                    g = c / 8;
+                    unpack8(row, L->bits, g, idx);
+                }
+                /* |m q cent| <= 255 * 127 * 127: exact in int32 */
+                t += (int64_t)((int32_t)qa->m[c / QA_BLOCK] * qa->q[c] * cb[idx[c % 8]]);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}

@@ -1,0 +1,59 @@
+/* qgemv_neon.c: integer GEMV for int8 codebook tensors with b = 4, Arm NEON with the dot
+ * product extension (Armv8.2-A DotProd: every Apple M-series core, Neoverse N1 and later)
+ * (definitions in qgemv.h; docs/KERNELS.md "Integer kernels").
+ *
+ * Per 32 columns (one activation block, G % 32 == 0): the 16 index bytes give the even
+ * columns' indices (low nibbles, vand) and the odd columns' (high nibbles, vshr), the perm32
+ * order of the quantized activations; tbl looks each half up in the sub-block's 16 int8
+ * centroids, and two sdot (signed x signed, no sign trick needed) sum the block into 4 int32
+ * lanes, which are multiplied by the block multiplier m and accumulated (vmla). A lane gains at
+ * most 8*127*127*255 per block, so the lanes move to int64 every 64 blocks.
+ */
+#include "qgemv.h"
+#include "kernels.h"
+
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+#include <string.h>
+
+#define NEON_FN __attribute__((target("dotprod")))
+
+NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    int64_t T[L->n_sub];
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8x16_t tbl =
+                vld1q_s8(L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u);
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
+                int32x4_t acc = vdupq_n_s32(0);
+                for (; c < stop; c += 32) {
+                    uint8_t tail[16];
+                    const uint8_t *ip = row + c / 2;
+                    if (c + 32 > cols) {
+                        i8_tail_indices(tail, row, c, cols);
+                        ip = tail;
+                    }
+                    uint8x16_t v = vld1q_u8(ip);
+                    int8x16_t w_even = vqtbl1q_s8(tbl, vandq_u8(v, low4));
+                    int8x16_t w_odd = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
+                    int32x4_t d = vdotq_s32(vdupq_n_s32(0), w_even, vld1q_s8(qa->qp + c));
+                    d = vdotq_s32(d, w_odd, vld1q_s8(qa->qp + c + 16));
+                    acc = vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
+                }
+                t += vaddlvq_s32(acc);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}
+
+#endif

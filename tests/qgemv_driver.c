@@ -1,0 +1,96 @@
+/* qgemv_driver.c: every integer GEMV kernel table against the scalar reference, bit for bit.
+ *
+ * Usage: qgemv_driver KERNEL [CASES]. For b = 1..8, a list of group sizes G (multiples of 32
+ * and 64, and not) and row lengths (with partial blocks and partial index groups), random int8
+ * codebook payloads allocated at their exact size (so ASan sees any read past the end), with
+ * fully random index bytes (including the padding of a row's last group), random centroids in
+ * -127..127 and random f16 scales; x random with a few zero blocks and one large outlier.
+ * Prints "ok N cases (M through the SIMD path)" and exits 0, or prints the first mismatch and
+ * exits 1; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
+ * natively, also under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../native/kernels.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static float rnd_float(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s KERNEL [CASES]\n", argv[0]);
+        return 2;
+    }
+    const char *kernel = argv[1];
+    int max_cases = argc > 2 ? atoi(argv[2]) : 1 << 30;
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) {
+        fprintf(stderr, "kernel %s: unknown or not supported by this CPU\n", kernel);
+        return 2;
+    }
+    static const int groups[] = {32, 64, 128, 256, 576, 4160, 2, 7, 48, 100};
+    static const int lengths[] = {1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200};
+    int cases = 0, simd = 0;
+    for (int b = 1; b <= 8; b++) {
+        for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                if (cases >= max_cases) goto done;
+                int G = groups[gi], cols = lengths[li];
+                int rows = 1 + (int)(rnd() % 40);
+                if (cols >= 1000 && b != 4) rows = 3;
+                int S = (cols + G - 1) / G, k = 1 << b;
+                size_t n_cb = (size_t)rows * (size_t)S;
+                size_t cb_bytes = (n_cb * (size_t)k + 2 * n_cb + 63u) & ~(size_t)63u;
+                size_t row_bytes = (size_t)((cols + 7) / 8) * (size_t)b;
+                size_t nbytes = cb_bytes + (size_t)rows * row_bytes;
+                uint8_t *p = malloc(nbytes);
+                float *x = malloc((size_t)cols * sizeof *x);
+                float *y0 = malloc((size_t)rows * sizeof *y0), *y1 = malloc((size_t)rows * sizeof *y1);
+                if (!p || !x || !y0 || !y1) return 3;
+                memset(p, 0, nbytes);
+                for (size_t i = 0; i < n_cb * (size_t)k; i++)
+                    p[i] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
+                for (size_t i = 0; i < n_cb; i++) { /* f16 scales, exponent 1..29, sign + */
+                    uint16_t h = (uint16_t)(((1 + rnd() % 29) << 10) | (rnd() & 0x3ff));
+                    memcpy(p + n_cb * (size_t)k + 2 * i, &h, 2);
+                }
+                for (size_t i = cb_bytes; i < nbytes; i++) p[i] = (uint8_t)rnd();
+                for (int c = 0; c < cols; c++) x[c] = rnd_float();
+                if (cols > 64)
+                    for (int c = 32; c < 64; c++) x[c] = 0.0f; /* an all-zero block */
+                if (cols > 5) x[cols / 2] = 300.0f * rnd_float(); /* an outlier */
+                int r0 = i8cb_gemv_with("generic", y0, x, p, b, G, rows, cols);
+                int r1 = i8cb_gemv_with(kernel, y1, x, p, b, G, rows, cols);
+                if (r0 < 0 || r1 < 0) return 3;
+                simd += r1;
+                for (int r = 0; r < rows; r++) {
+                    if (memcmp(&y0[r], &y1[r], sizeof(float)) != 0) {
+                        printf("MISMATCH kernel=%s b=%d G=%d cols=%d rows=%d row %d: %.9g vs "
+                               "%.9g (reference)\n", kernel, b, G, cols, rows, r, (double)y1[r],
+                               (double)y0[r]);
+                        return 1;
+                    }
+                }
+                free(p);
+                free(x);
+                free(y0);
+                free(y1);
+                cases++;
+            }
+        }
+    }
+done:
+    printf("ok %d cases (%d through the SIMD path)\n", cases, simd);
+    return 0;
+}

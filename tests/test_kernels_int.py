@@ -1,0 +1,316 @@
+"""The integer GEMV kernels for int8 codebooks (native/qgemv*.c, native/kernels.c).
+
+- the scalar reference equals a NumPy implementation of the exact definition in
+  native/qgemv.h bit for bit (activation quantization included);
+- every SIMD table (AVX2, AVX-VNNI, AVX-512 VNNI, AVX-512 VBMI on x86; NEON cross-compiled for
+  aarch64 and run under qemu-aarch64) equals the scalar reference bit for bit, for b = 1..8,
+  many G and row lengths with tails, under ASan + UBSan and through Ditto's IR pipeline; a
+  table this CPU cannot run is skipped with the missing features named (the only skip);
+- the kernel table: names, CPU checks against /proc/cpuinfo, the default choice, DITTO_KERNEL;
+- 1 and 2 threads give the same bits.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ditto_core.types import CodebookTensor
+from ditto_pack_bits import codebook_payload
+from ditto_quant_kmeans.quantizer import int8_codebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "native"
+DRIVER = ROOT / "tests" / "qgemv_driver.c"
+SRC = [NATIVE / f for f in ("kernels.c", "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c",
+                            "qgemv_neon.c", "matmul.c", "codebook_avx2.c", "codebook_avx512.c")]
+STD = ["-std=c11", "-D_POSIX_C_SOURCE=200809L"]
+WARN = ["-Wall", "-Wextra", "-Werror"]
+#: the x86 tables, best first, with the /proc/cpuinfo flags each needs (native/kernels.c)
+X86_FEATURES = {"avx512vbmi": "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c",
+                "avx512vnni": "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c",
+                "avxvnni": "avx_vnni avx2 fma f16c",
+                "avx2": "avx2 fma f16c",
+                "generic": ""}
+X86_TABLES = {k: set(v.split()) for k, v in X86_FEATURES.items()}
+P = ctypes.c_void_p
+
+
+def cpu_flags() -> set:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    raise AssertionError("no flags line in /proc/cpuinfo")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qgemv") / "libqgemv.so"
+    p = subprocess.run(["nice", "clang-22", *STD, "-O2", *WARN, "-fopenmp", "-fPIC", "-shared",
+                        "-o", str(out), *map(str, SRC), "-lm"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    L = ctypes.CDLL(str(out))
+    L.i8cb_gemv_with.argtypes = [ctypes.c_char_p, P, P, P] + [ctypes.c_int] * 4
+    L.act_quantize_copy.argtypes = [P, ctypes.c_int, P, P, P]
+    L.kernel_name_at.restype = ctypes.c_char_p
+    L.kernel_active_name.restype = ctypes.c_char_p
+    L.omp_set_num_threads.argtypes = [ctypes.c_int]
+    return L
+
+
+# ------------------------------------------------------------------ the definition in NumPy
+
+def act_quantize_np(x: np.ndarray):
+    """native/qgemv.h act_quantize in float32 NumPy: (D, m [n_pad/32], q [n_pad])."""
+    x = x.astype(np.float32)
+    n = len(x)
+    n_pad = -(-max(n, 1) // 64) * 64
+    xp = np.zeros(n_pad, np.float32)
+    xp[:n] = x
+    a = np.abs(xp).reshape(-1, 32).max(axis=1)
+    A = np.float32(np.abs(x).max()) if n else np.float32(0)
+    D = np.float32(A / np.float32(127 * 255))
+    m = np.zeros(len(a), np.int64)
+    q = np.zeros(n_pad, np.int64)
+    for j, aj in enumerate(a):
+        if aj > 0:
+            t = np.float32(aj / np.float32(np.float32(127) * D))
+            m[j] = 255 if t >= 255 else max(1, int(np.ceil(t)))
+            inv = np.float32(np.float32(1) / np.float32(D * np.float32(m[j])))
+            q[32 * j:32 * j + 32] = np.clip(np.rint(xp[32 * j:32 * j + 32] * inv), -127, 127)
+    return D, m, q
+
+
+def i8_gemv_np(ct: CodebookTensor, x: np.ndarray) -> np.ndarray:
+    """The exact result of native/qgemv.h: int64 sums per sub-block, combined in float64."""
+    rows, cols = ct.indices.shape
+    G = ct.group_size
+    D, m, q = act_quantize_np(x)
+    mq = (m[np.arange(cols) // 32] * q[:cols]).astype(np.int64)
+    sc = ct.scales.astype(np.float64)
+    cent = np.rint(ct.codebooks / np.where(sc > 0, sc, 1)[..., None]).astype(np.int64)
+    y = np.empty(rows, np.float32)
+    for r in range(rows):
+        acc = 0.0
+        for s in range(-(-cols // G)):
+            c = np.arange(s * G, min(s * G + G, cols))
+            T = int((mq[c] * cent[r, s, ct.indices[r, c]]).sum())
+            acc = acc + float(np.float32(sc[r, s])) * float(T)
+        y[r] = np.float32(acc * float(D))
+    return y
+
+
+def random_int8_tensor(rng, rows, cols, bits, G) -> CodebookTensor:
+    S, K = -(-cols // G), 1 << bits
+    cb, sc = int8_codebooks(np.sort(rng.normal(size=(rows, S, K)), axis=-1))
+    idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
+    return CodebookTensor(bits=bits, group_size=G, codebooks=cb, indices=idx,
+                          codebook_type="int8", scales=sc)
+
+
+def run_kernel(lib, kernel, ct, x, payload=None):
+    rows, cols = ct.indices.shape
+    payload = np.frombuffer(codebook_payload(ct) if payload is None else payload, np.uint8)
+    y = np.full(rows, np.nan, np.float32)
+    rc = lib.i8cb_gemv_with(kernel.encode(), y.ctypes.data, x.ctypes.data, payload.ctypes.data,
+                            ct.bits, ct.group_size, rows, cols)
+    assert rc >= 0, kernel
+    return y, rc
+
+
+def test_activation_quantization_equals_numpy(lib):
+    rng = np.random.default_rng(5)
+    for n in [1, 31, 32, 33, 100, 576, 1537]:
+        x = (rng.normal(size=n) * rng.choice([1e-3, 1, 50], size=n)).astype(np.float32)
+        if n > 64:
+            x[32:64] = 0  # a zero block (m = 0)
+            x[70] = 1e4  # an outlier: most blocks get small multipliers
+        n_pad = -(-n // 64) * 64
+        D = ctypes.c_float()
+        m = np.zeros(n_pad // 32, np.uint8)
+        q = np.zeros(n_pad, np.int8)
+        assert lib.act_quantize_copy(x.ctypes.data, n, ctypes.addressof(D), m.ctypes.data,
+                                     q.ctypes.data) == n_pad
+        D_np, m_np, q_np = act_quantize_np(x)
+        assert np.float32(D.value) == D_np
+        assert m.tolist() == m_np.tolist()
+        assert q.tolist() == q_np.tolist()
+        assert (np.abs(q.astype(int)) <= 127).all() and m.max() == 255
+        # x ~ D m q: the error of each entry is at most half a step of its block
+        step = D_np * m_np[np.arange(n) // 32]
+        assert np.all(np.abs(D_np * m_np[np.arange(n) // 32] * q_np[:n] - x) <= 0.5 * step + 1e-12)
+
+
+def test_non_finite_input_gives_nan(lib):
+    ct = random_int8_tensor(np.random.default_rng(1), 4, 64, 4, 32)
+    for bad in (np.nan, np.inf):
+        x = np.ones(64, np.float32)
+        x[3] = bad
+        for kernel in ("generic", "avx2"):
+            y, _ = run_kernel(lib, kernel, ct, x)
+            assert np.isnan(y).all(), (kernel, bad)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_generic_equals_numpy_definition_exactly(lib, bits):
+    rng = np.random.default_rng(bits)
+    for G in [2, 7, 32, 100, 256]:
+        for cols in [1, 33, 100, 300]:
+            ct = random_int8_tensor(rng, 5, cols, bits, G)
+            x = rng.normal(size=cols).astype(np.float32)
+            got, rc = run_kernel(lib, "generic", ct, x)
+            assert rc == 0
+            np.testing.assert_array_equal(got, i8_gemv_np(ct, x), err_msg=f"b={bits} G={G}")
+            # and it approximates the float product: activation quantization error only
+            W = ct.codebooks[np.arange(5)[:, None], np.arange(cols)[None, :] // G, ct.indices]
+            bound = np.abs(W.astype(np.float64)) @ np.abs(x.astype(np.float64))
+            assert np.all(np.abs(got - W @ x.astype(np.float64)) <= 0.01 * bound)
+
+
+# ------------------------------------------------------------------ the kernel table
+
+def test_kernel_table_matches_cpu(lib):
+    names = []
+    i = 0
+    while (n := lib.kernel_name_at(i)) is not None:
+        names.append(n.decode())
+        i += 1
+    assert names == list(X86_TABLES)
+    flags = cpu_flags()
+    for i, name in enumerate(names):
+        assert lib.kernel_supported_at(i) == int(X86_TABLES[name] <= flags), name
+    best = next(n for n in names if X86_TABLES[n] <= flags)
+    assert lib.kernel_active_name().decode() == best
+
+
+def test_ditto_kernel_env_forces_a_table(tmp_path):
+    """DITTO_KERNEL picks the table; an unknown or unsupported name is refused by name."""
+    src = tmp_path / "which.c"
+    src.write_text('#include <stdio.h>\n#include "kernels.h"\nint main(int c, char **v) {\n'
+                   '  char err[256];\n  if (kernels_select(c > 1 ? v[1] : NULL, err, sizeof err))'
+                   ' { puts(err); return 1; }\n  puts(kernels_active()->name);\n  return 0;\n}\n')
+    exe = tmp_path / "which"
+    p = subprocess.run(["clang-22", *STD, "-O1", *WARN, "-fopenmp", f"-I{NATIVE}", "-o", str(exe),
+                        str(src), *map(str, SRC), "-lm"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+    def run(*args, env=None):
+        e = {k: v for k, v in os.environ.items() if k != "DITTO_KERNEL"}
+        e.update(env or {})
+        return subprocess.run([str(exe), *args], capture_output=True, text=True, env=e)
+
+    assert run(env={"DITTO_KERNEL": "generic"}).stdout.strip() == "generic"
+    assert run("generic").stdout.strip() == "generic"
+    p = run(env={"DITTO_KERNEL": "sse9"})
+    assert p.returncode == 1
+    assert p.stdout.strip() == ("unknown kernel 'sse9' (this program has: avx512vbmi, "
+                                "avx512vnni, avxvnni, avx2, generic)")
+    flags = cpu_flags()
+    for name, need in X86_TABLES.items():
+        p = run(name)
+        if need <= flags:
+            assert p.returncode == 0 and p.stdout.strip() == name
+        else:
+            assert p.returncode == 1
+            assert p.stdout.strip() == (f"kernel '{name}' needs CPU features this CPU lacks "
+                                        f"({X86_FEATURES[name]})")
+
+
+# ------------------------------------------------------------------ SIMD == reference, exactly
+
+def _build_driver(tmp_path, *extra, cc="clang-22"):
+    exe = tmp_path / "qgemv_driver"
+    p = subprocess.run(["nice", cc, *STD, *WARN, *extra, f"-I{NATIVE}", "-o", str(exe),
+                        str(DRIVER), *map(str, SRC), "-lm"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return exe
+
+
+def _check_driver_output(p, kernel):
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines()[-1] == ("ok 1040 cases (78 through the SIMD path)"
+                                         if kernel != "generic" else
+                                         "ok 1040 cases (0 through the SIMD path)"), p.stdout
+
+
+@pytest.fixture(scope="module")
+def asan_driver(tmp_path_factory):
+    return _build_driver(tmp_path_factory.mktemp("qgemv_asan"), "-O1", "-g", "-fopenmp",
+                         "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                         "-fno-sanitize-recover=undefined")
+
+
+@pytest.mark.parametrize("kernel", [k for k in X86_TABLES if k != "generic"])
+def test_x86_table_equals_reference_under_asan(asan_driver, kernel):
+    missing = X86_TABLES[kernel] - cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {' '.join(sorted(missing))} for the {kernel} kernel")
+    p = subprocess.run([str(asan_driver), kernel], capture_output=True, text=True, timeout=600)
+    _check_driver_output(p, kernel)
+
+
+def test_unsupported_table_is_refused_by_the_driver(asan_driver):
+    lacking = [k for k, need in X86_TABLES.items() if not need <= cpu_flags()]
+    if not lacking:
+        pytest.skip("this CPU has every x86 table's features (avx512_vbmi included)")
+    p = subprocess.run([str(asan_driver), lacking[0]], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"kernel {lacking[0]}: unknown or not supported by this CPU"
+
+
+def test_driver_through_ditto_ir_pipeline(tmp_path):
+    """Built as the runtime is (clang-22 -O1 IR, llvmlite O3 for the host, per-function target
+    attributes kept): the best table of this CPU still equals the reference bit for bit."""
+    from ditto_core.cc import compile_c
+
+    exe, _ = compile_c([DRIVER, *SRC], blas=None, out=tmp_path / "qgemv_ir",
+                       include_dirs=[NATIVE], openmp=True)
+    best = next(n for n, need in X86_TABLES.items() if need <= cpu_flags())
+    _check_driver_output(subprocess.run([str(exe), best], capture_output=True, text=True,
+                                        timeout=600), best)
+
+
+def test_gcc_builds_every_kernel_warning_free(tmp_path):
+    exe = _build_driver(tmp_path, "-O2", "-fopenmp", cc="gcc")
+    best = next(n for n, need in X86_TABLES.items() if need <= cpu_flags())
+    _check_driver_output(subprocess.run([str(exe), best], capture_output=True, text=True),
+                         best)
+
+
+AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+
+
+def test_neon_equals_reference_under_qemu(tmp_path):
+    """The NEON table cross-compiled for aarch64 (Armv8.2-A + DotProd, against Debian's arm64
+    cross libc) and run under qemu-aarch64: bit-exact against the scalar reference. The tools
+    come from scripts/setup.sh (qemu-user, gcc-12-aarch64-linux-gnu, libc6-dev-arm64-cross)."""
+    assert shutil.which("qemu-aarch64"), "qemu-aarch64 missing: run scripts/setup.sh"
+    assert (AARCH64_SYSROOT / "lib" / "crt1.o").exists(), \
+        "arm64 cross libc missing: run scripts/setup.sh"
+    for march in ("armv8.2-a+dotprod", "armv8-a"):  # the kernel's target attribute suffices
+        exe = _build_driver(tmp_path, "--target=aarch64-linux-gnu", f"-march={march}", "-O2")
+        for kernel in ("neon", "generic"):
+            p = subprocess.run(["qemu-aarch64", "-L", str(AARCH64_SYSROOT), str(exe), kernel],
+                               capture_output=True, text=True, timeout=600)
+            _check_driver_output(p, kernel)
+
+
+def test_threads_do_not_change_bits(lib):
+    rng = np.random.default_rng(3)
+    ct = random_int8_tensor(rng, 1000, 576, 4, 256)
+    x = rng.normal(size=576).astype(np.float32)
+    payload = codebook_payload(ct)
+    best = lib.kernel_active_name().decode()
+    try:
+        lib.omp_set_num_threads(1)
+        one, _ = run_kernel(lib, best, ct, x, payload)
+        lib.omp_set_num_threads(2)
+        two, _ = run_kernel(lib, best, ct, x, payload)
+    finally:
+        lib.omp_set_num_threads(2)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(one, i8_gemv_np(ct, x))
