@@ -22,6 +22,7 @@ from ditto_core.format import CB_F16, CB_F32  # noqa: F401  (re-exported for the
 from ditto_core.modelfile import ModelFile, TensorInfo, write_model
 from ditto_core.types import CodebookTensor, ModelConfig, TokenizerSpec
 from ditto_pack_bits import codebook_payload, dequantize
+from ditto_quant_kmeans.quantizer import int8_codebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
@@ -46,10 +47,13 @@ def random_codebook_tensor(rng: np.random.Generator, rows: int, cols: int, bits:
     S, K = -(-cols // G), 1 << bits
     scale = scale if scale is not None else 1.0 / np.sqrt(cols)
     cb = rng.normal(0.0, scale, size=(rows, S, K)).astype(np.float32)
+    scales = None
+    if cb_type == "int8":
+        cb, scales = int8_codebooks(cb)
     cb = cb.astype(np.float16).astype(np.float32) if cb_type == "f16" else cb
     idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
     return CodebookTensor(bits=bits, group_size=G, codebooks=cb, indices=idx,
-                          codebook_type=cb_type)
+                          codebook_type=cb_type, scales=scales)
 
 
 # ----------------------------------------------------------------------------- model files
@@ -75,10 +79,12 @@ def byte_vocab(chat: bool = True) -> TokenizerSpec:
 
 
 def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
-                    n_kv_heads: int = 2) -> tuple[ModelConfig, dict]:
+                    n_kv_heads: int = 2, cb_types=("f16", "f32"),
+                    group_sizes=(2, 3, 8, 16, 32, 37, 64, 5, 256)) -> tuple[ModelConfig, dict]:
     """A random Llama model over ``byte_vocab`` (vocab 259) with GQA, tails (dim 72, hidden 100),
     and, if ``quantized``, every matrix a codebook tensor with a different (b, G, codebook
-    type), b cycling through 1..8 (token_embd and the classifier included).
+    type), b cycling through 1..8, G through ``group_sizes``, codebook type through ``cb_types``
+    (token_embd and the classifier included).
     Returns (config, float64 weights as the runtime sees them, "output.weight" always set)."""
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(dim=72, hidden_dim=100, n_layers=2, n_heads=6, n_kv_heads=n_kv_heads,
@@ -95,7 +101,6 @@ def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
                    (f"blk.{l}.attn_output.weight", (72, q_dim)),
                    (f"blk.{l}.ffn_norm.weight", (72,)), (f"blk.{l}.ffn_gate.weight", (100, 72)),
                    (f"blk.{l}.ffn_up.weight", (100, 72)), (f"blk.{l}.ffn_down.weight", (72, 100))]
-    group_sizes = [2, 3, 8, 16, 32, 37, 64, 5, 256]
     infos, payloads, weights = [], [], {}
     k = 0
     for name, shape in shapes:
@@ -112,7 +117,7 @@ def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
         scale = 1.0 if name == "token_embd.weight" else None
         ct = random_codebook_tensor(rng, shape[0], shape[1], bits=k % 8 + 1,
                                     G=group_sizes[k % len(group_sizes)],
-                                    cb_type="f16" if k % 2 == 0 else "f32", scale=scale)
+                                    cb_type=cb_types[k % len(cb_types)], scale=scale)
         k += 1
         infos.append(TensorInfo(name, "codebook", shape, ct.bits, ct.group_size,
                                 ct.codebook_type))
@@ -155,11 +160,12 @@ def token_file(path: Path, ids) -> Path:
     return path
 
 
-def dump_logits(exe: Path, model: Path, ids, tmp: Path, *extra) -> np.ndarray:
-    """Logits [len(ids), vocab] of every prompt position, via --ids and --dump-logits."""
+def dump_logits(exe: Path, model: Path, ids, tmp: Path, *extra, env: dict | None = None) -> np.ndarray:
+    """Logits [len(ids), vocab] of every prompt position, via --ids and --dump-logits
+    (``env``: extra environment variables)."""
     ids_path = token_file(tmp / "ids.json", ids)
     out = tmp / "logits.f32"
-    p = run_native(exe, "-m", model, "--ids", ids_path, "--dump-logits", out, *extra)
+    p = run_native(exe, "-m", model, "--ids", ids_path, "--dump-logits", out, *extra, env=env)
     assert p.returncode == 0, p.stderr.decode()
     return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
 

@@ -24,11 +24,16 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def reference_logits(cfg: dict, w: dict, ids) -> np.ndarray:
+def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
     """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
 
     ``cfg``: a ditto_core.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
-    (matrices [out, in]; "output.weight" present, the embedding itself when tied)."""
+    (matrices [out, in]; "output.weight" present, the embedding itself when tied).
+    ``linear(h, name)``: the product h [T, in] @ w[name].T, by default in float64 (a caller can
+    emulate a kernel's arithmetic, e.g. the int8 GEMV's activation quantization)."""
+    if linear is None:
+        def linear(h, name):
+            return h @ w[name].T
     ids = np.asarray(ids, dtype=np.int64)
     T, d = len(ids), cfg.head_dim
     H, KV = cfg.n_heads, cfg.n_kv_heads
@@ -42,17 +47,18 @@ def reference_logits(cfg: dict, w: dict, ids) -> np.ndarray:
     for l in range(cfg.n_layers):
         p = f"blk.{l}."
         h = rmsnorm(x, w[p + "attn_norm.weight"], eps)
-        q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, H, d), cos, sin)
-        k = rope((h @ w[p + "attn_k.weight"].T).reshape(T, KV, d), cos, sin)
-        v = (h @ w[p + "attn_v.weight"].T).reshape(T, KV, d)
+        q = rope(linear(h, p + "attn_q.weight").reshape(T, H, d), cos, sin)
+        k = rope(linear(h, p + "attn_k.weight").reshape(T, KV, d), cos, sin)
+        v = linear(h, p + "attn_v.weight").reshape(T, KV, d)
         k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         att = scores / scores.sum(axis=-1, keepdims=True)
         out = np.einsum("hts,shd->thd", att, v).reshape(T, H * d)
-        x = x + out @ w[p + "attn_output.weight"].T
+        x = x + linear(out, p + "attn_output.weight")
         h = rmsnorm(x, w[p + "ffn_norm.weight"], eps)
-        g = h @ w[p + "ffn_gate.weight"].T
-        x = x + (g / (1.0 + np.exp(-g)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        g = linear(h, p + "ffn_gate.weight")
+        x = x + linear(g / (1.0 + np.exp(-g)) * linear(h, p + "ffn_up.weight"),
+                       p + "ffn_down.weight")
     x = rmsnorm(x, w["output_norm.weight"], eps)
-    return x @ w["output.weight"].T
+    return linear(x, "output.weight")
