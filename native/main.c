@@ -21,6 +21,7 @@
 #endif
 
 #include "forward.h"
+#include "kernels.h"
 #include "matmul.h"
 #include "model.h"
 #include "output.h"
@@ -100,6 +101,9 @@ static void usage(FILE *f) {
             "  --top-p P          nucleus sampling mass in (0, 1]; 1 = off (default 0.9)\n"
             "  --seed S           PRNG seed (default: from the clock, printed to stderr)\n"
             "  --threads T        OpenMP threads (default: all cores)\n"
+            "  --kernel NAME      GEMV kernel table: generic, avx2, avxvnni, avx512vnni,\n"
+            "                     avx512vbmi (x86), neon (Arm); default: the best this CPU\n"
+            "                     runs, or $DITTO_KERNEL\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 64; 1 = one token at a time)\n"
@@ -225,7 +229,7 @@ static int encode_append(const Tokenizer *tok, const char *text, size_t len, siz
 /* ---------------------------------------------------------------- main */
 
 typedef struct {
-    const char *model_path, *prompt, *prompt_file, *ids_file, *score_file, *dump_file;
+    const char *model_path, *prompt, *prompt_file, *ids_file, *score_file, *dump_file, *kernel;
     long n_gen, threads, ctx, batch;
     float temp, topp;
     uint64_t seed;
@@ -255,7 +259,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         /* flags with a value */
         static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
             "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits", "-b",
-            "--batch-size"};
+            "--batch-size", "--kernel"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(o, with_value[k]);
@@ -268,6 +272,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--ids")) a->ids_file = v;
         else if (!strcmp(o, "--score")) a->score_file = v;
         else if (!strcmp(o, "--dump-logits")) a->dump_file = v;
+        else if (!strcmp(o, "--kernel")) a->kernel = v;
         else if (!strcmp(o, "-n")) {
             if (parse_long(v, 1, 1L << 30, &a->n_gen))
                 return usage_error("-n must be a positive integer, got '%s'", v);
@@ -345,9 +350,10 @@ static void print_stats(const char *eval_what, long n_eval, double load_s, long 
     fprintf(stderr,
             "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
             "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
-            "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld, \"peak_rss_kib\": %ld}\n",
+            "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld, \"peak_rss_kib\": %ld, "
+            "\"kernel\": \"%s\"}\n",
             load_s * 1e3, n_prompt, prompt_s * 1e3, ttft_s * 1e3, n_gen, gen_s * 1e3, tps,
-            threads, ctx, peak_rss_kib());
+            threads, ctx, peak_rss_kib(), kernels_active()->name);
 }
 
 /* What a run has opened and computed, shared by the modes below. */
@@ -687,6 +693,11 @@ static int generate(Run *r, const Args *a) {
 /* Opens the model and its tokenizer, reads the input tokens and runs the chosen mode. */
 static int run(const Args *a, Run *r) {
     char err[1024] = "";
+    if (kernels_select(a->kernel, err, sizeof err)) { /* --kernel, else $DITTO_KERNEL */
+        fprintf(stderr, "%s: error: %s%s\n", prog, a->kernel ? "--kernel: " : "DITTO_KERNEL: ",
+                err);
+        return EXIT_USAGE;
+    }
     if (model_open(&r->model, a->model_path, err, sizeof err)) {
         fprintf(stderr, "%s: error: %s\n", prog, err);
         return EXIT_MODEL;
