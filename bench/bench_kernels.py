@@ -38,6 +38,9 @@ from ditto_core.types import CodebookTensor  # noqa: E402
 from ditto_pack_bits import codebook_payload  # noqa: E402
 
 NATIVE = ROOT / "native"
+#: matmul.c's dispatcher needs the kernel tables (kernels.c) and the integer kernels
+KERNEL_FILES = ("codebook_avx2.c", "codebook_avx512.c", "matmul.c", "kernels.c",
+                "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c", "qgemv_neon.c")
 CB_F16 = 1
 # SmolLM2-135M: q/o (576x576), gate/up (1536x576), down (576x1536), classifier (49152x576)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -46,11 +49,11 @@ GEMV_ARGS = [F32P, F32P, ctypes.c_char_p, ctypes.c_uint32] + [ctypes.c_int] * 4
 
 
 def build(out: Path, extra: list[str]) -> ctypes.CDLL:
-    """codebook_avx2.c + codebook_avx512.c + matmul.c as a shared library (clang-22 -O3
-    -fopenmp + extra)."""
+    """The float codebook kernels and what matmul.c links against (KERNEL_FILES) as a shared
+    library (clang-22 -O3 -fopenmp + extra)."""
     cmd = ["nice", "clang-22", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O3", "-fopenmp",
-           "-fPIC", "-shared", *extra, "-o", str(out), str(NATIVE / "codebook_avx2.c"),
-           str(NATIVE / "codebook_avx512.c"), str(NATIVE / "matmul.c")]
+           "-fPIC", "-shared", *extra, "-o", str(out),
+           *(str(NATIVE / f) for f in KERNEL_FILES)]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
     for f in (lib.codebook_gemv_ref, lib.codebook_gemv_avx2, lib.codebook_gemv_avx512):

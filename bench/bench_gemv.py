@@ -1,0 +1,242 @@
+"""GEMV micro-benchmark: GB/s of packed weight bytes against a STREAM read figure measured in
+the same run (docs/KERNELS.md "Integer kernels"). Prints one JSON object (and a table on stderr).
+
+    python bench/bench_gemv.py [--shapes 576x576,...] [--threads 1,2] [--rounds 5]
+        [--formats int8,f16] [--kernels best,generic] [--stream-mib 256] [-o out.json]
+
+Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/matmul.c) with the
+kernel table forced by name (``kernels_select``), so an int8 figure includes quantizing x once
+per call, as in decode. Formats: ``int8`` (b = 4, G = 256, int8 centroids + f16 scale per
+sub-block: 4.5625 bpw), ``f16`` (b = 4, G = 256, f16 centroids: 5 bpw, the float-lookup
+kernels), ``f32`` (the naive loop nest, not BLAS). Payloads are random (the speed does not
+depend on the values). Kernel ``best`` is the table this CPU selects by default.
+
+STREAM read: a sum over a ``--stream-mib`` float32 array (several vector accumulators, OpenMP
+over the threads of the row), timed like the GEMVs; its GB/s is the bandwidth the GEMV can
+at best reach when its weights come from memory (the target in issue 9: quantized GEMV on
+4096 x 11008 at >= 80 % of it). Each figure is the median over ``--rounds`` rounds of the mean
+time of a burst of calls lasting ``--burst-s``; kernels and the STREAM read alternate within a
+round so machine noise hits all alike. Weights larger than the last-level cache stream from
+memory; small ones (576 x 576: 0.19 MB) stay cached, so their GB/s can exceed STREAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ditto_core.types import CodebookTensor  # noqa: E402
+from ditto_pack_bits import codebook_payload  # noqa: E402
+from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
+
+NATIVE = ROOT / "native"
+KERNEL_FILES = ("matmul.c", "kernels.c", "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c",
+                "qgemv_neon.c", "codebook_avx2.c", "codebook_avx512.c")
+SHAPES = "576x576,1536x576,576x1536,49152x576,4096x4096,11008x4096,4096x11008"
+ENC = {"f32": 0, "int8": 1, "f16": 1}
+CBT = {"f32": 0, "f16": 1, "int8": 2}
+
+#: timing harness: gemv() on a Tensor built from plain arguments, and the STREAM read sum
+HARNESS = r"""
+#define _POSIX_C_SOURCE 200809L
+#include <string.h>
+#include <time.h>
+#include "kernels.h"
+#include "matmul.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* mean seconds per gemv() over a burst of about burst_s seconds, -1 if the kernel is refused */
+double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int G, int rows,
+                  int cols, const unsigned char *payload, unsigned long long nbytes,
+                  const float *x, float *y, double burst_s) {
+    char err[256];
+    if (kernels_select(kernel, err, sizeof err)) return -1.0;
+    Tensor W;
+    memset(&W, 0, sizeof W);
+    W.name = "bench";
+    W.encoding = enc;
+    W.codebook_type = cbt;
+    W.bits = (unsigned)bits;
+    W.group_size = (unsigned)G;
+    W.rows = (unsigned long long)rows;
+    W.cols = (unsigned long long)cols;
+    W.data = payload;
+    W.nbytes = nbytes;
+    gemv(y, x, &W);
+    double t0 = now();
+    gemv(y, x, &W);
+    double one = now() - t0;
+    long n = one > 0 ? (long)(burst_s / one) : 1000;
+    if (n < 3) n = 3;
+    t0 = now();
+    for (long i = 0; i < n; i++) gemv(y, x, &W);
+    return (now() - t0) / (double)n;
+}
+
+/* STREAM-style read: sum of n floats (n a multiple of 64), 8 independent accumulators per
+ * thread so the adds never limit it. */
+static float stream_sum(const float *a, long n) {
+    float total = 0.0f;
+#pragma omp parallel reduction(+ : total)
+    {
+        float s[8] = {0};
+#pragma omp for schedule(static)
+        for (long i = 0; i < n; i += 64)
+            for (int j = 0; j < 64; j++) s[j % 8] += a[i + j];
+        for (int j = 0; j < 8; j++) total += s[j];
+    }
+    return total;
+}
+
+volatile float stream_sink;
+
+double bench_stream(const float *a, long n, double burst_s) {
+    stream_sink = stream_sum(a, n);
+    double t0 = now();
+    stream_sink = stream_sum(a, n);
+    double one = now() - t0;
+    long reps = one > 0 ? (long)(burst_s / one) : 10;
+    if (reps < 3) reps = 3;
+    t0 = now();
+    for (long i = 0; i < reps; i++) stream_sink = stream_sum(a, n);
+    return (now() - t0) / (double)reps;
+}
+"""
+
+
+def build(tmp: Path) -> ctypes.CDLL:
+    """The kernels (clang-22 -O3 -fopenmp, the runtime's flags) and the harness (the same plus
+    -fassociative-math, so the STREAM sum is vectorised) as two shared libraries."""
+    src = tmp / "harness.c"
+    src.write_text(HARNESS)
+    obj = tmp / "harness.o"
+    std = ["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O3", "-fopenmp", "-fPIC"]
+    subprocess.run(["nice", "clang-22", *std, "-fassociative-math", "-fno-signed-zeros",
+                    "-fno-trapping-math", f"-I{NATIVE}", "-c", "-o", str(obj), str(src)],
+                   check=True)
+    out = tmp / "libbench_gemv.so"
+    subprocess.run(["nice", "clang-22", *std, "-shared", "-o", str(out), str(obj),
+                    *(str(NATIVE / f) for f in KERNEL_FILES), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    P = ctypes.c_void_p
+    lib.bench_gemv.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,
+                               ctypes.c_int, ctypes.c_int, ctypes.c_int, P, ctypes.c_ulonglong,
+                               P, P, ctypes.c_double]
+    lib.bench_gemv.restype = ctypes.c_double
+    lib.bench_stream.argtypes = [P, ctypes.c_long, ctypes.c_double]
+    lib.bench_stream.restype = ctypes.c_double
+    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    lib.kernel_active_name.restype = ctypes.c_char_p
+    return lib
+
+
+def payload_for(fmt: str, rows: int, cols: int, rng) -> np.ndarray:
+    """A random payload of the format (b = 4, G = 256 for the codebook formats)."""
+    if fmt == "f32":
+        return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8).reshape(-1)
+    b, G = 4, 256
+    S = -(-cols // G)
+    cent = rng.normal(size=(rows, S, 1 << b)).astype(np.float32)
+    idx = rng.integers(0, 1 << b, size=(rows, cols), dtype=np.uint8)
+    if fmt == "int8":
+        cb, sc = int8_codebooks(cent)
+        ct = CodebookTensor(bits=b, group_size=G, codebooks=cb, indices=idx,
+                            codebook_type="int8", scales=sc)
+    else:
+        ct = CodebookTensor(bits=b, group_size=G, codebooks=cent.astype(np.float16)
+                            .astype(np.float32), indices=idx, codebook_type="f16")
+    return np.frombuffer(codebook_payload(ct), np.uint8)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES, help="rows x cols list (default: %(default)s)")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--burst-s", type=float, default=0.2)
+    ap.add_argument("--formats", default="int8,f16")
+    ap.add_argument("--kernels", default="best,generic",
+                    help="kernel tables for int8 (best = this CPU's default)")
+    ap.add_argument("--stream-mib", type=int, default=256)
+    ap.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    formats = [f for f in args.formats.split(",") if f]
+    rng = np.random.default_rng(0)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-gemv-") as tmp:
+        lib = build(Path(tmp))
+        best = lib.kernel_active_name().decode()
+        kernels = [best if k == "best" else k for k in args.kernels.split(",") if k]
+        kernels = list(dict.fromkeys(kernels))
+        stream = np.ones(args.stream_mib * 2**20 // 4 // 64 * 64, np.float32)
+        results = []
+        for rows, cols in shapes:
+            x = rng.normal(size=cols).astype(np.float32)
+            y = np.zeros(rows, np.float32)
+            cases = []  # (label, fmt, kernel, payload)
+            for fmt in formats:
+                p = payload_for(fmt, rows, cols, rng)
+                for k in (kernels if fmt == "int8" else [best]):
+                    cases.append((f"{fmt}/{k}", fmt, k, p))
+            for t in threads:
+                lib.omp_set_num_threads(t)
+                samples = {c[0]: [] for c in cases}
+                samples["stream_read"] = []
+                for _ in range(args.rounds):
+                    samples["stream_read"].append(
+                        lib.bench_stream(stream.ctypes.data, stream.size, args.burst_s))
+                    for label, fmt, k, p in cases:
+                        s = lib.bench_gemv(k.encode(), ENC[fmt], CBT[fmt], 4, 256, rows, cols,
+                                           p.ctypes.data, p.size, x.ctypes.data, y.ctypes.data,
+                                           args.burst_s)
+                        if s < 0:
+                            raise SystemExit(f"kernel {k} is not available on this CPU")
+                        samples[label].append(s)
+                stream_gbs = stream.nbytes / statistics.median(samples["stream_read"]) / 1e9
+                row = {"rows": rows, "cols": cols, "threads": t,
+                       "stream_read_GB_s": round(stream_gbs, 2), "kernels": {}}
+                for label, fmt, k, p in cases:
+                    med = statistics.median(samples[label])
+                    gbs = p.size / med / 1e9
+                    row["kernels"][label] = {
+                        "format": fmt, "kernel": k, "packed_bytes": int(p.size),
+                        "bpw": round(8.0 * p.size / (rows * cols), 4),
+                        "us": round(med * 1e6, 2), "us_min": round(min(samples[label]) * 1e6, 2),
+                        "GB_s": round(gbs, 3), "fraction_of_stream": round(gbs / stream_gbs, 3)}
+                results.append(row)
+                for label, r in row["kernels"].items():
+                    print(f"{rows:>6}x{cols:<6} t={t} {label:<16} {r['us']:>10.1f} us "
+                          f"{r['GB_s']:>7.2f} GB/s ({100 * r['fraction_of_stream']:.0f}% of "
+                          f"STREAM read {stream_gbs:.1f} GB/s)", file=sys.stderr)
+    out = {"bench": "bench_gemv", "default_kernel": best, "kernels": kernels,
+           "formats": formats, "rounds": args.rounds, "burst_s": args.burst_s,
+           "stream_mib": args.stream_mib, "cpu_count": os.cpu_count(),
+           "load_average_before": load_before, "results": results}
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
