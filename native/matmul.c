@@ -144,6 +144,32 @@ static int kernel_group_size(const Tensor *W) {
     return (int)(W->group_size < W->cols ? W->group_size : W->cols);
 }
 
+/* x quantized for the integer kernels (act_quantize), shared by every row and thread of the
+ * GEMV. The last input is kept: the next GEMV on the same values (q/k/v, gate/up read one
+ * input) reuses it instead of quantizing again. */
+static const QuantActs *quantized_input(const float *x, int n) {
+    static QuantActs qa;
+    static float *last = NULL;
+    static int last_n = -1, last_vnni = -1;
+    static size_t last_cap = 0;
+    int vnni = kernels_active()->vnni_acts;
+    if (n == last_n && vnni == last_vnni && memcmp(x, last, (size_t)n * sizeof *x) == 0)
+        return &qa;
+    if ((size_t)n > last_cap) {
+        free(last);
+        last = malloc((size_t)n * sizeof *last);
+        last_cap = last ? (size_t)n : 0;
+    }
+    if (!last || act_quantize(&qa, x, n, vnni)) {
+        fprintf(stderr, "ditto: out of memory quantizing a GEMV input of %d floats\n", n);
+        abort();
+    }
+    memcpy(last, x, (size_t)n * sizeof *x);
+    last_n = n;
+    last_vnni = vnni;
+    return &qa;
+}
+
 void gemv(float *y, const float *x, const Tensor *W) {
     switch (W->encoding) {
     case DITTO_ENC_F32:
@@ -151,14 +177,7 @@ void gemv(float *y, const float *x, const Tensor *W) {
         break;
     case DITTO_ENC_CODEBOOK:
         if (W->codebook_type == DITTO_CB_I8) {
-            /* one quantized copy of x, shared by every row and thread of this GEMV */
-            static QuantActs qa;
-            if (act_quantize(&qa, x, (int)W->cols, kernels_active()->vnni_acts)) {
-                fprintf(stderr, "ditto: out of memory quantizing a GEMV input of %llu floats\n",
-                        (unsigned long long)W->cols);
-                abort();
-            }
-            gemv_i8(y, &qa, W);
+            gemv_i8(y, quantized_input(x, (int)W->cols), W);
         } else {
             kernels_active()->float_cb(y, x, W->data, W->codebook_type, (int)W->bits,
                                        kernel_group_size(W), (int)W->rows, (int)W->cols);

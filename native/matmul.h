@@ -48,7 +48,9 @@ void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type
 
 /* Dispatcher: y[W->rows] = W x[W->cols] for any encoding, through the kernel table chosen at
  * model load (kernels.h): fp32 -> matmul(); int8 codebooks -> x quantized once (act_quantize),
- * then the table's integer kernel (gemv_i8); f16/f32 codebooks -> the table's float kernel. */
+ * then the table's integer kernel (gemv_i8); f16/f32 codebooks -> the table's float kernel.
+ * Not reentrant for int8 tensors (one static quantized-input buffer): concurrent callers
+ * quantize into their own QuantActs (act_quantize) and call gemv_i8() (kernels.h). */
 void gemv(float *y, const float *x, const Tensor *W);
 
 /* Most activation rows one matmul_batch() call takes (the prefill tile, --batch-size). */

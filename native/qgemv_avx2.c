@@ -13,6 +13,7 @@
  *             of |m q| (<= 32385), so T = sum(lo part) + 256 * sum(hi part).
  * The int32 lanes are moved to an int64 sum before they can overflow (AVX2: every 128 chunks,
  * a lane gains at most 2*32258*255 per chunk; VNNI: every 8192 chunks, at most 4*255*127).
+ * The AVX2 kernel works on two rows at a time, sharing the activation loads.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -40,11 +41,65 @@ AVX2_FN static int64_t hsum_epi32_wide(__m256i v) {
     return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
 }
 
+/* 32 columns of one row: int32 lanes of m * sum(q * w) (perm32 order, G % 32 == 0). */
+AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q, __m256i a,
+                                      __m256i m) {
+    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w, q)), m);
+}
+
+/* The index bytes of the block at column c of a row: in place, or for the row's last,
+ * partial block a zero-padded copy in tail. */
+static inline const uint8_t *block_indices(const uint8_t *row, int c, int cols, uint8_t *tail) {
+    if (c + 32 <= cols) return row + c / 2;
+    i8_tail_indices(tail, row, c, cols);
+    return tail;
+}
+
+/* Two rows at once (r, r + 1): the activation loads and the block multiplier are shared. */
+AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
+                               int cols, int64_t *T0, int64_t *T1) {
+    const uint8_t *row0 = L->indices + (size_t)r * L->row_bytes, *row1 = row0 + L->row_bytes;
+    const __m256i zero = _mm256_setzero_si256();
+    for (int s = 0; s < L->n_sub; s++) {
+        const int8_t *cb0 = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
+        const int8_t *cb1 = cb0 + (size_t)L->n_sub * 16u;
+        const __m256i tbl0 =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb0));
+        const __m256i tbl1 =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb1));
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        int64_t t0 = 0, t1 = 0;
+        for (int c = c0; c < c1;) {
+            int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
+            __m256i acc0 = zero, acc1 = zero;
+            for (; c < stop; c += 32) {
+                uint8_t tail0[16], tail1[16];
+                __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+                __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+                __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+                acc0 = _mm256_add_epi32(
+                    acc0, block32(block_indices(row0, c, cols, tail0), tbl0, q, a, m));
+                acc1 = _mm256_add_epi32(
+                    acc1, block32(block_indices(row1, c, cols, tail1), tbl1, q, a, m));
+            }
+            t0 += hsum_epi32_wide(acc0);
+            t1 += hsum_epi32_wide(acc1);
+        }
+        T0[s] = t0;
+        T1[s] = t1;
+    }
+    y[r] = i8_combine(L, r, T0, qa->D);
+    y[r + 1] = i8_combine(L, r + 1, T1, qa->D);
+}
+
 AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
-    int64_t T[L->n_sub];
-    const __m256i zero = _mm256_setzero_si256();
-    for (int r = r0; r < r1; r++) {
+    int64_t T0[L->n_sub], T1[L->n_sub];
+    int r = r0;
+    for (; r + 2 <= r1; r += 2) rows2_avx2(y, qa, L, r, cols, T0, T1);
+    if (r < r1) { /* the last row alone: its pair is the next thread's or does not exist */
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
         for (int s = 0; s < L->n_sub; s++) {
             const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
@@ -54,43 +109,20 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
             int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
             int64_t t = 0;
             for (int c = c0; c < c1;) {
-                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
-                __m256i acc0 = zero, acc1 = zero;
-                for (; c + 64 <= stop; c += 64) {
-                    __m256i w0 = _mm256_shuffle_epi8(tbl, nibbles32(row + c / 2));
-                    __m256i w1 = _mm256_shuffle_epi8(tbl, nibbles32(row + c / 2 + 16));
-                    __m256i q0 = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
-                    __m256i q1 =
-                        _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c + 32));
-                    __m256i a0 = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
-                    __m256i a1 =
-                        _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c + 32));
-                    __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, q0));
-                    __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, q1));
-                    acc0 = _mm256_add_epi32(
-                        acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16(qa->m16[c / 32])));
-                    acc1 = _mm256_add_epi32(
-                        acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16(qa->m16[c / 32 + 1])));
-                }
-                for (; c < stop; c += 32) { /* one block; the row's last may be partial */
+                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1;
+                __m256i acc = _mm256_setzero_si256();
+                for (; c < stop; c += 32) {
                     uint8_t tail[16];
-                    const uint8_t *ip = row + c / 2;
-                    if (c + 32 > cols) {
-                        i8_tail_indices(tail, row, c, cols);
-                        ip = tail;
-                    }
-                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
                     __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
                     __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
-                    __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(w, q));
-                    acc0 = _mm256_add_epi32(
-                        acc0, _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32])));
+                    acc = _mm256_add_epi32(acc, block32(block_indices(row, c, cols, tail), tbl, q,
+                                                        a, _mm256_set1_epi16(qa->m16[c / 32])));
                 }
-                t += hsum_epi32_wide(acc0) + hsum_epi32_wide(acc1);
+                t += hsum_epi32_wide(acc);
             }
-            T[s] = t;
+            T0[s] = t;
         }
-        y[r] = i8_combine(L, r, T, qa->D);
+        y[r] = i8_combine(L, r, T0, qa->D);
     }
 }
 

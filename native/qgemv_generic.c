@@ -84,10 +84,14 @@ int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
         qa->m[j] = (uint8_t)m;
         qa->m16[j] = (int16_t)m;
     }
-    for (size_t c = 0; c < n_pad; c++) { /* perm32: evens of the block, then odds */
-        size_t base = c - c % 32, i = c % 32;
-        int8_t v = qa->q[base + (i < 16 ? 2 * i : 2 * (i - 16) + 1)];
-        qa->qp[c] = v;
+    for (size_t base = 0; base < n_pad; base += 32) { /* perm32: the block's evens, then odds */
+        for (size_t i = 0; i < 16; i++) {
+            qa->qp[base + i] = qa->q[base + 2 * i];
+            qa->qp[base + 16 + i] = qa->q[base + 2 * i + 1];
+        }
+    }
+    for (size_t c = 0; c < n_pad; c++) {
+        int v = qa->qp[c];
         qa->aqp[c] = (uint8_t)(v < 0 ? -v : v);
     }
     qa->has_vnni = with_vnni;

@@ -195,6 +195,8 @@ def test_invalid_utf8_prompt(native_build, native_synth, tmp_path):
     (["--top-p", "1e-50"], "ditto-run: --top-p must be > 0 as a float; '1e-50' rounds to 0\n"),
     (["--threads", "0"], "--threads must be an integer"),
     (["--seed", "-3"], "--seed must be a non-negative integer"),
+    (["--kernel", "sse9"], "ditto-run: error: --kernel: unknown kernel 'sse9' (this program "
+                           "has: avx512vbmi, avx512vnni, avxvnni, avx2, generic)\n"),
 ])
 def test_bad_flags(native_build, native_synth, args, message):
     p = run_native(native_build.asan, "-m", native_synth.quant.path, "-p", "hi", *args)
