@@ -56,14 +56,16 @@ static inline const uint8_t *block_indices(const uint8_t *row, int c, int cols, 
     return tail;
 }
 
-/* Two rows at once (r, r + 1): the activation loads and the block multiplier are shared. */
-AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
+/* Two rows at once (ra, rb; the same row twice for a run's odd last row): the activation
+ * loads and the block multiplier are shared. */
+AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L, int ra, int rb,
                                int cols, int64_t *T0, int64_t *T1) {
-    const uint8_t *row0 = L->indices + (size_t)r * L->row_bytes, *row1 = row0 + L->row_bytes;
+    const uint8_t *row0 = L->indices + (size_t)ra * L->row_bytes;
+    const uint8_t *row1 = L->indices + (size_t)rb * L->row_bytes;
     const __m256i zero = _mm256_setzero_si256();
     for (int s = 0; s < L->n_sub; s++) {
-        const int8_t *cb0 = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
-        const int8_t *cb1 = cb0 + (size_t)L->n_sub * 16u;
+        const int8_t *cb0 = L->cent + ((size_t)ra * (size_t)L->n_sub + (size_t)s) * 16u;
+        const int8_t *cb1 = L->cent + ((size_t)rb * (size_t)L->n_sub + (size_t)s) * 16u;
         const __m256i tbl0 =
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb0));
         const __m256i tbl1 =
@@ -90,54 +92,14 @@ AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L,
         T0[s] = t0;
         T1[s] = t1;
     }
-    y[r] = i8_combine(L, r, T0, qa->D);
-    y[r + 1] = i8_combine(L, r + 1, T1, qa->D);
+    y[ra] = i8_combine(L, ra, T0, qa->D);
+    y[rb] = i8_combine(L, rb, T1, qa->D);
 }
 
 AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
     int64_t T0[L->n_sub], T1[L->n_sub];
-    int r = r0;
-    for (; r + 2 <= r1; r += 2) rows2_avx2(y, qa, L, r, cols, T0, T1);
-    if (r < r1) { /* the last row alone: its pair is the next thread's or does not exist */
-        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        for (int s = 0; s < L->n_sub; s++) {
-            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
-            const __m256i tbl =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb));
-            int c0 = s * L->group_size;
-            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-            int64_t t = 0;
-            for (int c = c0; c < c1;) {
-                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1;
-                __m256i acc = _mm256_setzero_si256();
-                for (; c < stop; c += 32) {
-                    uint8_t tail[16];
-                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
-                    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
-                    acc = _mm256_add_epi32(acc, block32(block_indices(row, c, cols, tail), tbl, q,
-                                                        a, _mm256_set1_epi16(qa->m16[c / 32])));
-                }
-                t += hsum_epi32_wide(acc);
-            }
-            T0[s] = t;
-        }
-        y[r] = i8_combine(L, r, T0, qa->D);
-    }
-}
-
-AVXVNNI_FN static int64_t hsum_epi32_wide_vnni(__m256i v) {
-    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
-    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
-    __m256i s = _mm256_add_epi64(lo, hi);
-    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
-}
-
-AVXVNNI_FN static inline __m256i nibbles32_vnni(const uint8_t *p) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+    for (int r = r0; r < r1; r += 2) rows2_avx2(y, qa, L, r, r + 1 < r1 ? r + 1 : r, cols, T0, T1);
 }
 
 AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0,
@@ -163,7 +125,7 @@ AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layo
                         i8_tail_indices(tail, row, c, cols);
                         ip = tail;
                     }
-                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32_vnni(ip));
+                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
                     __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
                     __m256i ws = _mm256_sign_epi8(w, q);
                     lo = _mm256_dpbusd_avx_epi32(
@@ -171,7 +133,7 @@ AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layo
                     hi = _mm256_dpbusd_avx_epi32(
                         hi, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_hi + c)), ws);
                 }
-                t += hsum_epi32_wide_vnni(lo) + 256 * hsum_epi32_wide_vnni(hi);
+                t += hsum_epi32_wide(lo) + 256 * hsum_epi32_wide(hi);
             }
             T[s] = t;
         }
