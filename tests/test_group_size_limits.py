@@ -63,7 +63,7 @@ def test_check_codebook_params_names_the_limit():
                              (4, 2**32 - 1, "f16", "got 4294967295"),
                              (4, 2.5, "f16", "group size G must be an integer, got 2.5"),
                              (9, 256, "f16", "bit width b must be in 1..8, got 9"),
-                             (4, 256, "bf16", "codebook type must be 'f16' or 'f32'")]:
+                             (4, 256, "bf16", "codebook type must be 'f16', 'f32' or 'int8'")]:
         with pytest.raises(DittoError, match=msg):
             check_codebook_params(bits, G, ct)
 

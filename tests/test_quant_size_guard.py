@@ -116,7 +116,7 @@ def _checkpoint():
     ({"bits": 0}, "bit width b must be an integer in 1..8, got 0"),
     ({"group_size": 1}, "group size G must be an integer in 2..16777216, got 1"),
     ({"group_size": 2**32 - 1}, "group size G must be an integer in 2..16777216, got 4294967295"),
-    ({"codebook_type": "bf16"}, "codebook type must be 'f16' or 'f32', got 'bf16'"),
+    ({"codebook_type": "bf16"}, "codebook type must be 'f16', 'f32' or 'int8', got 'bf16'"),
 ])
 def test_bad_options_raise_before_any_tensor_is_loaded(kw, match):
     with pytest.raises(DittoError, match=match):

@@ -125,8 +125,8 @@ def check_options(options: QuantOptions) -> str:
         raise DittoError(f"kmeans: group size G must be an integer in {F.MIN_GROUP_SIZE}.."
                          f"{F.MAX_GROUP_SIZE}, got {g!r}")
     if options.codebook_type not in CODEBOOK_TYPES:
-        raise DittoError(f"kmeans: codebook type must be one of {', '.join(CODEBOOK_TYPES)}, "
-                         f"got {options.codebook_type!r}")
+        raise DittoError(f"kmeans: codebook type must be 'f16', 'f32' or 'int8', got "
+                         f"{options.codebook_type!r}")
     method = options.method or DEFAULT_METHOD
     if method not in METHODS:
         raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
