@@ -4,7 +4,8 @@
  * row is read from memory once and reused from L1 for all T tokens, while the T x cols
  * activation tile stays in L2) that the IR pass (plugins/pass_gemv_blas, docs/PASS.md "GEMM")
  * replaces with cblas_sgemm.
- * Codebook weights: tiles of CB_TILE_ROWS rows are decoded to float32 once per column chunk,
+ * int8 codebook weights: the integer kernels through gemm_i8 (kernels.c), bit-identical to gemv().
+ * f16/f32 codebook weights: tiles of CB_TILE_ROWS rows are decoded to float32 once per column chunk,
  * transposed (Wt[c][r]), and multiplied with the T activation rows by an outer-product
  * micro-kernel (4 tokens x 16 rows of accumulators, one broadcast of x per token and two
  * vectors of Wt per column) that compilers vectorise without reassociating any sum: every
@@ -14,6 +15,8 @@
 #include "matmul.h"
 
 #include <string.h>
+
+#include "kernels.h"
 
 #define CB_TILE_ROWS 16 /* rows of W per decoded tile: two AVX2 vectors, one cache line of Y */
 #define CB_CHUNK 256    /* columns decoded at a time: Wt chunk = 16 KiB, stays in L1 */
@@ -152,6 +155,10 @@ void matmul_batch(float *Y, const float *X, int T, const Tensor *W) {
         matmul_f32_batch(Y, X, (const float *)(const void *)W->data, T, cols, rows);
         break;
     case DITTO_ENC_CODEBOOK:
+        if (W->codebook_type == DITTO_CB_I8) { /* the integer kernels, as gemv() (kernels.h) */
+            gemm_i8_float_input(Y, X, T, W);
+            break;
+        }
         /* G longer than the row is the whole row (S = 1), as gemv() sees it */
         codebook_gemm_ref(Y, X, T, W->data, W->codebook_type, (int)W->bits,
                           (int)(W->group_size < W->cols ? W->group_size : W->cols), rows, cols);

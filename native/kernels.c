@@ -206,3 +206,41 @@ int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
     act_free(&qa);
     return n_pad;
 }
+
+void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
+    const KernelTable *K = kernels_active();
+    int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    I8Layout L = i8_layout(W->data, bits, G, rows, cols);
+    int fast = K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0;
+    for (int t = 0; t < T && fast; t++) fast = !K->vnni_acts || qa[t].has_vnni;
+    I8RowsFn fn = fast ? K->i8_b4 : i8cb_rows_generic;
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        int r0 = 0, r1 = rows;
+#ifdef _OPENMP
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+#endif
+        /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
+        for (int rb = r0; rb < r1; rb += 16) {
+            int re = rb + 16 < r1 ? rb + 16 : r1;
+            for (int t = 0; t < T; t++) fn(Y + (size_t)t * (size_t)rows, &qa[t], &L, rb, re, cols);
+        }
+    }
+}
+
+void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
+    /* one QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most) */
+    static QuantActs qa[MATMUL_BATCH_MAX];
+    int cols = (int)W->cols, vnni = kernels_active()->vnni_acts;
+    for (int t = 0; t < T; t++) {
+        if (act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni)) {
+            fprintf(stderr, "ditto: out of memory quantizing %d activation rows of %d floats\n",
+                    T, cols);
+            abort();
+        }
+    }
+    gemm_i8(Y, qa, T, W);
+}

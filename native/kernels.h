@@ -58,6 +58,16 @@ const KernelTable *kernels_active(void);
  * so no two threads write the same cache line. */
 void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
 
+/* Y[T][W->rows] = X[T][W->cols] · Wᵀ for an int8 codebook tensor, T activation rows already
+ * quantized (qa[0..T)): a GEMM for batched prefill. Threads split the rows as gemv_i8() does;
+ * each thread takes 16 rows at a time through all T rows of X, so the weights are read from
+ * memory once per call. Y[t] is bit-identical to gemv_i8(Y[t], &qa[t], W). */
+void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W);
+
+/* The same from float32 rows X[T][W->cols] (1 <= T <= MATMUL_BATCH_MAX), each quantized once
+ * (act_quantize) into buffers kept between calls; not reentrant. matmul_batch() uses it. */
+void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W);
+
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);
 

@@ -58,7 +58,8 @@ void gemv(float *y, const float *x, const Tensor *W);
 
 /* Y[T][rows] = X[T][cols] · Wᵀ for any encoding (W is [rows, cols]): T activation rows at once
  * (GEMM; batched prefill), 1 <= T <= MATMUL_BATCH_MAX, X and Y row-major float32 without
- * padding. Each Y[t] equals gemv(Y[t], X[t], W) up to the order of the float32 summation.
+ * padding. Each Y[t] equals gemv(Y[t], X[t], W) up to the order of the float32 summation
+ * (int8 codebooks: exactly, through gemm_i8 in kernels.h).
  * Threads split the rows of W (OpenMP, static), so the result is the same for any thread
  * count. Implemented in gemm.c. */
 void matmul_batch(float *Y /*[T][rows]*/, const float *X /*[T][cols]*/, int T, const Tensor *W);
@@ -67,7 +68,8 @@ void matmul_batch(float *Y /*[T][rows]*/, const float *X /*[T][cols]*/, int T, c
  * IR pass replaces with cblas_sgemm (docs/PASS.md "GEMM"). */
 void matmul_f32_batch(float *Y, const float *X, const float *W, int T, int n, int d);
 
-/* Y[T][rows] = X[T][cols] · Wᵀ for a codebook payload (parameters as codebook_gemv_ref):
+/* Y[T][rows] = X[T][cols] · Wᵀ for an f16/f32 codebook payload (parameters as
+ * codebook_gemv_ref):
  * decodes tiles of 16 rows to float32 once and multiplies them with all T rows of X.
  * 1 <= T <= MATMUL_BATCH_MAX. Y[t][r] sums over columns in increasing order. */
 void codebook_gemm_ref(float *Y, const float *X, int T, const uint8_t *payload,
