@@ -185,14 +185,19 @@ def _write_json_atomic(path: Path, data: dict) -> None:
         raise
 
 
-def model_fingerprint(path: Path) -> str:
-    """SHA-256 of a model's bytes: the file, or every file under an HF directory."""
+def model_fingerprint(path: Path, exporter=None) -> str:
+    """SHA-256 of a model's bytes: the file, or every file under an HF directory plus every
+    file the exporter says it reads (``exporter.input_files(path)``, optional: files reached
+    through a symlinked subdirectory are not under the directory's walk)."""
     from .cache import file_hash, make_key
 
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        return make_key({str(p.relative_to(path)): file_hash(p) for p in files})
+        files = {str(p.relative_to(path)): p for p in path.rglob("*") if p.is_file()}
+        read = getattr(exporter, "input_files", None)
+        for p in (read(path) if read is not None else ()):
+            files.setdefault(os.path.relpath(p, path), Path(p))
+        return make_key({name: file_hash(p) for name, p in sorted(files.items())})
     return file_hash(path)
 
 
@@ -207,7 +212,7 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
     from .compile import plugin_fingerprint
 
     return make_key({
-        "model": model_fingerprint(path), "exporter": exporter.record(),
+        "model": model_fingerprint(path, exporter.component), "exporter": exporter.record(),
         "quantizer": quantizer.record(), "packer": packer.record(),
         "options": attrs.asdict(options),
         "code": [plugin_fingerprint(c.component) for c in (exporter, quantizer, packer)]
@@ -454,7 +459,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     try:
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
         key = model_key(path, exporter, quantizer, packer, options.quant)
-        record["model_sha256"] = model_fingerprint(path)
+        record["model_sha256"] = model_fingerprint(path, exporter.component)
         hit = cache.fetch("model", key, {MODEL_FILE: tmp / MODEL_FILE})
         if hit is not None and not isinstance(hit.get("pack"), dict):
             (tmp / MODEL_FILE).unlink(missing_ok=True)  # an entry without its pack summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -104,15 +104,27 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
 def weight_files(directory: Path) -> list[Path]:
     """The safetensors files of a model directory: the shards of
     ``model.safetensors.index.json``, else ``model.safetensors``, else the only
-    ``*.safetensors``. Raises DittoError naming the directory when there are none."""
+    ``*.safetensors``. Raises DittoError naming the directory when there are none, and naming
+    the index when it is malformed or lists a shard outside the model directory (an absolute
+    path or one climbing out with ``..``): every file a model is read from lies in its
+    directory, so the directory's contents identify the model (the build cache relies on it)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        except (OSError, KeyError, TypeError, ValueError) as exc:
             raise DittoError(f"{index}: not a safetensors index ({exc})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise DittoError(f"{index}: 'weight_map' must be a non-empty object of tensor name "
+                             "-> shard file name")
         files = []
         for shard in dict.fromkeys(weight_map.values()):
+            if not isinstance(shard, str) or not shard:
+                raise DittoError(f"{index}: shard file name {shard!r} is not a non-empty string")
+            parts = PurePosixPath(shard).parts
+            if shard.startswith("/") or "\\" in shard or ".." in parts or "\0" in shard:
+                raise DittoError(f"{index}: shard {shard!r} is outside the model directory; "
+                                 "shards must be files in it (a relative path without '..')")
             f = directory / shard
             if not f.is_file():
                 raise DittoError(f"{f}: shard listed in {index.name} is missing")
@@ -141,6 +153,15 @@ class HFExporter:
     def can_load(self, path: Path) -> bool:
         """True if ``path`` is a directory with a config.json (nothing is parsed)."""
         return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+    def input_files(self, path: Path) -> list[Path]:
+        """Every file ``load(path)`` reads: config.json, the tokenizer files, the safetensors
+        index and weight files (the build cache hashes exactly these, besides the directory's
+        other files). Raises DittoError as ``weight_files`` does."""
+        d = Path(path)
+        names = ("config.json", "tokenizer.json", "tokenizer_config.json",
+                 "model.safetensors.index.json")
+        return [d / n for n in names if (d / n).is_file()] + weight_files(d)
 
     def load(self, path: Path) -> Checkpoint:
         """Read config.json and the tokenizer, index the safetensors tensors lazily.
