@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .signals import pid_tag, sweep_stale
 
@@ -149,10 +149,13 @@ class Cache:
         return self.root / stage / key
 
     def _read_meta(self, d: Path) -> dict | None:
+        """The entry's meta dict; None when there is no entry; {} when the entry directory
+        exists but its meta.json is missing, unreadable or not a JSON object (a corrupt entry:
+        the callers remove it, so it is rebuilt instead of being a miss forever)."""
         try:
             meta = json.loads((d / "meta.json").read_text())
         except FileNotFoundError:
-            return None
+            return {} if d.is_dir() else None
         except (OSError, ValueError):
             return {}
         return meta if isinstance(meta, dict) else {}
@@ -209,17 +212,19 @@ class Cache:
                     why = f"{name}: SHA-256 differs from the recorded one (modified)"
                     break
         if why is not None:
-            self._discard(d, why if meta else "meta.json unreadable")
+            self._discard(d, why if meta else "meta.json missing or unreadable")
             return None
         return d, meta
 
-    def fetch(self, stage: str, key: str, dests: Mapping[str, Path]) -> dict | None:
+    def fetch(self, stage: str, key: str, dests: Mapping[str, Path],
+              validate: Callable[[dict], str | None] | None = None) -> dict | None:
         """Copy the files of entry ``stage``/``key`` to ``dests`` (name in the entry → path)
         and return the entry's meta dict; None on a miss. Each file is copied to a private
         inode (never a hard link) under a temp name beside its destination, hashed in the same
         pass and renamed into place only when every file's size and SHA-256 match ``meta.json``.
-        A mismatching or truncated entry is removed with a one-line warning and is a miss;
-        nothing is left at ``dests`` then."""
+        A mismatching or truncated entry, or one whose meta dict ``validate(meta)`` finds a
+        problem with (it returns the reason, or None when the stage can use it), is removed
+        with a one-line warning and is a miss; nothing is left at ``dests`` then."""
         if not self.enabled:
             return None
         d = self.entry(stage, key)
@@ -227,9 +232,11 @@ class Cache:
         if meta is None:
             return None
         if not meta:
-            self._discard(d, "meta.json unreadable")
+            self._discard(d, "meta.json missing or unreadable")
             return None
         why = self._check(d, meta, dests)
+        if why is None and validate is not None:
+            why = validate(meta)
         tmps: dict[Path, Path] = {}
         try:
             if why is None:
@@ -270,9 +277,8 @@ class Cache:
         if not self.enabled:
             return None
         final = self.entry(stage, key)
-        if (final / "meta.json").is_file():
-            if self.get(stage, key) is not None:
-                return final
+        if final.exists() and self.get(stage, key) is not None:
+            return final  # (get() removed a corrupt entry, so the rename below can succeed)
         tmp = None
         try:
             final.parent.mkdir(parents=True, exist_ok=True)

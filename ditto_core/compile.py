@@ -94,6 +94,21 @@ def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=()) ->
     return make_key(parts)
 
 
+def pass_reports_problem(meta: dict, rewrite: bool) -> str | None:
+    """Why a compile cache entry's meta dict cannot give the pass reports of the build, or
+    None: ``passes`` must be a list of report objects whose summary lines can be made."""
+    passes = meta.get("passes", [])
+    if not isinstance(passes, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("candidates", []), list)
+            and all(isinstance(c, dict) for c in p.get("candidates", [])) for p in passes):
+        return "meta.json 'passes' is not a list of pass reports"
+    try:
+        summary_lines([PassReport.from_json(p) for p in passes], rewrite)
+    except Exception as exc:  # any malformed field: the entry is rebuilt
+        return f"meta.json 'passes' cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
 def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openblas",
                   rewrite: bool = True, openmp: bool = True, src_dir: Path | None = None,
                   cache: Cache | None = None, extra_flags=(),
@@ -116,7 +131,8 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     sources = runtime_sources(src_dir)
     cache = cache if cache is not None else Cache(enabled=False)
     key = compile_key(sources, stages, openmp, extra_flags)
-    meta = cache.fetch("compile", key, {"executable": out})
+    meta = cache.fetch("compile", key, {"executable": out},
+                       validate=lambda m: pass_reports_problem(m, rewrite))
     if meta is not None:
         reports = tuple(PassReport.from_json(p) for p in meta.get("passes", ()))
         return CompileResult(out, reports, {s: 0.0 for s in COMPILE_STAGES}, True, key,

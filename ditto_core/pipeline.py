@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -96,7 +97,41 @@ def export(model: str | os.PathLike, exporter: str | None = None,
            registry: Registry | None = None) -> Checkpoint:
     """Stage 1. MODEL (path or bundled name) → Checkpoint (tensors loaded lazily)."""
     path = resolve_model(model)
-    return choose_exporter(path, exporter, registry).load(path)
+    return load_checkpoint(choose_exporter(path, exporter, registry), path)
+
+
+#: Exceptions an exporter may let slip on a malformed file; they become DittoErrors naming it.
+_MALFORMED = (ArithmeticError, AttributeError, IndexError, KeyError, LookupError, TypeError,
+              ValueError, struct.error, UnicodeError)
+
+
+def load_checkpoint(exporter, path: Path) -> Checkpoint:
+    """``exporter.load(path)``, with every tensor loader checked: a NaN/Inf weight is a
+    DittoError naming the file, the tensor and the (row, col) (``untrusted.check_finite``).
+    An exception an exporter lets slip on a malformed file (a TypeError, ValueError, ...)
+    becomes ``<file>: cannot read it: ...``, never a traceback; exporters validate metadata
+    with ``ditto_core.untrusted`` so this is only the last line of defence."""
+    from .untrusted import check_finite
+
+    try:
+        ck = exporter.load(path)
+    except _MALFORMED as exc:
+        raise DittoError(f"{path}: cannot read it: malformed or unsupported model "
+                         f"({type(exc).__name__}: {exc})") from None
+    where = str(ck.source)
+
+    def checked(name, load):
+        def load_checked():
+            try:
+                w = load()
+            except _MALFORMED as exc:
+                raise DittoError(f"{where}: tensor {name!r} could not be read "
+                                 f"({type(exc).__name__}: {exc})") from None
+            check_finite(w, name, where)
+            return w
+        return load_checked
+
+    return attrs.evolve(ck, tensors={n: checked(n, f) for n, f in ck.tensors.items()})
 
 
 def checkpoint_infos(checkpoint: Checkpoint) -> list[TensorInfo]:
@@ -199,6 +234,23 @@ def model_fingerprint(path: Path, exporter=None) -> str:
             files.setdefault(os.path.relpath(p, path), Path(p))
         return make_key({name: file_hash(p) for name, p in sorted(files.items())})
     return file_hash(path)
+
+
+def pack_summary_problem(meta: dict) -> str | None:
+    """Why a model cache entry's meta dict cannot stand for the packer's summary (what
+    build.json and the CLI print use from it), or None: ``pack`` an object with a numeric
+    ``bpw``, an integer ``file_bytes`` and, if present, a ``tensors`` object."""
+    pack = meta.get("pack")
+    if not isinstance(pack, dict):
+        return "meta.json has no 'pack' summary object"
+    bpw, size = pack.get("bpw"), pack.get("file_bytes")
+    if isinstance(bpw, bool) or not isinstance(bpw, (int, float)):
+        return f"meta.json 'pack.bpw' is not a number ({bpw!r})"
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        return f"meta.json 'pack.file_bytes' is not a byte count ({size!r})"
+    if not isinstance(pack.get("tensors", {}), dict):
+        return "meta.json 'pack.tensors' is not an object"
+    return None
 
 
 def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
@@ -460,10 +512,8 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
         key = model_key(path, exporter, quantizer, packer, options.quant)
         record["model_sha256"] = model_fingerprint(path, exporter.component)
-        hit = cache.fetch("model", key, {MODEL_FILE: tmp / MODEL_FILE})
-        if hit is not None and not isinstance(hit.get("pack"), dict):
-            (tmp / MODEL_FILE).unlink(missing_ok=True)  # an entry without its pack summary
-            hit = None
+        hit = cache.fetch("model", key, {MODEL_FILE: tmp / MODEL_FILE},
+                          validate=pack_summary_problem)
         if hit is not None:
             for name in ("export", "quantize", "pack"):
                 log(name, "cached")
@@ -474,7 +524,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
             log("export", f"{path.name} with {exporter.name}")
             peaks.start("export")
             with timings.stage("export"):
-                checkpoint = exporter.component.load(path)
+                checkpoint = load_checkpoint(exporter.component, path)
             log("quantize", quantizer.name)
             peaks.start("quantize")
             with timings.stage("quantize"):

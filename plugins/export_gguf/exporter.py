@@ -9,6 +9,8 @@ Face rotate-half order Ditto uses (docs/FORMAT.md, "Rotary layout of q and k").
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from ditto_core.chat_template import with_chat_text
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import check_config, expected_shapes
 from ditto_core.types import Checkpoint, ModelConfig
+from ditto_core.untrusted import F32_MAX, Fields
 
 from .tokenizer import tokenizer_from_gguf
 
@@ -38,6 +41,9 @@ def _read_gguf(path: Path):
     import gguf
 
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise DittoError(f"{path}: not a regular file")
         with open(path, "rb") as f:
             magic = f.read(4)
     except OSError as exc:
@@ -47,11 +53,17 @@ def _read_gguf(path: Path):
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as exc:  # the gguf package raises ValueError/IndexError/... on bad files
-        # its messages are numpy internals ("cannot reshape array ...", "When changing to a
-        # larger dtype ..."): name the file, its size and only the kind of failure
-        size = Path(path).stat().st_size
-        raise DittoError(f"{path}: truncated or corrupt GGUF ({size:,} bytes; the gguf reader "
-                         f"failed with {type(exc).__name__})") from None
+        msg = str(exc)
+        if isinstance(exc, ValueError) and "alignment" in msg:  # its own check, keep it
+            raise DittoError(f"{path}: GGUF key 'general.alignment' must be a non-zero power "
+                             f"of two stored as UINT32 (gguf reader: {msg})") from None
+        if isinstance(exc, ValueError) and msg.startswith(("Sorry, file appears to be version",
+                                                           "Found duplicated")):
+            raise DittoError(f"{path}: {msg}") from None
+        # other messages are numpy internals ("cannot reshape array ...", "When changing to
+        # a larger dtype ..."): name the file, its size and only the kind of failure
+        raise DittoError(f"{path}: truncated or corrupt GGUF ({st.st_size:,} bytes; the gguf "
+                         f"reader failed with {type(exc).__name__})") from None
 
 
 def _metadata(reader) -> dict:
@@ -64,6 +76,46 @@ def _metadata(reader) -> dict:
         except Exception:  # a field type we do not use
             continue
     return meta
+
+
+#: tokenizer.ggml.* keys Ditto reads, and how each is checked (``Fields`` method, arguments)
+TOKENIZER_KEYS = {
+    "tokenizer.ggml.model": ("str", {}),
+    "tokenizer.ggml.pre": ("str", {}),
+    "tokenizer.ggml.tokens": ("list", {"item": str}),
+    "tokenizer.ggml.token_type": ("list", {"item": int, "lo": 0, "hi": 6}),
+    "tokenizer.ggml.scores": ("list", {"item": (int, float), "finite": True}),
+    "tokenizer.ggml.merges": ("list", {"item": str}),
+    "tokenizer.ggml.bos_token_id": ("int", {"lo": 0}),
+    "tokenizer.ggml.eos_token_id": ("int", {"lo": 0}),
+    "tokenizer.ggml.unknown_token_id": ("int", {"lo": 0}),
+    "tokenizer.ggml.padding_token_id": ("int", {"lo": 0}),
+    "tokenizer.ggml.add_bos_token": ("bool", {}),
+    "tokenizer.ggml.add_eos_token": ("bool", {}),
+    "tokenizer.ggml.add_space_prefix": ("bool", {}),
+    "tokenizer.chat_template": ("str", {}),
+}
+
+
+def checked_tokenizer_meta(f: Fields) -> dict:
+    """GGUF metadata ``f`` with the tokenizer keys type-checked (``TOKENIZER_KEYS``): a key
+    of the wrong type is a DittoError naming it, never a crash in the converter."""
+    out = dict(f.data)
+    for key, (kind, kw) in TOKENIZER_KEYS.items():
+        if f.has(key):
+            out[key] = getattr(f, kind)(key, **kw)
+    return out
+
+
+def _swappable():
+    from gguf import GGMLQuantizationType as Q
+
+    return frozenset({Q.F32, Q.F16})
+
+
+#: Tensor types whose values Ditto byte-swaps in a big-endian GGUF (gguf-py reads them as
+#: '>f4' / '>f2' arrays); block-quantized types of such files are refused.
+SWAPPABLE = _swappable()
 
 
 class GGUFExporter:
@@ -93,39 +145,40 @@ class GGUFExporter:
         where = str(path)
         reader = _read_gguf(path)
         meta = _metadata(reader)
-        arch = meta.get("general.architecture")
+        f = Fields(meta, where, "GGUF key")
+        arch = f.str("general.architecture", None)
         if arch != "llama":
             raise DittoError(f"{where}: architecture {arch!r} is not supported "
                              f"(Ditto exports Llama-family models: 'llama')")
-
-        def need(key):
-            if key not in meta:
-                raise DittoError(f"{where}: GGUF metadata lacks {key!r}")
-            return meta[key]
-
-        dim = int(need("llama.embedding_length"))
-        n_heads = int(need("llama.attention.head_count"))
-        n_kv = int(meta.get("llama.attention.head_count_kv", n_heads))
-        head_dim = int(meta.get("llama.attention.key_length", dim // n_heads))
-        rot = int(meta.get("llama.rope.dimension_count", head_dim))
+        dim = f.int("llama.embedding_length")
+        n_heads = f.int("llama.attention.head_count")
+        n_kv = f.int("llama.attention.head_count_kv", n_heads)
+        head_dim = f.int("llama.attention.key_length", dim // n_heads)
+        rot = f.int("llama.rope.dimension_count", head_dim)
         if rot != head_dim:
             raise DittoError(f"{where}: partial rotary embeddings (rope dimension {rot} of "
                              f"head_dim {head_dim}) are not supported")
-        scaling = meta.get("llama.rope.scaling.type", "none")
-        if scaling not in ("none", None):
+        scaling = f.str("llama.rope.scaling.type", "none")
+        if scaling != "none":
             raise DittoError(f"{where}: RoPE scaling {scaling!r} is not supported")
-        tokenizer = with_chat_text(tokenizer_from_gguf(meta, where), where)
+        tokenizer = with_chat_text(tokenizer_from_gguf(checked_tokenizer_meta(f), where), where)
         config = ModelConfig(
-            dim=dim, hidden_dim=int(need("llama.feed_forward_length")),
-            n_layers=int(need("llama.block_count")), n_heads=n_heads, n_kv_heads=n_kv,
+            dim=dim, hidden_dim=f.int("llama.feed_forward_length"),
+            n_layers=f.int("llama.block_count", hi=max(1, len(reader.tensors) // 9)),
+            n_heads=n_heads, n_kv_heads=n_kv,
             head_dim=head_dim, vocab_size=len(tokenizer.tokens),
-            max_seq_len=int(meta.get("llama.context_length", 2048)),
-            rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-            norm_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
+            max_seq_len=f.int("llama.context_length", 2048),
+            rope_theta=f.float("llama.rope.freq_base", 10000.0, hi=F32_MAX, positive=True),
+            norm_eps=f.float("llama.attention.layer_norm_rms_epsilon", positive=True),
             tied_embeddings="output.weight" not in {t.name for t in reader.tensors})
 
+        swapped = reader.byte_order == "S"  # a GGUF of the other byte order (big-endian)
         shapes, infos = {}, {}
         for t in reader.tensors:
+            if swapped and t.tensor_type not in SWAPPABLE:
+                raise DittoError(f"{where}: big-endian GGUF with tensor {t.name!r} of type "
+                                 f"{t.tensor_type.name}: only F32 and F16 tensors of a "
+                                 "big-endian file are read (their values are byte-swapped)")
             ne = [int(x) for x in t.shape]
             shapes[t.name] = (ne[1], ne[0]) if len(ne) == 2 else tuple(reversed(ne))
             infos[t.name] = t
@@ -142,8 +195,11 @@ class GGUFExporter:
     def _load_tensor(where, t, shape, config: ModelConfig) -> np.ndarray:
         import gguf
 
+        data = t.data
+        if data.dtype.byteorder not in ("=", "|", "<"):  # big-endian F32/F16: to native order
+            data = data.astype(data.dtype.newbyteorder("="))
         try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            w = gguf.quants.dequantize(data, t.tensor_type)
         except NotImplementedError:
             raise DittoError(f"{where}: tensor {t.name!r} has type {t.tensor_type.name}, which "
                              f"the gguf package cannot dequantize") from None

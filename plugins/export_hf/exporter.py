@@ -14,13 +14,16 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from ditto_core.cache import warn
 from ditto_core.chat_template import with_chat_text
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import check_config, expected_shapes
 from ditto_core.types import Checkpoint, ModelConfig
+from ditto_core.untrusted import Fields
 
 from .safetensors_index import SafetensorsIndex
 from .tokenizer import tokenizer_from_hf
+from .tokenizer_types import check_tokenizer_files
 
 ARCHITECTURES = {"LlamaForCausalLM"}
 MODEL_TYPES = {"llama"}
@@ -65,39 +68,39 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
         raise DittoError(f"{path}: missing (an HF model directory needs config.json)")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         raise DittoError(f"{path}: cannot read JSON: {exc}") from None
-    archs = cfg.get("architectures") or []
-    mtype = cfg.get("model_type")
+    f = Fields(cfg, str(path), "key", "config")
+    archs = f.list("architectures", str, [])
+    mtype = f.get("model_type", None)
     if mtype not in MODEL_TYPES or (archs and not set(archs) & ARCHITECTURES):
         raise DittoError(f"{path}: architecture {archs or mtype!r} (model_type {mtype!r}) is "
                          f"not supported; Ditto exports LlamaForCausalLM models")
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
+    rope_key = "rope_parameters" if f.has("rope_parameters") else "rope_scaling"
+    rope = Fields(f.mapping(rope_key, {}), str(path), f"key {rope_key!r} field")
+    rope_type = rope.str("rope_type", rope.str("type", "default"))
+    if rope_type != "default":
         raise DittoError(f"{path}: RoPE scaling {rope_type!r} is not supported")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+    if f.bool("attention_bias", False) or f.bool("mlp_bias", False):
         raise DittoError(f"{path}: attention/MLP biases are not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise DittoError(f"{path}: activation {cfg['hidden_act']!r} is not supported (silu)")
+    act = f.str("hidden_act", "silu")
+    if act != "silu":
+        raise DittoError(f"{path}: activation {act!r} is not supported (silu)")
 
-    def need(key):
-        if key not in cfg:
-            raise DittoError(f"{path}: missing key {key!r}")
-        return cfg[key]
-
-    dim = int(need("hidden_size"))
-    n_heads = int(need("num_attention_heads"))
-    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    dim = f.int("hidden_size")
+    n_heads = f.int("num_attention_heads")
+    theta = f.float("rope_theta", None, positive=True)
+    if theta is None:
+        theta = rope.float("rope_theta", 10000.0, positive=True)
     config = ModelConfig(
-        dim=dim, hidden_dim=int(need("intermediate_size")),
-        n_layers=int(need("num_hidden_layers")), n_heads=n_heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-        head_dim=int(cfg.get("head_dim") or dim // n_heads),
-        vocab_size=int(need("vocab_size")),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-        rope_theta=_f32(theta), norm_eps=_f32(cfg.get("rms_norm_eps", 1e-6)),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+        dim=dim, hidden_dim=f.int("intermediate_size"),
+        n_layers=f.int("num_hidden_layers"), n_heads=n_heads,
+        n_kv_heads=f.int("num_key_value_heads", n_heads),
+        head_dim=f.int("head_dim", dim // n_heads),
+        vocab_size=f.int("vocab_size"),
+        max_seq_len=f.int("max_position_embeddings", 2048),
+        rope_theta=_f32(theta), norm_eps=_f32(f.float("rms_norm_eps", 1e-6, positive=True)),
+        tied_embeddings=f.bool("tie_word_embeddings", False))
     return cfg, config
 
 
@@ -145,6 +148,22 @@ def weight_files(directory: Path) -> list[Path]:
                      f"model.safetensors.index.json")
 
 
+def report_unused_lm_head(index: SafetensorsIndex, lm_head: str, embed: str | None,
+                          directory: Path) -> None:
+    """``tie_word_embeddings: true`` with an ``lm_head.weight`` stored as well: the output
+    layer is the embedding (as transformers ties it), and the stored lm_head is not used. When
+    it differs from the embedding, say so on stderr (a one-line warning naming both), since a
+    checkpoint saved untied and then marked tied gives other logits than its author saw."""
+    if embed is None or index.tensors[lm_head].shape != index.tensors[embed].shape:
+        differ = True
+    else:
+        differ = not np.array_equal(index.load_f32(lm_head), index.load_f32(embed))
+    if differ:
+        warn(f"{index.tensors[lm_head].file}: tensor {lm_head!r} is stored but not used: "
+             f"{directory / 'config.json'} has tie_word_embeddings: true, so the output layer "
+             f"is {embed!r} (as transformers ties them), and the two differ")
+
+
 class HFExporter:
     """Exporter component ``hf`` (see ditto_core.components.Exporter)."""
 
@@ -174,7 +193,12 @@ class HFExporter:
             raise DittoError(f"{directory}: not a directory")
         raw, config = read_config(directory / "config.json")
         index = SafetensorsIndex(weight_files(directory))
+        if config.n_layers > len(index.tensors) // 9:  # a layer has 9 tensors
+            raise DittoError(f"{directory / 'config.json'}: num_hidden_layers = "
+                             f"{config.n_layers}, but the weights hold only "
+                             f"{len(index.tensors)} tensors (9 per layer)")
         names: dict[str, str] = {}  # ditto -> hf
+        untied = None
         for hf_name in index.tensors:
             d = ditto_name(hf_name)
             if d is None:
@@ -183,14 +207,18 @@ class HFExporter:
                 t = index.tensors[hf_name]
                 raise DittoError(f"{t.file}: unexpected tensor {hf_name!r} for a Llama model")
             if d == "output.weight" and config.tied_embeddings:
-                continue  # tied: the classifier is the embedding (transformers may save both)
+                untied = hf_name  # tied: the classifier is the embedding; see below
+                continue
             names[d] = hf_name
+        if untied is not None:
+            report_unused_lm_head(index, untied, names.get("token_embd.weight"), directory)
         shapes = {d: index.tensors[h].shape for d, h in names.items()}
         where = str(directory)
         try:
             check_config(config, shapes, where)
         except DittoError as exc:
             raise DittoError(f"{exc} (config: {directory / 'config.json'})") from None
+        check_tokenizer_files(directory)
         tokenizer = with_chat_text(tokenizer_from_hf(directory, config.vocab_size, raw),
                                    str(directory))
         order = list(expected_shapes(config))

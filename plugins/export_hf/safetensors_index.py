@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 import struct
 from pathlib import Path
 
@@ -35,11 +36,33 @@ class SafeTensor:
     end: int
 
 
+def validate(path: Path) -> None:
+    """Have the ``safetensors`` library itself open ``path`` (header only; the data stays
+    mmapped and unread): it refuses what its loaders refuse, e.g. offsets that are negative,
+    fractional, reversed, overlapping, leave gaps or bytes not covered by any tensor, point
+    into the header or past the end, or do not match dtype × shape. Raises DittoError with the
+    library's reason."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except Exception as exc:  # SafetensorError (its only error type) or an OSError
+        reason = str(exc).removeprefix("Error while deserializing header: ")
+        raise DittoError(f"{path}: not a valid safetensors file: {reason} (the safetensors "
+                         "library refuses it)") from None
+
+
 def read_header(path: Path) -> dict[str, SafeTensor]:
     """Tensor name -> SafeTensor for one file. Raises DittoError naming the file for a file
-    that is not safetensors, is truncated, or holds a dtype other than F32/F16/BF16."""
+    that is not a regular file or not safetensors, is truncated, fails the ``safetensors``
+    library's own header validation (``validate``), or holds a dtype other than
+    F32/F16/BF16."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise DittoError(f"{path}: not a regular file")
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -57,14 +80,15 @@ def read_header(path: Path) -> dict[str, SafeTensor]:
         raise DittoError(f"{path}: not a safetensors file (bad JSON header: {exc})") from None
     if not isinstance(header, dict):
         raise DittoError(f"{path}: not a safetensors file (header is not a JSON object)")
+    validate(path)
     base = 8 + n
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape = meta["dtype"], tuple(int(x) for x in meta["shape"])
-            begin, end = (int(x) for x in meta["data_offsets"])
+        try:  # the library accepted the header: these are non-negative JSON integers
+            dtype, shape = meta["dtype"], tuple(_uint(x) for x in meta["shape"])
+            begin, end = (_uint(x) for x in meta["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise DittoError(f"{path}: malformed header entry for tensor {name!r}") from None
         if dtype not in DTYPES:
@@ -78,6 +102,12 @@ def read_header(path: Path) -> dict[str, SafeTensor]:
                              f"the file has {size}")
         out[name] = SafeTensor(path, dtype, shape, base + begin, base + end)
     return out
+
+
+def _uint(x) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise ValueError(x)
+    return x
 
 
 class SafetensorsIndex:

@@ -22,6 +22,7 @@ import numpy as np
 from ditto_core import format as F
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
+from ditto_core.untrusted import check_finite
 from ditto_core.options import option
 from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
                                   f32_nbytes)
@@ -132,15 +133,6 @@ def check_options(options: QuantOptions) -> str:
         raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
                          f"{', '.join(METHODS)}")
     return method
-
-
-def check_finite(W: np.ndarray, name: str) -> None:
-    """Raise DittoError naming ``name`` and the (row, col) of the first NaN/Inf in ``W``."""
-    bad = ~np.isfinite(W)
-    if bad.any():
-        pos = tuple(int(i) for i in np.argwhere(bad)[0])
-        where = f"(row, col) = {pos}" if len(pos) == 2 else f"position {pos}"
-        raise DittoError(f"tensor {name!r} has a non-finite value {W[pos]} at {where}")
 
 
 def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
