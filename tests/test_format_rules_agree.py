@@ -77,7 +77,7 @@ def _entry_reserved(img):
 
 
 def _tok_reserved(img):
-    img.set_tokenizer(reserved=b"\0" * 5 + b"\7" + b"\0" * 6)
+    img.set_tokenizer(reserved=7)
 
 
 # (case id, change, valid?) over native_synth.quant: byte-level BPE vocab of 259 (3 control
@@ -177,7 +177,7 @@ CASES = [
     ("metadata 4 bytes shorter", _meta_size(-4), False),
     # header
     ("header reserved", lambda img: img.set_header(reserved=b"\1" + b"\0" * 31), False),
-    ("version 2", lambda img: img.set_header(version=2), False),
+    ("version 3", lambda img: img.set_header(version=3), False),
 ]
 
 

@@ -27,7 +27,8 @@ import attrs
 
 from . import affine as P
 from .match import INT32_MAX, IV_I, IV_K, Gemv, NestMatcher, PURE_CALLS, Reject, SIDE_EFFECT_OPS
-from .rewrite import NO_TRANS, ROW_MAJOR, TRANS, Emitter, nonzero_scalars
+from .rewrite import (NO_TRANS, ROW_MAJOR, TRANS, Emitter, call_blocks, last_block_of,
+                      nonzero_scalars)
 
 IV_J = "@j"
 
@@ -401,25 +402,7 @@ def build(g: Gemm, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
     beta = e.scalar(g.beta, ty)
     # alpha = 0 or (C read) beta = 0: the original nest, as for GEMV (rewrite.nonzero_scalars)
     nz = nonzero_scalars(e, alpha, beta if g.beta is not None else None, ty)
-    call = [f"{tag}.call:", *e.lines, f"  br i1 {nz}, label %{tag}.go, label {g.outer.header}",
-            f"{tag}.go:"]
-    e.lines = []
-    if thread is not None:
-        flag = thread["flag"]
-        seen = e.emit(f"load atomic i32, ptr {flag} monotonic, align 4")
-        unset = e.emit(f"icmp eq i32 {seen}, 0")
-        call += e.lines
-        e.lines = []
-        call += [f"  br i1 {unset}, label %{tag}.claim, label %{tag}.blas",
-                 f"{tag}.claim:",
-                 f"  %{tag}.cx = cmpxchg ptr {flag}, i32 0, i32 1 monotonic monotonic",
-                 f"  %{tag}.won = extractvalue {{ i32, i1 }} %{tag}.cx, 1",
-                 f"  br i1 %{tag}.won, label %{tag}.threads, label %{tag}.blas",
-                 f"{tag}.threads:",
-                 f"  call void @{thread['set']}(i32 1)",
-                 f"  br label %{tag}.blas",
-                 f"{tag}.blas:"]
-    call += e.lines
+    call = call_blocks(e, tag, nz, g.outer.header, thread)
     ta = TRANS if g.lhs.trans else NO_TRANS
     tb = TRANS if g.rhs.trans else NO_TRANS
     call += [f"  call void @{symbol}(i32 {ROW_MAJOR}, i32 {ta}, i32 {tb}, i32 {m32}, "
@@ -427,5 +410,4 @@ def build(g: Gemm, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
              f"ptr {ptrs['b']}, i32 {ld32['b']}, {ty} {beta}, ptr {ptrs['c']}, "
              f"i32 {ld32['c']})",
              f"  br label {g.exit}"]
-    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.go"
-    return guard + call, {"last_block": last_block}
+    return guard + call, {"last_block": last_block_of(tag, thread)}

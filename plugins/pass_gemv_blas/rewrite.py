@@ -99,6 +99,39 @@ def nonzero_scalars(e: Emitter, alpha: str, beta: str | None, ty: str) -> str:
     return ok
 
 
+def call_blocks(e: Emitter, tag: str, nz: str, header: str, thread: dict | None) -> list[str]:
+    """Lines of ``{tag}.call`` (``e.lines``: the scalars and call arguments, then a branch to
+    the original nest at ``header`` unless ``nz``), of ``{tag}.go`` and, inside an OpenMP
+    region (``thread`` as in ``build``), of the blocks that make BLAS single-threaded once,
+    ending in ``{tag}.blas``. The caller appends the BLAS call and the branch out to the
+    returned list (``last_block_of`` names the block they end up in)."""
+    call = [f"{tag}.call:", *e.lines, f"  br i1 {nz}, label %{tag}.go, label {header}",
+            f"{tag}.go:"]
+    e.lines = []
+    if thread is not None:
+        # exactly one thread (the first to flip the flag 0 -> 1) sets BLAS to one thread
+        flag = thread["flag"]
+        seen = e.emit(f"load atomic i32, ptr {flag} monotonic, align 4")
+        unset = e.emit(f"icmp eq i32 {seen}, 0")
+        call += e.lines
+        e.lines = []
+        call += [f"  br i1 {unset}, label %{tag}.claim, label %{tag}.blas",
+                 f"{tag}.claim:",
+                 f"  %{tag}.cx = cmpxchg ptr {flag}, i32 0, i32 1 monotonic monotonic",
+                 f"  %{tag}.won = extractvalue {{ i32, i1 }} %{tag}.cx, 1",
+                 f"  br i1 %{tag}.won, label %{tag}.threads, label %{tag}.blas",
+                 f"{tag}.threads:",
+                 f"  call void @{thread['set']}(i32 1)",
+                 f"  br label %{tag}.blas",
+                 f"{tag}.blas:"]
+    return call
+
+
+def last_block_of(tag: str, thread: dict | None) -> str:
+    """The block of ``call_blocks`` that holds the BLAS call and branches to the exit."""
+    return f"%{tag}.blas" if thread is not None else f"%{tag}.go"
+
+
 def _at(p: dict, i: dict, k: dict) -> dict:
     return P.subst(P.subst(p, IV_I, i), IV_K, k)
 
@@ -179,32 +212,12 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None,
     beta = e.scalar(g.beta, ty)
     nz = nonzero_scalars(e, alpha, beta if g.beta is not None else None, ty)
     trans = NO_TRANS if g.layout == "row" else TRANS
-    call = [f"{tag}.call:", *e.lines, f"  br i1 {nz}, label %{tag}.go, label {g.outer.header}",
-            f"{tag}.go:"]
-    e.lines = []
-    if thread is not None:
-        # exactly one thread (the first to flip the flag 0 -> 1) sets BLAS to one thread
-        flag = thread["flag"]
-        seen = e.emit(f"load atomic i32, ptr {flag} monotonic, align 4")
-        unset = e.emit(f"icmp eq i32 {seen}, 0")
-        call += e.lines
-        e.lines = []
-        call += [f"  br i1 {unset}, label %{tag}.claim, label %{tag}.blas",
-                 f"{tag}.claim:",
-                 f"  %{tag}.cx = cmpxchg ptr {flag}, i32 0, i32 1 monotonic monotonic",
-                 f"  %{tag}.won = extractvalue {{ i32, i1 }} %{tag}.cx, 1",
-                 f"  br i1 %{tag}.won, label %{tag}.threads, label %{tag}.blas",
-                 f"{tag}.threads:",
-                 f"  call void @{thread['set']}(i32 1)",
-                 f"  br label %{tag}.blas",
-                 f"{tag}.blas:"]
-    call += e.lines
+    call = call_blocks(e, tag, nz, g.outer.header, thread)
     call += [f"  call void @{symbol}(i32 {ROW_MAJOR}, i32 {trans}, i32 {m32}, i32 {n32}, "
              f"{ty} {alpha}, ptr {a_ptr}, i32 {ld32}, ptr {x_ptr}, i32 1, {ty} {beta}, "
              f"ptr {y_ptr}, i32 1)",
              f"  br label {next_guard or g.exit}"]
-    last_block = f"%{tag}.blas" if thread is not None else f"%{tag}.go"
-    return guard + call, {"last_block": last_block}
+    return guard + call, {"last_block": last_block_of(tag, thread)}
 
 
 def _relabel(line: str, old: str, new: str) -> str:
