@@ -10,7 +10,8 @@ What it runs (each step resumes from what ``--out`` already holds):
 1. ``ditto compare MODEL`` over the RQ3 ablation and the quantizers: fp32 naive
    (``none:rewrite=false``), BLAS only (``none``), quantization only
    (``kmeans:bits=4,group_size=256,rewrite=false``), full Ditto (``kmeans:bits=4,group_size=256``),
-   RTN b = 4 (``rtn:bits=4,group_size=256``, when the ditto-quant-rtn plugin is installed);
+   RTN b = 4 (``rtn:bits=4,group_size=256``, when the ditto-quant-rtn plugin is installed),
+   the PyTorch dynamic-int8 baseline (``torch-int8``: file size = its saved state dict);
    perplexity / KL divergence on ``--chunks`` chunks against the fp32 build, and the benchmark;
 2. llama.cpp's Q4_0, IQ4_NL, Q4_K_M and Q8_0 of the same weights (made by ``llama-quantize``
    from the F32 GGUF; skipped with a note when llama.cpp's tools are not found) as peers on the
@@ -39,6 +40,7 @@ ABLATION = {"none:rewrite=false": "fp32 naive", "none": "BLAS only (fp32)",
             "kmeans:bits=4,group_size=256,rewrite=false": "quantization only",
             "kmeans:bits=4,group_size=256": "full Ditto"}
 RTN = "rtn:bits=4,group_size=256"
+INT8 = "torch-int8"
 PEER_TYPES = ("Q4_0", "IQ4_NL", "Q4_K_M", "Q8_0")
 
 
@@ -90,11 +92,11 @@ def tables(rows: list[dict], he: dict, meta: dict) -> str:
          f"per row; KL divergence against the fp32 build (`--quantizer none`); speed at "
          f"the fastest of threads {meta['threads']}, median of {meta['repeat']} runs "
          "(the JSON beside it in `" + meta["out"] + "` has every sample).", ""]
-    L += ["### RQ1: fidelity (fp32 vs Ditto vs RTN)", "",
+    L += ["### RQ1: fidelity (fp32 vs Ditto vs RTN vs PyTorch int8)", "",
           "| build | bpw | PPL | mean KLD ± SE | 99% KLD | same top-1 | HumanEval pass@1 greedy | "
           "pass@1 / pass@5 (5 seeds) | Mann–Whitney p vs fp32 |", "|---|---|---|---|---|---|---|---|---|"]
     base_seeds = (he.get("none") or {}).get("humaneval", {}).get("per_seed")
-    for spec in ["none", "kmeans:bits=4,group_size=256", RTN]:
+    for spec in ["none", "kmeans:bits=4,group_size=256", RTN, INT8]:
         r = by.get(spec)
         if r is None:
             continue
@@ -113,11 +115,12 @@ def tables(rows: list[dict], he: dict, meta: dict) -> str:
     L += ["", "### RQ2 and RQ3: size, speed, memory (the ablation)", "",
           "| build | what | model file | bpw | decode tok/s | prompt tok/s (pp512) | TTFT | "
           "peak RSS |", "|---|---|---|---|---|---|---|---|"]
-    for spec in [*ABLATION, RTN]:
+    what = {**ABLATION, RTN: "RTN b = 4", INT8: "PyTorch dynamic int8 (transformers)"}
+    for spec in [*ABLATION, RTN, INT8]:
         r = by.get(spec)
         if r is None:
             continue
-        L.append(f"| `{spec}` | {ABLATION.get(spec, 'RTN b = 4')} | "
+        L.append(f"| `{spec}` | {what[spec]} | "
                  f"{f(r['file_bytes'] and r['file_bytes'] / 1e6, '.1f')} MB | {f(r['bpw'], '.2f')} | "
                  f"{f(r['decode_tok_per_s'], '.1f')} | {f(r['prompt_tok_per_s'], '.1f')} | "
                  f"{f(r['ttft_ms'], '.0f')} ms | {f(r['peak_rss_mib'], '.0f')} MiB |")
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", type=Path, default=ROOT / "docs" / "RESULTS.md")
     args = ap.parse_args(argv)
 
-    specs = list(ABLATION)
+    specs = [*ABLATION, INT8]
     if "rtn" in get_registry().components["quantizer"]:
         specs.append(RTN)
     else:

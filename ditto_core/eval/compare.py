@@ -8,7 +8,9 @@ Output directory layout::
     DIR/results/<label>.json   one finished configuration (its presence makes a rerun skip it)
     DIR/results.json, DIR/results.csv, DIR/bpw_vs_kld.png, DIR/bpw_vs_tok_s.png
 
-Each configuration is one task ``run_config`` (build → eval → bench), so a sweep resumes after
+The configuration ``torch-int8`` is the PyTorch dynamic-int8 baseline (torch_int8.py),
+evaluated and benchmarked the same way without a build. Each configuration is one task
+``run_config`` (build → eval → bench), so a sweep resumes after
 an interruption without redoing finished configurations, and tasks can run on a local process
 pool (default, ``jobs`` workers) or on a Ray cluster (``executor="ray"``, ``address`` of a
 running cluster or None for a local instance; every node needs this package installed). The
@@ -28,6 +30,8 @@ from typing import Callable
 from ..errors import DittoError
 from . import builds as builds_mod
 
+#: The configuration name of the PyTorch dynamic-int8 baseline (torch_int8.py).
+TORCH_INT8 = "torch-int8"
 RESULT_FIELDS = ["config", "source", "quantizer", "bits", "group_size", "file_bytes", "bpw",
                  "mean_kld", "kld_stderr", "kld_p99", "same_top1", "ppl", "ppl_baseline",
                  "tokens_scored", "decode_tok_per_s", "prompt_tok_per_s", "ttft_ms",
@@ -53,6 +57,8 @@ def run_config(model: str, spec: str, out_dir: str, baseline: str, settings: dic
 
     out = Path(out_dir)
     label = builds_mod.config_label(spec)
+    if spec == TORCH_INT8:
+        return _run_torch_int8(model, out, baseline, settings)
     options = builds_mod.parse_config(spec)
     build_dir = builds_mod.ensure_build(model, out / "builds" / label, options)
     meta = json.loads((build_dir / "build.json").read_text())
@@ -74,6 +80,24 @@ def run_config(model: str, spec: str, out_dir: str, baseline: str, settings: dic
                                       repeat=settings.get("repeat", 3),
                                       tokens=settings.get("tokens", 128))
     write_json_atomic(out / "results" / f"{label}.json", result)
+    return result
+
+
+def _run_torch_int8(model: str, out: Path, baseline: str, settings: dict) -> dict:
+    """run_config for the PyTorch int8 baseline (torch_int8.py): no build, same measures."""
+    from . import torch_int8
+
+    result = {"config": TORCH_INT8, "label": TORCH_INT8, "source": "pytorch",
+              "quantizer": TORCH_INT8, "bits": 8, "group_size": None, "settings": settings}
+    if settings.get("eval", True):
+        result["eval"] = torch_int8.evaluate(model, Path(baseline),
+                                             n_chunks=settings.get("chunks"),
+                                             threads=settings.get("eval_threads"))
+    if settings.get("bench", True):
+        result["bench"] = torch_int8.bench(model, Path(baseline), threads=settings["threads"],
+                                           repeat=settings.get("repeat", 3),
+                                           tokens=settings.get("tokens", 128))
+    write_json_atomic(out / "results" / f"{TORCH_INT8}.json", result)
     return result
 
 
@@ -137,14 +161,15 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
     out_dir = Path(out_dir)
     labels = {}
     for spec in specs:
-        builds_mod.parse_config(spec)  # bad keys fail now, not in a worker an hour later
+        if spec != TORCH_INT8:
+            builds_mod.parse_config(spec)  # bad keys fail now, not in a worker an hour later
         label = builds_mod.config_label(spec)
         if label in labels:
             raise DittoError(f"configs {labels[label]!r} and {spec!r} have the same label {label}")
         labels[label] = spec
     out_dir.mkdir(parents=True, exist_ok=True)
     baseline = ""
-    if settings.get("eval", True):
+    if settings.get("eval", True) or TORCH_INT8 in specs:
         from ..pipeline import BuildOptions
 
         baseline = str(builds_mod.ensure_build(model, out_dir / "builds" / "baseline",
@@ -192,7 +217,7 @@ def result_row(r: dict) -> dict:
         row.update(threads=int(best), decode_tok_per_s=v["decode_tok_per_s"]["median"],
                    prompt_tok_per_s=v["prompt_tok_per_s"]["median"],
                    ttft_ms=v["ttft_ms"]["median"], peak_rss_mib=v["peak_rss_mib"])
-    else:
+    elif r.get("build"):
         build = Path(r["build"])
         meta = json.loads((build / "build.json").read_text())
         size = (build / meta.get("model_file", "model.ditto")).stat().st_size
@@ -218,7 +243,7 @@ def write_tables(out_dir: Path, rows: list[dict]) -> None:
 
 def plot(out_dir: Path, rows: list[dict]) -> list[Path]:
     """``bpw_vs_kld.png`` and ``bpw_vs_tok_s.png``: one point per configuration (Ditto: circles,
-    llama.cpp formats: squares), each labelled. Returns the files written."""
+    llama.cpp formats: squares, PyTorch int8: triangle), each labelled. Returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,7 +256,7 @@ def plot(out_dir: Path, rows: list[dict]) -> list[Path]:
         if not pts:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for source, marker in (("ditto", "o"), ("llama.cpp", "s")):
+        for source, marker in (("ditto", "o"), ("llama.cpp", "s"), ("pytorch", "^")):
             sel = [r for r in pts if r.get("source") == source]
             if sel:
                 ax.scatter([r["bpw"] for r in sel], [r[y] for r in sel], marker=marker,
