@@ -16,6 +16,7 @@
 
 #include <string.h>
 
+#include "gemm_avx2.h"
 #include "kernels.h"
 
 #define CB_TILE_ROWS 16 /* rows of W per decoded tile: two AVX2 vectors, one cache line of Y */
@@ -160,8 +161,9 @@ void matmul_batch(float *Y, const float *X, int T, const Tensor *W) {
             break;
         }
         /* G longer than the row is the whole row (S = 1), as gemv() sees it */
-        codebook_gemm_ref(Y, X, T, W->data, W->codebook_type, (int)W->bits,
-                          (int)(W->group_size < W->cols ? W->group_size : W->cols), rows, cols);
+        /* AVX2 path for b = 4 (falls back to codebook_gemm_ref where it must) */
+        codebook_gemm_avx2(Y, X, T, W->data, W->codebook_type, (int)W->bits,
+                           (int)(W->group_size < W->cols ? W->group_size : W->cols), rows, cols);
         break;
     default: /* model_open() rejects other encodings */
         memset(Y, 0, (size_t)T * (size_t)rows * sizeof(float));

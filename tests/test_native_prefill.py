@@ -21,8 +21,10 @@ MODELS = ["f32", "quant", "quant_untied"]  # f32 tied GQA; codebook tied GQA; co
 @pytest.fixture(scope="module")
 def lib(native_build):
     lib = ctypes.CDLL(str(native_build.kernels))
-    lib.codebook_gemm_ref.argtypes = [F32P, F32P, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32,
-                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    for fn in (lib.codebook_gemm_ref, lib.codebook_gemm_avx2):
+        fn.argtypes = [F32P, F32P, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gemm_avx2_supported.restype = ctypes.c_int
     lib.matmul_f32_batch.argtypes = [F32P, F32P, F32P] + [ctypes.c_int] * 3
     lib.codebook_gemv_ref.argtypes = [F32P, F32P, ctypes.c_char_p, ctypes.c_uint32,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -37,14 +39,25 @@ def fptr(a: np.ndarray):
 # ------------------------------------------------------------------------- GEMM kernels
 
 # (rows, cols, G, T): rows not a multiple of the 16-row tile, cols across the 256-column
-# chunk and not a multiple of 8, G not dividing cols, T not a multiple of the 4-token block
+# chunk and not a multiple of 8, G not dividing cols, T not a multiple of the 4- and 6-token
+# blocks; G multiples of 8 (the AVX2 path for b = 4) and not
 GEMM_SHAPES = [(1, 1, 2, 1), (16, 64, 16, 4), (17, 70, 16, 5), (5, 257, 64, 3),
-               (40, 300, 37, 9), (33, 576, 256, 7), (3, 19, 5, 64), (20, 513, 100, 2)]
+               (40, 300, 37, 9), (33, 576, 256, 7), (3, 19, 5, 64), (20, 513, 100, 2),
+               (9, 600, 8, 13), (31, 1000, 256, 6), (16, 256, 32, 512)]
 
 
+def test_avx2_gemm_support_matches_cpuinfo(lib):
+    flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+    want = all(f in flags for f in ("avx2", "fma", "f16c"))
+    assert lib.gemm_avx2_supported() == int(want)
+
+
+@pytest.mark.parametrize("kernel", ["codebook_gemm_ref", "codebook_gemm_avx2"])
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("cb_type", ["f16", "f32"])
-def test_codebook_gemm_equals_dequantize_then_matmul_and_gemv(lib, bits, cb_type):
+def test_codebook_gemm_equals_dequantize_then_matmul_and_gemv(lib, kernel, bits, cb_type):
+    """codebook_gemm_avx2 takes b = 4 with G % 8 == 0 (on AVX2 CPUs) and falls back to the
+    reference for the rest; both are checked on every shape."""
     rng = np.random.default_rng(100 + bits)
     for rows, cols, G, T in GEMM_SHAPES:
         ct = random_codebook_tensor(rng, rows, cols, bits, G, cb_type, scale=1.0)
@@ -52,7 +65,7 @@ def test_codebook_gemm_equals_dequantize_then_matmul_and_gemv(lib, bits, cb_type
         X = rng.normal(size=(T, cols)).astype(np.float32)
         Y = np.full((T, rows), np.nan, dtype=np.float32)
         cbt = CB_F16 if cb_type == "f16" else CB_F32
-        lib.codebook_gemm_ref(fptr(Y), fptr(X), T, payload, cbt, bits, G, rows, cols)
+        getattr(lib, kernel)(fptr(Y), fptr(X), T, payload, cbt, bits, G, rows, cols)
         W = dequantize_codebook(ct)
         want = X.astype(np.float64) @ W.T
         tol = 1e-5 * np.sqrt(cols) * (np.abs(X).max() + 1) * (np.abs(W).max() + 1)
