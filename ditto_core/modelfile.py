@@ -235,6 +235,9 @@ def _enum(table: dict, value, what: str) -> int:
     return table[value]
 
 
+_UNICODE_FORMS = {"nfc": F.TX_NFC, "nfd": F.TX_NFD, "nfkc": F.TX_NFKC, "nfkd": F.TX_NFKD}
+
+
 def _ext_record(tag: int, payload: bytes, a: int = 0, b: int = 0) -> bytes:
     return F.EXT_RECORD.pack(tag, a, b, len(payload)) + _pad4(payload)
 
@@ -257,6 +260,8 @@ def serialize_ext(tok: TokenizerSpec) -> bytes:
             out.append(_ext_record(F.TX_REPLACE, pat + content, len(pat)))
         elif kind == "prepend":
             out.append(_ext_record(F.TX_PREPEND, step[1].encode("utf-8")))
+        elif kind in _UNICODE_FORMS:
+            out.append(_ext_record(_UNICODE_FORMS[kind], b""))
         else:
             raise DittoError(f"tokenizer: unknown normalizer step {kind!r}")
     for tid, flags, text in tok.added:
@@ -293,6 +298,8 @@ def parse_ext(buf: bytes, where: str) -> dict:
             normalizer.append(("replace", pay[:a].decode("utf-8"), pay[a:].decode("utf-8")))
         elif tag == F.TX_PREPEND:
             normalizer.append(("prepend", text))
+        elif tag in _UNICODE_FORMS.values():
+            normalizer.append((next(k for k, v in _UNICODE_FORMS.items() if v == tag),))
         elif tag == F.TX_ADDED:
             added.append((a, b, pay))
         elif tag == F.TX_CHAT_PREFIX:

@@ -86,6 +86,10 @@
 #define DITTO_TX_STRIP 2u     /* normalizer Strip: a = left, b = right */
 #define DITTO_TX_REPLACE 3u   /* normalizer Replace: a = pattern bytes, payload pattern+content */
 #define DITTO_TX_PREPEND 4u   /* normalizer Prepend: payload */
+#define DITTO_TX_NFC 5u       /* normalizers NFC, NFD, NFKC, NFKD (HF tokenizers' data) */
+#define DITTO_TX_NFD 6u
+#define DITTO_TX_NFKC 7u
+#define DITTO_TX_NFKD 8u
 #define DITTO_TX_ADDED 16u    /* added token: a = id, b = DITTO_ADDED_*, payload = text matched */
 #define DITTO_TX_CHAT_PREFIX 32u /* chat template text before the user message */
 #define DITTO_TX_CHAT_SUFFIX 33u /* chat template text after it (ends the generation prompt) */

@@ -279,7 +279,7 @@ static int load_ext(Tokenizer *t, const uint8_t *p, size_t nbytes, char *err, si
         uint32_t tag = rd_u32(r), a = rd_u32(r + 4), b = rd_u32(r + 8), len = rd_u32(r + 12);
         if (len > nbytes - pos - 16 || pad4(len) > nbytes - pos - 16) goto bad;
         const uint8_t *pay = r + 16;
-        if (tag >= DITTO_TX_LOWERCASE && tag <= DITTO_TX_PREPEND) {
+        if (tag >= DITTO_TX_LOWERCASE && tag <= DITTO_TX_NFKD) {
             NormOp op = {tag, a, b, pay, len, NULL, 0};
             if (tag == DITTO_TX_REPLACE) {
                 if (a == 0 || a > len) goto bad;
@@ -941,6 +941,59 @@ static int find_added(const Tokenizer *t, int normalized, const uint8_t *s, size
 
 /* ---- normalizers (HF normalizers: Strip, Replace with a string pattern, Prepend) ---- */
 
+/* Unicode normalization form `op` (DITTO_TX_NFC..NFKD) of the valid UTF-8 s[0..n), appended to
+ * out: full decomposition (canonical, or compatibility for NFK*), canonical ordering of each
+ * run of non-starters by combining class (stable), then for NFC/NFKC canonical composition
+ * (Unicode UAX #15 / §3.11), with HF tokenizers' data (unicode_norm.c). */
+static int unicode_form(uint32_t op, const uint8_t *s, size_t n, Buf *out) {
+    int compat = op == DITTO_TX_NFKC || op == DITTO_TX_NFKD;
+    int compose = op == DITTO_TX_NFC || op == DITTO_TX_NFKC;
+    uint32_t *cp = malloc(sizeof(uint32_t) * (n * UNICODE_MAX_DECOMP + 1));
+    if (!cp) return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        int l;
+        uint32_t c = utf8_decode(s + i, &l);
+        m += (size_t)unicode_decompose(c, compat, cp + m);
+        i += (size_t)l;
+    }
+    for (size_t i = 1; i < m; i++) { /* insertion sort inside runs of non-starters */
+        int cc = unicode_ccc(cp[i]);
+        if (cc == 0) continue;
+        for (size_t j = i; j > 0; j--) {
+            int pc = unicode_ccc(cp[j - 1]);
+            if (pc == 0 || pc <= cc) break;
+            uint32_t tmp = cp[j];
+            cp[j] = cp[j - 1];
+            cp[j - 1] = tmp;
+        }
+    }
+    if (compose && m > 0) {
+        size_t starter = 0, w = 1;
+        int last = unicode_ccc(cp[0]) ? 256 : 0;
+        for (size_t i = 1; i < m; i++) {
+            int cc = unicode_ccc(cp[i]);
+            uint32_t c = unicode_compose(cp[starter], cp[i]);
+            if (c && (last < cc || last == 0)) {
+                cp[starter] = c;
+                continue;
+            }
+            if (cc == 0) starter = w;
+            last = cc;
+            cp[w++] = cp[i];
+        }
+        m = w;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < m && rc == 0; i++) {
+        uint8_t u[4];
+        int ul = utf8_encode(cp[i], u);
+        rc = buf_put(out, u, (size_t)ul);
+    }
+    free(cp);
+    return rc;
+}
+
 /* Apply the normalizer to s[0..n) into w->norm. *lead0 (in: the piece starts the text) is
  * cleared when the first character of the result no longer comes from offset 0 of the text
  * (HF offsets_original, which Metaspace prepend_scheme "first" reads). */
@@ -978,6 +1031,8 @@ static int normalize(const Tokenizer *t, Work *w, const uint8_t *s, size_t n, in
             }
         } else if (op->op == DITTO_TX_PREPEND) {
             if (cn > 0 && (buf_put(nxt, op->s1, op->n1) || buf_put(nxt, c, cn))) return -1;
+        } else if (op->op >= DITTO_TX_NFC) {
+            if (unicode_form(op->op, c, cn, nxt)) return -1;
         } else { /* DITTO_TX_LOWERCASE: per character, Rust char::to_lowercase */
             for (size_t i = 0; i < cn;) {
                 int l;

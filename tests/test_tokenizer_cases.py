@@ -27,7 +27,7 @@ CASES = {
 
 #: cases whose tokenizer.json Ditto reproduces (the others must be refused)
 EXPORTED = {"bytelevel-add-prefix-space", "added-token-lstrip-rstrip", "metaspace-prepend-first",
-            "user-defined-token-not-split"}
+            "user-defined-token-not-split", "normalizer-ignored"}
 
 
 def load_case(name: str):

@@ -79,3 +79,41 @@ def test_c_lowercase_agrees_with_python_for_every_code_point(tokenizer_lib):
             wrong.append(hex(cp))
     assert not wrong, wrong[:20]
     assert low(0x130, out) == 2 and out[:2] == [0x69, 0x307]
+
+
+def test_committed_norm_table_equals_generator_output():
+    spec = importlib.util.spec_from_file_location("gen_unicode_norm",
+                                                  NATIVE / "gen_unicode_norm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    committed = (NATIVE / "unicode_norm.c").read_text(encoding="utf-8")
+    assert committed == mod.render(), \
+        "native/unicode_norm.c is stale: run python native/gen_unicode_norm.py"
+
+
+def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
+    """NFC / NFD / NFKC / NFKD in C (a byte vocabulary without merges shows the normalized
+    bytes) equal HF tokenizers' normalizers on all code points, in runs of 1000 and each one
+    after a letter and before a combining mark (so composition and reordering happen)."""
+    import numpy as np
+    from tokenizers import normalizers
+
+    from ditto_core.modelfile import serialize_tokenizer
+    from ditto_core.types import TokenizerSpec
+
+    from .fixtures_tokenizer import CTokenizer
+
+    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    chunks = ["".join(map(chr, cps[i:i + 1000])) for i in range(0, len(cps), 1000)]
+    chunks += ["".join("a" + chr(c) + "\u0301\u0316" for c in cps[i:i + 500])
+               for i in range(0, 0x30000, 500)]
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        spec = TokenizerSpec(kind="bpe_bytes", tokens=tuple(bytes([b]) for b in range(256)),
+                             scores=np.zeros(256, np.float32),
+                             token_types=np.ones(256, np.uint32), pre="none",
+                             normalizer=((form.lower(),),))
+        ctok = CTokenizer(tokenizer_lib, serialize_tokenizer(spec), 256)
+        ref = getattr(normalizers, form)()
+        for chunk in chunks:
+            got = bytes(ctok.encode(chunk)).decode("utf-8")
+            assert got == ref.normalize_str(chunk), (form, hex(ord(chunk[0])))

@@ -11,6 +11,8 @@ The accepted set is listed in docs/TOKENIZER.md ("What an HF tokenizer.json may 
 
 from __future__ import annotations
 
+import unicodedata
+
 from ditto_core import format as F
 from ditto_core.errors import DittoError
 
@@ -62,7 +64,8 @@ def check_model(model: dict, where: str) -> None:
 def normalizer_steps(tj: dict, where: str) -> tuple:
     """The normalizer as Ditto steps (TokenizerSpec.normalizer): Lowercase, Strip, Replace with
     a string pattern, Prepend, in order (Sequence flattened). Others are refused."""
-    ok = "Lowercase, Strip, Replace (string pattern), Prepend, Sequence of them"
+    ok = "NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace (string pattern), Prepend, " \
+         "Sequence of them"
     steps = []
     for n in flatten(tj.get("normalizer"), "normalizers"):
         kind = n.get("type")
@@ -78,6 +81,8 @@ def normalizer_steps(tj: dict, where: str) -> tuple:
             steps.append(("replace", pat["String"], n.get("content") or ""))
         elif kind == "Prepend":
             steps.append(("prepend", n.get("prepend") or ""))
+        elif kind in ("NFC", "NFD", "NFKC", "NFKD"):
+            steps.append((kind.lower(),))
         else:
             raise _refuse(where, "normalizer", str(kind), ok)
     return tuple(steps)
@@ -97,6 +102,9 @@ def apply_normalizer(steps: tuple, text: str) -> str:
             text = text.replace(step[1], step[2])
         elif step[0] == "prepend":
             text = step[1] + text if text else text
+        else:  # nfc / nfd / nfkc / nfkd (Python's Unicode data; HF's is older, which only
+            # matters for characters added since Unicode 12 in an added token's text)
+            text = unicodedata.normalize(step[0].upper(), text)
     return text
 
 
