@@ -93,3 +93,15 @@ def test_sweep_on_a_local_ray_instance(tmp_path, build_cache_root):
     assert rows[0]["bpw"] < rows[1]["bpw"]
     assert all(r["mean_kld"] > 0 and r["decode_tok_per_s"] is None for r in rows)
     assert "kmeans:bits=3,group_size=32" in proc.stdout
+
+
+def test_sweep_with_humaneval_compares_seeds_against_fp32(tmp_path, cache_env):
+    settings = {**SETTINGS, "bench": False, "humaneval": True, "limit": 1}
+    rows = compare.compare("tinycoder", ["none", "kmeans:bits=2,group_size=32"], tmp_path,
+                           settings)
+    none, km = rows
+    assert none["pass@1"] == 0.0 and km["pass@5_sampled"] == 0.0  # a random model
+    assert none.get("humaneval_p_vs_fp32") is None
+    assert km["humaneval_p_vs_fp32"] == 1.0  # identical per-seed rates (all 0)
+    saved = json.loads((tmp_path / "results" / "kmeans_bits=2_group_size=32.json").read_text())
+    assert len(saved["humaneval"]["humaneval"]["per_seed"]) == 5

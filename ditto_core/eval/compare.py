@@ -35,7 +35,8 @@ TORCH_INT8 = "torch-int8"
 RESULT_FIELDS = ["config", "source", "quantizer", "bits", "group_size", "file_bytes", "bpw",
                  "mean_kld", "kld_stderr", "kld_p99", "same_top1", "ppl", "ppl_baseline",
                  "tokens_scored", "decode_tok_per_s", "prompt_tok_per_s", "ttft_ms",
-                 "peak_rss_mib", "threads", "pass@1", "pass@1_sampled", "pass@5_sampled"]
+                 "peak_rss_mib", "threads", "pass@1", "pass@1_sampled", "pass@5_sampled",
+                 "humaneval_p_vs_fp32"]
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -196,6 +197,15 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
         finally:
             close()
     rows = [result_row(results[s]) for s in specs] + list(peers or [])
+    ref = (results.get("none") or {}).get("humaneval")
+    if ref:  # Mann–Whitney U of each configuration's per-seed pass rates against fp32
+        from .humaneval import mann_whitney
+
+        for spec, row in zip(specs, rows):
+            he = (results[spec] or {}).get("humaneval")
+            if he and spec != "none":
+                row["humaneval_p_vs_fp32"] = mann_whitney(
+                    he["humaneval"]["per_seed"], ref["humaneval"]["per_seed"])["p_value"]
     write_tables(out_dir, rows)
     plot(out_dir, rows)
     return rows
