@@ -13,10 +13,13 @@
  */
 #include "gemm_avx2.h"
 
+#include "matmul.h"
+
+/* x86 only: elsewhere (Arm) the entry points below call the reference */
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 #include <string.h>
-
-#include "matmul.h"
 
 #define TILE_ROWS 16  /* rows of W per tile: two 8-float vectors */
 #define TILE_TOKENS 6 /* tokens per micro-kernel step: 12 accumulators */
@@ -165,3 +168,14 @@ void codebook_gemm_avx2(float *Y, const float *X, int T, const uint8_t *payload,
         }
     }
 }
+
+#else /* not x86 */
+
+int gemm_avx2_supported(void) { return 0; }
+
+void codebook_gemm_avx2(float *Y, const float *X, int T, const uint8_t *payload,
+                        uint32_t codebook_type, int bits, int group_size, int rows, int cols) {
+    codebook_gemm_ref(Y, X, T, payload, codebook_type, bits, group_size, rows, cols);
+}
+
+#endif
