@@ -52,8 +52,10 @@ def test_logits_shape_causality_and_greedy_choice(api_build, tmp_path):
     logits = api_build.logits(ids, threads=1)
     assert logits.shape == (5, 32000) and logits.dtype == np.float32
     assert np.isfinite(logits).all()
-    # causal: the first rows do not depend on later tokens
-    np.testing.assert_array_equal(api_build.logits(ids[:2], threads=1), logits[:2])
+    # causal: the first rows do not depend on later tokens (up to the float rounding of a
+    # prefill batch of another size)
+    np.testing.assert_allclose(api_build.logits(ids[:2], threads=1), logits[:2], rtol=1e-4,
+                               atol=1e-6)
     # the executable's greedy next token after ids is the argmax of the last row
     f = tmp_path / "ids.json"
     f.write_text(json.dumps(ids))
