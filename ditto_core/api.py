@@ -94,17 +94,18 @@ class Build:
 
     def inspect(self, *, verify: bool = True) -> dict:
         """What ``ditto inspect --json`` prints for the model file: config, tokenizer, tensor
-        table, sizes, bits per weight (``cli.inspect_summary``)."""
+        table, sizes, bits per weight, the quantize rules (``cli.inspect_summary``)."""
         from .cli import inspect_summary
         from .modelfile import ModelFile
 
         with ModelFile.open(self.model_file, verify=verify) as mf:
-            return inspect_summary(mf)
+            return inspect_summary(mf, self.record)
 
 
 def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "openblas",
           out: str | os.PathLike | None = None, bits: int = 4, group_size: int = 256,
-          keep_fp32: Sequence[str] = (), method: str | None = None,
+          keep_fp32: Sequence[str] = (), tensor_types: Sequence[str] = (),
+          method: str | None = None,
           codebook_type: str = "f16", seed: int = 0, exporter: str | None = None,
           packer: str | None = None, emitter: str | None = None,
           passes: Sequence[str] | None = None, linker: str | None = None,
@@ -115,7 +116,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     into the directory ``out`` (default: a new temporary directory) and return the Build.
 
     The arguments are ``ditto build``'s flags: the quantize options (``bits`` b in 1..8,
-    ``group_size`` G, ``keep_fp32`` globs, ``method``, ``codebook_type``, ``seed``), a
+    ``group_size`` G, ``keep_fp32`` globs, ``tensor_types`` ``GLOB=SPEC`` rules, ``method``,
+    ``codebook_type``, ``seed``), a
     component per stage by name (None: the default), ``passes`` in run order, ``options`` of
     components as ``{"COMPONENT": {"KEY": value}}`` or ``{"COMPONENT.KEY": value}``
     (docs/PLUGINS.md), ``rewrite`` False for no pass, ``registry`` the plugins to use
@@ -132,6 +134,7 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
         passes=passes, linker=linker, options=options or {}, rewrite=rewrite, openmp=openmp,
         cache=cache,
         quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
-                           method=method, codebook_type=codebook_type, seed=seed))
+                           tensor_types=tuple(tensor_types), method=method,
+                           codebook_type=codebook_type, seed=seed))
     record = run_pipeline(model, Path(out), opts, registry, show_progress=progress)
     return Build(Path(out), record)

@@ -95,8 +95,23 @@ def theoretical_bytes(t) -> int:
             + t.rows * t.n_sub_blocks * sub_block_codebook_bytes(t.bits, t.codebook_type))
 
 
-def inspect_summary(mf) -> dict:
-    """Config, tensor table and sizes of an open ModelFile, as plain data."""
+def build_rules(record: dict | None) -> dict | None:
+    """The quantize rules of a build (its build.json ``record``): ``{"rules": the
+    --tensor-type rules, "tensors": name → the rule or reason that decided the tensor}``;
+    None without a record."""
+    if not isinstance(record, dict):
+        return None
+    opts = record.get("options") if isinstance(record.get("options"), dict) else {}
+    tensors = record.get("tensors") if isinstance(record.get("tensors"), dict) else {}
+    return {"rules": list(opts.get("tensor_types") or []),
+            "tensors": {n: (t.get("rule") or t.get("reason")) for n, t in tensors.items()
+                        if isinstance(t, dict)}}
+
+
+def inspect_summary(mf, record: dict | None = None) -> dict:
+    """Config, tensor table and sizes of an open ModelFile, as plain data; with the build.json
+    ``record`` of the build holding it, also the quantize ``rules`` and each tensor's
+    ``rule``."""
     import attrs
 
     tensors = []
@@ -110,7 +125,12 @@ def inspect_summary(mf) -> dict:
     payload = mf.payload_bytes
     theo = sum(r["theoretical_bytes"] for r in tensors)
     tok = mf.tokenizer
+    rules = build_rules(record)
+    if rules is not None:
+        for r in tensors:
+            r["rule"] = rules["tensors"].get(r["name"])
     return {
+        **({"rules": rules["rules"]} if rules is not None else {}),
         "path": str(mf.path), "version": mf.version, "file_bytes": mf.file_size,
         "meta_bytes": mf.meta_size + 64,
         "config": attrs.asdict(mf.config),
@@ -144,8 +164,17 @@ def inspect_cmd(file, as_json, no_verify):
         if (file / "model.ditto").is_file():
             hint = f"; did you mean {file / 'model.ditto'}?"
         raise DittoError(f"{file}: is a directory, not a model file{hint}")
+    record = None
+    beside = file.parent / "build.json"
+    if beside.is_file():  # a build's model file: show the rules that planned its tensors
+        try:
+            record = json.loads(beside.read_text())
+        except (OSError, ValueError):
+            record = None
+        if not isinstance(record, dict) or record.get("model_file") != file.name:
+            record = None
     with ModelFile.open(file, verify=not no_verify) as mf:
-        s = inspect_summary(mf)
+        s = inspect_summary(mf, record)
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
@@ -158,11 +187,17 @@ def inspect_cmd(file, as_json, no_verify):
     con.print(f"tokenizer: {t['kind']}, {t['n_tokens']} tokens, {t['n_merges']} merges, "
               f"pre={t['pre']}, bos={t['bos_id']}, eos={t['eos_id']}, add_bos={t['add_bos']}, "
               f"chat={t['chat_format']}")
-    table = Table("tensor", "enc", "shape", "b", "G", "cb", "bytes", "bpw")
+    if "rules" in s:
+        con.print("rules (--tensor-type, first match wins): "
+                  + ("; ".join(s["rules"]) or "none")
+                  + "; then --keep-fp32, the embedding rule, the options' b and G")
+    table = Table("tensor", "enc", "shape", "b", "G", "cb", "bytes", "bpw",
+                  *(["rule"] if "rules" in s else []))
     for r in s["tensors"]:
         table.add_row(r["name"], r["encoding"], "×".join(map(str, r["shape"])),
                       str(r["bits"] or "-"), str(r["group_size"] or "-"),
-                      r["codebook_type"] or "-", f"{r['bytes']:,}", f"{r['bpw']:.3f}")
+                      r["codebook_type"] or "-", f"{r['bytes']:,}", f"{r['bpw']:.3f}",
+                      *([r.get("rule") or "-"] if "rules" in s else []))
     con.print(table)
     con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
               f"bpw {s['bpw_file']:.3f} (whole file), {s['bpw_payload']:.3f} (payloads)")
@@ -269,6 +304,9 @@ def compile_stage_options(func):
               help="Group size G: weights per sub-block sharing one codebook.")
 @click.option("--keep-fp32", multiple=True, metavar="PATTERN",
               help="Glob over tensor names kept in fp32 (repeatable); norms always are.")
+@click.option("--tensor-type", "tensor_types", multiple=True, metavar="GLOB=SPEC",
+              help="Rule for the tensors matching GLOB (repeatable, first match wins): f32, "
+                   "or bN,GN,cb:TYPE, e.g. '*.ffn_down.weight=b5', 'blk.0.*=f32'.")
 @click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
 @click.option("--codebook-type", type=click.Choice(["f16", "f32", "int8"]), default="f16",
               show_default=True,
@@ -286,7 +324,7 @@ def compile_stage_options(func):
               help="Reuse cached stage outputs ($DITTO_CACHE_DIR or ~/.cache/ditto).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
-def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, method,
+def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tensor_types, method,
               codebook_type, seed, rewrite, exporter, packer, emitter, passes, linker,
               component_options, openmp, cache, quiet):
     """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
@@ -295,8 +333,9 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
     with `ditto run DIR -p "def fib(n):"`. The build is atomic: a failure leaves no DIR."""
     if quantizer == "none":  # it keeps every tensor in fp32: say so if quantize options were given
         ctx = click.get_current_context()
-        given = [f"--{n.replace('_', '-')}" for n in ("bits", "group_size", "keep_fp32", "method",
-                                                      "codebook_type", "seed")
+        given = [f"--{n.replace('_', '-')}".replace("--tensor-types", "--tensor-type")
+                 for n in ("bits", "group_size", "keep_fp32", "tensor_types", "method",
+                           "codebook_type", "seed")
                  if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
         if given:
             click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
@@ -304,7 +343,8 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, meth
     from .api import build
 
     record = build(model, quantizer=quantizer, blas=blas, out=out_dir, bits=bits,
-                   group_size=group_size, keep_fp32=keep_fp32, method=method,
+                   group_size=group_size, keep_fp32=keep_fp32, tensor_types=tensor_types,
+                   method=method,
                    codebook_type=codebook_type, seed=seed, exporter=exporter, packer=packer,
                    emitter=emitter, passes=passes or None, linker=linker,
                    options=parse_assignments(component_options), rewrite=rewrite,

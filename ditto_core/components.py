@@ -46,7 +46,9 @@ class Exporter(Protocol):
 class QuantOptions:
     """Options of the quantize stage. ``bits`` b in 1..8, ``group_size`` G in 2..2^24, ``keep_fp32``
     glob patterns over tensor names kept in fp32 (norms always are), ``method`` a quantizer
-    specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32" | "int8"."""
+    specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32" | "int8";
+    ``tensor_types``: ``GLOB=SPEC`` rules (``--tensor-type``, ``ditto_core.quantkit``), the
+    first matching one decides a tensor's encoding, b, G or codebook type."""
 
     bits: int = 4
     group_size: int = 256
@@ -54,6 +56,7 @@ class QuantOptions:
     method: str | None = None
     codebook_type: str = "f16"
     seed: int = 0
+    tensor_types: tuple[str, ...] = ()
 
 
 @runtime_checkable

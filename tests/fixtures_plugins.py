@@ -31,3 +31,18 @@ def test_plugin_installed(tmp_path_factory):
         _pip("uninstall", "-y", "ditto-test-plugin")
 
 
+
+
+@pytest.fixture(scope="session")
+def quantile_plugin_installed(tmp_path_factory):
+    """pip-installs examples/ditto-quant-quantile (the quantizer-kit example) from a copy;
+    uninstalls at the end."""
+    example = EXAMPLE.parent / "ditto-quant-quantile"
+    src = tmp_path_factory.mktemp("quantile_src") / example.name
+    shutil.copytree(example, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    _pip("install", "--no-deps", "--no-build-isolation", str(src))
+    importlib.invalidate_caches()
+    try:
+        yield "ditto-quant-quantile"
+    finally:
+        _pip("uninstall", "-y", "ditto-quant-quantile")

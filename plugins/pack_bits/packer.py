@@ -133,6 +133,8 @@ class BitsPacker:
                 row["rel_error"] = per_tensor[t.name]["rel_error"]
             if t.encoding == "f32" and "reason" in per_tensor.get(t.name, {}):
                 row["reason"] = per_tensor[t.name]["reason"]
+            if "rule" in per_tensor.get(t.name, {}):
+                row["rule"] = per_tensor[t.name]["rule"]
             tensors[t.name] = row
         return {
             "path": str(out),

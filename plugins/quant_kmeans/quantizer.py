@@ -11,7 +11,6 @@ codebooks a sub-block stores an f16 scale ``s = f16(max|c| / 127)`` and the inte
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 import time
 import zlib
@@ -20,12 +19,11 @@ import attrs
 import numpy as np
 
 from ditto_core import format as F
+from ditto_core import quantkit
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
 from ditto_core.untrusted import check_finite
 from ditto_core.options import option
-from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
-                                  f32_nbytes)
 from ditto_core.types import Checkpoint, CodebookTensor, QuantizedModel
 
 from . import kmeans1d
@@ -128,6 +126,10 @@ def check_options(options: QuantOptions) -> str:
     if options.codebook_type not in CODEBOOK_TYPES:
         raise DittoError(f"kmeans: codebook type must be 'f16', 'f32' or 'int8', got "
                          f"{options.codebook_type!r}")
+    try:
+        quantkit.parse_rules(options.tensor_types)
+    except DittoError as exc:
+        raise DittoError(f"kmeans: {exc}") from None
     method = options.method or DEFAULT_METHOD
     if method not in METHODS:
         raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
@@ -227,44 +229,24 @@ def plan_tensors(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
 
 def plan_with_reasons(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
                       embedding_extra_bits: int = EMBEDDING_EXTRA_BITS):
-    """The quantize plan and, for every tensor planned f32, why.
+    """The quantize plan and, for every tensor planned f32, why (``quantkit.plan_tensors``:
+    ``--tensor-type`` rules, ``keep_fp32`` and ``default_keep`` globs, the embedding rule with
+    ``embedding_extra_bits``, the size guard).
 
     ``shapes``: name → shape. Returns ``(plan, reasons)``: ``plan[name]`` is ("f32", None) for
-    vectors (reason "vector"), names matching a ``keep_fp32`` glob (fnmatch) or
-    ``default_keep`` (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would take
-    at least the bytes of f32 (``ditto_core.modelfile.codebook_saves_space``; reason
+    vectors (reason "vector"), names a rule keeps f32 (reason "GLOB=f32"), names matching a
+    ``keep_fp32`` glob (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would
+    take at least the bytes of f32 (``ditto_core.modelfile.codebook_saves_space``; reason
     ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
     ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' =
     ``embedding_bits(b)``, G' = ``embedding_group_size(G, cols)``; else ("codebook", (b, G,
-    codebook_type)). ``reasons[name]`` is a
-    dict {``reason``, and for the size rule ``codebook_bytes``, ``f32_bytes``, ``bits``,
-    ``group_size``}."""
-    keep = tuple(options.keep_fp32) + tuple(default_keep)
-    plan, reasons = {}, {}
-    for name, shape in shapes.items():
-        if len(shape) != 2:
-            plan[name] = ("f32", None)
-            reasons[name] = {"reason": "vector"}
-            continue
-        glob = next((p for p in keep if fnmatch.fnmatchcase(name, p)), None)
-        if glob is not None:
-            plan[name] = ("f32", None)
-            reasons[name] = {"reason": f"keep_fp32 {glob}"}
-            continue
-        rows, cols = (int(x) for x in shape)
-        bits, group_size = options.bits, options.group_size
-        if name in EMBEDDING_NAMES:
-            bits = embedding_bits(bits, embedding_extra_bits)
-            group_size = embedding_group_size(group_size, cols)
-        params = (bits, group_size, options.codebook_type)
-        if not codebook_saves_space(rows, cols, *params):
-            plan[name] = ("f32", None)
-            reasons[name] = {"reason": REASON_CODEBOOK_LARGER,
-                             "codebook_bytes": codebook_nbytes(rows, cols, *params),
-                             "f32_bytes": f32_nbytes(shape), "bits": bits,
-                             "group_size": group_size}
-            continue
-        plan[name] = ("codebook", params)
+    codebook_type)) as a rule or the options say. ``reasons[name]`` is a dict {``reason``, and
+    for the size rule ``codebook_bytes``, ``f32_bytes``, ``bits``, ``group_size``}."""
+    plan, why = quantkit.plan_tensors(
+        shapes, attrs.evolve(options, keep_fp32=tuple(options.keep_fp32) + tuple(default_keep)),
+        quantkit.parse_rules(options.tensor_types), embedding_extra_bits)
+    reasons = {n: {k: v for k, v in r.items() if k != "rule"} for n, r in why.items()
+               if plan[n][0] == "f32"}
     return plan, reasons
 
 
@@ -308,7 +290,10 @@ class KMeansQuantizer:
         and for non-finite weights (when the tensor is reached)."""
         method = check_options(options)  # before any tensor is touched
         plan, reasons = plan_with_reasons(checkpoint.shapes, options)
+        rules = quantkit.plan_tensors(checkpoint.shapes, options,
+                                      quantkit.parse_rules(options.tensor_types))[1]
         report = {"quantizer": self.name, "method": method, "bits": options.bits,
+                  "rules": list(options.tensor_types),
                   "embedding_bits": embedding_bits(options.bits),
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
                   "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()},
@@ -333,6 +318,7 @@ class KMeansQuantizer:
                 totals["norm2"] += norm2
                 report["tensors"][name] = {"encoding": "codebook", "bits": bits,
                                            "group_size": group_size,
+                                           "rule": rules[name]["rule"],
                                            "rel_error": q.rel_error,
                                            "sse": sse, "norm2": norm2, "seconds": dt}
                 if under is not None:

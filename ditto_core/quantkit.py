@@ -1,0 +1,313 @@
+"""The quantizer kit: everything a sub-block codebook quantizer needs except its own matrix
+method, so a new quantizer is one function (docs/PLUGINS.md "Quantizer kit").
+
+A quantizer subclasses ``CodebookQuantizer`` and supplies
+
+    quantize_matrix(weights, bits, group_size, options) -> (indices, codebooks)
+
+with ``weights`` float32 [rows, cols] (finite), ``indices`` uint8 [rows, cols] (each < 2^b,
+weight j of a row belongs to sub-block j // G) and ``codebooks`` float [rows · S, 2^b] or
+[rows, S, 2^b] (S = ceil(cols / G); sub-block s of row r is row r · S + s). The kit does the
+rest, the same way for every quantizer:
+
+- planning: vectors stay f32; ``--tensor-type GLOB=SPEC`` rules (first match wins; ``f32``, or
+  ``bN``, ``GN``, ``cb:TYPE`` separated by commas), ``--keep-fp32`` globs, then the default
+  embedding rule (``token_embd.weight``/``output.weight``: b + 2 bits, one codebook per row;
+  docs/QUANT.md "Default policy"), then (b, G) from the options; the size guard keeps f32 any
+  matrix whose codebook payload would not be smaller than f32 (``modelfile.codebook_saves_space``);
+- finiteness checks (naming tensor and (row, col)), streaming one tensor at a time as the
+  packer pulls, rounding the codebooks to their storage type (``round_codebooks``), checking
+  what the quantizer returned, and the per-tensor report (rule, b, G, rel_error, seconds).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import time
+from typing import Any, Sequence
+
+import attrs
+import numpy as np
+
+from . import format as F
+from .components import QuantOptions
+from .errors import DittoError
+from .modelfile import REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space, f32_nbytes
+from .types import Checkpoint, CodebookTensor, QuantizedModel
+
+#: Tensors the default embedding rule applies to, and its extra bits.
+EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
+EMBEDDING_EXTRA_BITS = 2
+
+_SPEC_TOKEN = re.compile(r"^(?:b(?P<bits>\d+)|G(?P<group>\d+)|cb:(?P<cb>\w+))$")
+
+
+@attrs.frozen
+class TensorRule:
+    """One ``--tensor-type GLOB=SPEC`` rule: tensors whose name matches ``glob`` (fnmatch)
+    are kept in f32 (``f32``) or quantized with the given b / G / codebook type (each None:
+    as the options say)."""
+
+    glob: str
+    f32: bool = False
+    bits: int | None = None
+    group_size: int | None = None
+    codebook_type: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "TensorRule":
+        """``"blk.0.*=f32"``, ``"*.ffn_down.weight=b5"``, ``"token_embd.weight=b6,G576"``,
+        ``"*=cb:f32"``. Raises DittoError naming the rule for anything else, b outside 1..8
+        or G outside the format's range."""
+        glob, eq, spec = text.partition("=")
+        glob, spec = glob.strip(), spec.strip()
+        if not eq or not glob or not spec:
+            raise DittoError(f"--tensor-type {text!r}: expected GLOB=SPEC (e.g. "
+                             "'*.ffn_down.weight=b5' or 'blk.0.*=f32')")
+        if spec == "f32":
+            return cls(glob, f32=True)
+        fields: dict[str, Any] = {}
+        for tok in spec.split(","):
+            m = _SPEC_TOKEN.match(tok.strip())
+            if m is None:
+                raise DittoError(f"--tensor-type {text!r}: {tok.strip()!r} is not bN, GN, "
+                                 "cb:TYPE or f32")
+            if m["bits"]:
+                fields["bits"] = int(m["bits"])
+            if m["group"]:
+                fields["group_size"] = int(m["group"])
+            if m["cb"]:
+                fields["codebook_type"] = m["cb"]
+        rule = cls(glob, **fields)
+        try:
+            check_params(4 if rule.bits is None else rule.bits,
+                         F.MIN_GROUP_SIZE if rule.group_size is None else rule.group_size,
+                         rule.codebook_type or "f16")
+        except DittoError as exc:
+            raise DittoError(f"--tensor-type {text!r}: {exc}") from None
+        return rule
+
+    def __str__(self) -> str:
+        if self.f32:
+            return f"{self.glob}=f32"
+        parts = ([f"b{self.bits}"] if self.bits else []) + (
+            [f"G{self.group_size}"] if self.group_size else []) + (
+            [f"cb:{self.codebook_type}"] if self.codebook_type is not None else [])
+        return f"{self.glob}={','.join(parts)}"
+
+
+def parse_rules(items: Sequence[str]) -> tuple[TensorRule, ...]:
+    """``--tensor-type`` values → rules, in order (first match wins)."""
+    return tuple(TensorRule.parse(t) for t in items)
+
+
+def check_params(bits, group_size, codebook_type) -> None:
+    """Raise DittoError unless b is an integer in 1..8, G one in the format's range and the
+    codebook type one the format stores."""
+    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or not 1 <= bits <= 8:
+        raise DittoError(f"bit width b must be an integer in 1..8, got {bits!r}")
+    if (not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool)
+            or not F.MIN_GROUP_SIZE <= group_size <= F.MAX_GROUP_SIZE):
+        raise DittoError(f"group size G must be an integer in {F.MIN_GROUP_SIZE}.."
+                         f"{F.MAX_GROUP_SIZE}, got {group_size!r}")
+    if codebook_type not in F.CODEBOOK_TYPES:
+        raise DittoError(f"codebook type must be one of {', '.join(map(repr, F.CODEBOOK_TYPES))}"
+                         f", got {codebook_type!r}")
+
+
+def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = (),
+                 embedding_extra_bits: int | None = EMBEDDING_EXTRA_BITS):
+    """The quantize plan and, per tensor, why (see the module docstring for the order).
+
+    Returns ``(plan, reasons)``: ``plan[name]`` is ``("f32", None)`` or ``("codebook", (b, G,
+    codebook_type))``; ``reasons[name]`` a dict with ``rule`` (the rule that decided:
+    ``"vector"``, ``"GLOB=SPEC"``, ``"keep_fp32 GLOB"``, ``"embedding (b+2, one codebook per
+    row)"`` or ``"default"``) and, for a matrix kept f32 by the size guard, ``reason``
+    (``REASON_CODEBOOK_LARGER``), ``codebook_bytes``, ``f32_bytes``, ``bits``, ``group_size``.
+    ``embedding_extra_bits`` None disables the embedding rule."""
+    plan, reasons = {}, {}
+    for name, shape in shapes.items():
+        if len(shape) != 2:
+            plan[name], reasons[name] = ("f32", None), {"rule": "vector", "reason": "vector"}
+            continue
+        rows, cols = (int(x) for x in shape)
+        bits, group, cb = options.bits, options.group_size, options.codebook_type
+        rule = next((r for r in rules if fnmatch.fnmatchcase(name, r.glob)), None)
+        keep = next((g for g in options.keep_fp32 if fnmatch.fnmatchcase(name, g)), None)
+        if rule is not None:
+            why = str(rule)
+            if rule.f32:
+                plan[name], reasons[name] = ("f32", None), {"rule": why, "reason": why}
+                continue
+            bits = bits if rule.bits is None else rule.bits
+            group = group if rule.group_size is None else rule.group_size
+            cb = rule.codebook_type or cb
+        elif keep is not None:
+            why = f"keep_fp32 {keep}"
+            plan[name], reasons[name] = ("f32", None), {"rule": why, "reason": why}
+            continue
+        elif name in EMBEDDING_NAMES and embedding_extra_bits is not None:
+            why = f"embedding (b+{embedding_extra_bits}, one codebook per row)"
+            bits, group = min(8, bits + embedding_extra_bits), max(group, cols)
+        else:
+            why = "default"
+        params = (bits, group, cb)
+        if not codebook_saves_space(rows, cols, *params):
+            plan[name] = ("f32", None)
+            reasons[name] = {"rule": why, "reason": REASON_CODEBOOK_LARGER,
+                             "codebook_bytes": codebook_nbytes(rows, cols, *params),
+                             "f32_bytes": f32_nbytes(shape), "bits": bits, "group_size": group}
+            continue
+        plan[name], reasons[name] = ("codebook", params), {"rule": why}
+    return plan, reasons
+
+
+def check_finite(W: np.ndarray, name: str) -> None:
+    """Raise DittoError naming ``name`` and the (row, col) of the first NaN/Inf in ``W``."""
+    bad = ~np.isfinite(W)
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = f"(row, col) = {pos}" if len(pos) == 2 else f"position {pos}"
+        raise DittoError(f"tensor {name!r} has a non-finite value {W[pos]} at {where}")
+
+
+def round_codebooks(cent: np.ndarray, codebook_type: str, name: str = "tensor"
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Centroids rounded to what the model file stores: float32 of ``cent``'s shape, and the
+    int8 scales (float32 [..., ] holding f16 values) or None. Raises DittoError naming the
+    tensor when a value overflows the type."""
+    cent = np.asarray(cent, np.float64)
+    if codebook_type == "f32":
+        stored = cent.astype(np.float32)
+    elif codebook_type == "f16":
+        with np.errstate(over="ignore"):
+            stored = cent.astype(np.float16).astype(np.float32)
+    else:
+        raise DittoError(f"tensor {name!r}: codebook type {codebook_type!r} is not supported "
+                         "by the quantizer kit")
+    if not np.isfinite(stored).all():
+        pos = tuple(int(i) for i in np.argwhere(~np.isfinite(stored))[0])
+        raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} overflows "
+                         f"{codebook_type}; use --codebook-type f32")
+    return stored, None
+
+
+@attrs.frozen
+class MatrixOptions:
+    """What ``quantize_matrix`` gets besides the weights, b and G: the tensor's name, the
+    codebook type its centroids are stored in, the seed and method of the quantize options,
+    and the quantizer's own resolved component options (None if it has none)."""
+
+    tensor: str
+    codebook_type: str
+    seed: int
+    method: str | None
+    component: Any = None
+
+
+def _dequantize(indices: np.ndarray, cb: np.ndarray, group_size: int) -> np.ndarray:
+    """Ŵ float64 [rows, cols] from indices [rows, cols] and codebooks [rows, S, K]."""
+    rows, cols = indices.shape
+    sub = (np.arange(cols) // group_size)[None, :]
+    return cb.astype(np.float64)[np.arange(rows)[:, None], sub, indices]
+
+
+class CodebookQuantizer:
+    """Base of a quantizer made with the kit: set ``name`` and implement ``quantize_matrix``
+    (module docstring). ``embedding_extra_bits`` (None: no embedding rule) and
+    ``codebook_types`` (what ``round_codebooks`` supports) may be overridden."""
+
+    name = "?"
+    embedding_extra_bits: int | None = EMBEDDING_EXTRA_BITS
+    methods: tuple[str, ...] = ()
+    options = None  # the component's resolved Options, for quantizers that declare some
+
+    def quantize_matrix(self, weights: np.ndarray, bits: int, group_size: int,
+                        options: MatrixOptions) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def check_options(self, options: QuantOptions) -> None:
+        """Raise DittoError (prefixed with the quantizer's name) for b, G, codebook type,
+        method or ``tensor_types`` rules this quantizer cannot use; called before export."""
+        try:
+            check_params(options.bits, options.group_size, options.codebook_type)
+            if options.method is not None and options.method not in self.methods:
+                raise DittoError(f"unknown method {options.method!r}; choose one of "
+                                 f"{', '.join(self.methods) or '(none: this quantizer has no methods)'}")
+            parse_rules(options.tensor_types)
+        except DittoError as exc:
+            raise DittoError(f"{self.name}: {exc}") from None
+
+    def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
+        """Plan every tensor now, quantize lazily one tensor at a time as the packer pulls
+        (docs/QUANT.md). ``report``: ``quantizer``, ``bits``, ``group_size``,
+        ``codebook_type``, ``rules``, per tensor ``{encoding, rule, ...}`` (f32 ones at once,
+        quantized ones with ``bits``, ``group_size``, ``rel_error``, ``sse``, ``norm2``,
+        ``seconds`` as produced) and running totals ``total_rel_error``,
+        ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now), a
+        non-finite weight or a bad ``quantize_matrix`` result (when the tensor is reached)."""
+        self.check_options(options)
+        rules = parse_rules(options.tensor_types)
+        plan, reasons = plan_tensors(checkpoint.shapes, options, rules,
+                                     self.embedding_extra_bits)
+        report = {"quantizer": self.name, "method": options.method, "bits": options.bits,
+                  "group_size": options.group_size, "codebook_type": options.codebook_type,
+                  "rules": [str(r) for r in rules],
+                  "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()
+                              if plan[n][0] == "f32"},
+                  "total_rel_error": 0.0, "quantized_weights": 0, "seconds": 0.0}
+        totals = {"sse": 0.0, "norm2": 0.0}
+
+        def tensors():
+            for name, (encoding, params) in plan.items():
+                W = np.ascontiguousarray(checkpoint.tensors[name](), dtype=np.float32)
+                check_finite(W, name)
+                if encoding == "f32":
+                    yield name, W
+                    continue
+                t0 = time.perf_counter()
+                q, sse, norm2 = self._quantize_tensor(W, name, params, options)
+                del W
+                dt = time.perf_counter() - t0
+                totals["sse"] += sse
+                totals["norm2"] += norm2
+                report["tensors"][name] = {"encoding": "codebook", "rule": reasons[name]["rule"],
+                                           "bits": q.bits, "group_size": q.group_size,
+                                           "codebook_type": q.codebook_type,
+                                           "rel_error": q.rel_error, "sse": sse,
+                                           "norm2": norm2, "seconds": dt}
+                report["quantized_weights"] += q.indices.size
+                report["seconds"] += dt
+                report["total_rel_error"] = (totals["sse"] / totals["norm2"]
+                                             if totals["norm2"] > 0 else 0.0)
+                yield name, q
+
+        return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
+                              plan=plan, shapes=dict(checkpoint.shapes), tensors=tensors,
+                              report=report)
+
+    def _quantize_tensor(self, W, name, params, options):
+        bits, group, cb_type = params
+        rows, cols = W.shape
+        s, k = -(-cols // group), 1 << bits
+        mopts = MatrixOptions(name, cb_type, options.seed, options.method, self.options)
+        indices, codebooks = self.quantize_matrix(W, bits, group, mopts)
+        indices = np.asarray(indices)
+        codebooks = np.asarray(codebooks)
+        what = f"{self.name}: tensor {name!r}: quantize_matrix returned"
+        if indices.shape != (rows, cols) or indices.dtype != np.uint8:
+            raise DittoError(f"{what} indices {indices.dtype}{list(indices.shape)}, expected "
+                             f"uint8[{rows}, {cols}]")
+        if int(indices.max(initial=0)) >= k:
+            raise DittoError(f"{what} an index {int(indices.max())} >= 2^{bits}")
+        if codebooks.size != rows * s * k:
+            raise DittoError(f"{what} codebooks of shape {list(codebooks.shape)}, expected "
+                             f"[{rows * s}, {k}]")
+        cb, scales = round_codebooks(codebooks.reshape(rows, s, k), cb_type, name)
+        err = W.astype(np.float64) - _dequantize(indices, cb, group)
+        sse = float((err * err).sum())
+        norm2 = float((W.astype(np.float64) ** 2).sum())
+        rel = sse / norm2 if norm2 > 0 else 0.0
+        return (CodebookTensor(bits=bits, group_size=group, codebooks=cb, indices=indices,
+                               codebook_type=cb_type, rel_error=rel), sse, norm2)

@@ -1,0 +1,152 @@
+"""The quantizer kit (ditto_core.quantkit): --tensor-type rules, the planning order, checks of
+what a quantize_matrix returns, and the ≤ 40-line example quantizer (examples/
+ditto-quant-quantile) producing a runnable build whose rules build.json and inspect show."""
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ditto_core import pipeline, quantkit
+from ditto_core.components import QuantOptions
+from ditto_core.errors import DittoError
+from ditto_core.plugins import build_registry
+from ditto_core.quantkit import CodebookQuantizer, TensorRule, plan_tensors
+
+from .fixtures_compile import greedy_ids
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ditto-quant-quantile"
+
+
+def test_rule_parsing():
+    assert TensorRule.parse("blk.0.*=f32") == TensorRule("blk.0.*", f32=True)
+    assert TensorRule.parse("token_embd.weight=b6,G576") == TensorRule(
+        "token_embd.weight", bits=6, group_size=576)
+    assert TensorRule.parse("*=cb:f32,b3") == TensorRule("*", bits=3, codebook_type="f32")
+    assert str(TensorRule.parse("*.ffn_down.weight=b5")) == "*.ffn_down.weight=b5"
+    for bad, msg in [("noequals", "expected GLOB=SPEC"), ("*=b9", "b must be an integer in 1..8"),
+                     ("*=G1", "group size G must be an integer in 2.."),
+                     ("*=q4", "'q4' is not bN, GN, cb:TYPE or f32"),
+                     ("*=cb:f8", "codebook type must be one of")]:
+        pattern = re.escape(f"--tensor-type {bad!r}") + ".*" + re.escape(msg)
+        with pytest.raises(DittoError, match=pattern):
+            TensorRule.parse(bad)
+
+
+def test_plan_order_rules_keep_embedding_default_size_guard():
+    shapes = {"token_embd.weight": (1000, 64), "blk.0.attn_q.weight": (64, 64),
+              "blk.1.attn_q.weight": (64, 64), "blk.1.ffn_down.weight": (64, 256),
+              "blk.1.ffn_norm.weight": (64,), "output.weight": (1000, 256),
+              "blk.1.attn_k.weight": (4, 4)}
+    rules = quantkit.parse_rules(["blk.0.*=f32", "*.ffn_down.weight=b5,cb:f32",
+                                  "output.weight=b6,G128"])
+    opts = QuantOptions(bits=3, group_size=64, keep_fp32=("blk.0.attn_q.weight",
+                                                          "blk.1.attn_q.weight"))
+    plan, why = plan_tensors(shapes, opts, rules)
+    assert plan == {"token_embd.weight": ("codebook", (5, 64, "f16")),
+                    "blk.0.attn_q.weight": ("f32", None),
+                    "blk.1.attn_q.weight": ("f32", None),
+                    "blk.1.ffn_down.weight": ("codebook", (5, 64, "f32")),
+                    "blk.1.ffn_norm.weight": ("f32", None),
+                    "output.weight": ("codebook", (6, 128, "f16")),
+                    "blk.1.attn_k.weight": ("f32", None)}
+    assert {n: r["rule"] for n, r in why.items()} == {
+        "token_embd.weight": "embedding (b+2, one codebook per row)",
+        "blk.0.attn_q.weight": "blk.0.*=f32",  # the rule comes before --keep-fp32
+        "blk.1.attn_q.weight": "keep_fp32 blk.1.attn_q.weight",
+        "blk.1.ffn_down.weight": "*.ffn_down.weight=b5,cb:f32",
+        "blk.1.ffn_norm.weight": "vector", "output.weight": "output.weight=b6,G128",
+        "blk.1.attn_k.weight": "default"}
+    # 4 rows of 4 at b = 3: 8 centroids per 4 weights, larger than f32
+    assert why["blk.1.attn_k.weight"]["reason"] == "codebook larger than f32"
+
+
+class Broken(CodebookQuantizer):
+    name = "broken"
+
+    def __init__(self, result):
+        self.result = result
+
+    def quantize_matrix(self, weights, bits, group_size, options):
+        return self.result(weights, bits, group_size)
+
+
+@pytest.mark.parametrize("result,message", [
+    (lambda W, b, g: (np.zeros(W.shape, np.int64), np.zeros((W.shape[0], 1, 1 << b))),
+     r"returned indices int64\[8, 8\], expected uint8\[8, 8\]"),
+    (lambda W, b, g: (np.full(W.shape, 4, np.uint8), np.zeros((W.shape[0], 1, 1 << b))),
+     r"returned an index 4 >= 2\^2"),
+    (lambda W, b, g: (np.zeros(W.shape, np.uint8), np.zeros((W.shape[0], 2, 1 << b))),
+     r"returned codebooks of shape \[8, 2, 4\], expected \[8, 4\]"),
+])
+def test_kit_checks_quantize_matrix_results(result, message, tiny_checkpoint_8x8):
+    q = Broken(result).quantize(tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=8))
+    with pytest.raises(DittoError, match=f"broken: tensor 'blk.0.attn_q.weight': quantize_matrix {message}"):
+        list(q.tensors())
+
+
+def test_kit_refuses_non_finite_weights(tiny_checkpoint_8x8):
+    import attrs
+
+    bad = attrs.evolve(tiny_checkpoint_8x8, tensors={
+        "blk.0.attn_q.weight": lambda: np.array([[0.0] * 8] * 7 + [[0.0] * 7 + [np.nan]],
+                                                np.float32)})
+    q = Broken(None).quantize(bad, QuantOptions(bits=2, group_size=8))
+    with pytest.raises(DittoError, match=r"tensor 'blk.0.attn_q.weight' has a non-finite value "
+                                         r"nan at \(row, col\) = \(7, 7\)"):
+        list(q.tensors())
+
+
+@pytest.fixture
+def tiny_checkpoint_8x8():
+    from ditto_core.types import Checkpoint
+
+    W = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    return Checkpoint(config=None, tokenizer=None, tensors={"blk.0.attn_q.weight": lambda: W},
+                      shapes={"blk.0.attn_q.weight": (8, 8)}, source=Path("x"))
+
+
+def test_example_quantizer_is_short():
+    lines = (EXAMPLE / "ditto_quant_quantile" / "__init__.py").read_text().splitlines()
+    assert len(lines) <= 40
+
+
+def test_example_quantizer_builds_and_runs(quantile_plugin_installed, tiny_builds,
+                                           build_cache_root, tmp_path):
+    reg = build_registry()
+    rules = ("blk.0.*=f32", "*.ffn_down.weight=b2")
+    opts = pipeline.BuildOptions(quantizer="quantile", blas="openblas",
+                                 quant=QuantOptions(bits=3, group_size=64, tensor_types=rules))
+    rec = pipeline.build("tinycoder", tmp_path / "q", opts, reg, cache_root=build_cache_root)
+    assert list(rec["options"]["tensor_types"]) == list(rules)
+    on_disk = json.loads((tmp_path / "q" / "build.json").read_text())
+    assert on_disk["options"]["tensor_types"] == list(rules)
+    t = rec["tensors"]
+    assert t["blk.0.attn_q.weight"]["rule"] == "blk.0.*=f32"
+    assert (t["blk.1.attn_q.weight"]["encoding"], t["blk.1.attn_q.weight"]["bits"],
+            t["blk.1.attn_q.weight"]["rule"]) == ("codebook", 3, "default")
+    assert (t["blk.1.ffn_down.weight"]["bits"], t["blk.1.ffn_down.weight"]["rule"]) == (
+        2, "*.ffn_down.weight=b2")
+    assert 0 < t["blk.1.ffn_up.weight"]["rel_error"] < 0.2
+    ids = greedy_ids(tmp_path / "q", "def fib(n):", 8)
+    assert len(ids) == 8
+    out = subprocess.run(["ditto", "inspect", "--json", str(tmp_path / "q" / "model.ditto")],
+                         check=True, capture_output=True, text=True).stdout
+    summary = json.loads(out)
+    assert summary["rules"] == list(rules)
+    assert {r["name"]: r["rule"] for r in summary["tensors"]}["blk.1.ffn_down.weight"] == \
+        "*.ffn_down.weight=b2"
+
+
+def test_kmeans_takes_tensor_type_rules():
+    from ditto_quant_kmeans import KMeansQuantizer, plan_tensors as kmeans_plan
+
+    plan = kmeans_plan({"blk.0.attn_q.weight": (64, 64), "blk.1.attn_q.weight": (64, 64)},
+                       QuantOptions(bits=3, group_size=64, tensor_types=("blk.0.*=b5",)))
+    assert plan == {"blk.0.attn_q.weight": ("codebook", (5, 64, "f16")),
+                    "blk.1.attn_q.weight": ("codebook", (3, 64, "f16"))}
+    with pytest.raises(DittoError, match=r"^kmeans: --tensor-type 'x=b0': bit width"):
+        KMeansQuantizer().check_options(QuantOptions(tensor_types=("x=b0",)))
