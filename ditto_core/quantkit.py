@@ -35,6 +35,7 @@ from .components import QuantOptions
 from .errors import DittoError
 from .modelfile import REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space, f32_nbytes
 from .types import Checkpoint, CodebookTensor, QuantizedModel
+from .untrusted import check_finite
 
 #: Tensors the default embedding rule applies to, and its extra bits.
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
@@ -163,34 +164,58 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
     return plan, reasons
 
 
-def check_finite(W: np.ndarray, name: str) -> None:
-    """Raise DittoError naming ``name`` and the (row, col) of the first NaN/Inf in ``W``."""
-    bad = ~np.isfinite(W)
-    if bad.any():
-        pos = tuple(int(i) for i in np.argwhere(bad)[0])
-        where = f"(row, col) = {pos}" if len(pos) == 2 else f"position {pos}"
-        raise DittoError(f"tensor {name!r} has a non-finite value {W[pos]} at {where}")
+def int8_codebooks(cent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round float centroids onto the int8 grid of their sub-block (FORMAT.md, ``int8``).
+
+    ``cent``: float [..., K] (one sub-block's centroids on the last axis). Per sub-block the
+    scale is ``s = f16(max|c| / 127)``, raised to the next f16 when rounding made
+    ``max|c| / s > 127``, and each centroid becomes ``q = round(c / s)`` (half to even)
+    clipped to −127..127 (−128 is never used, so ``|q| ≤ 127`` for the kernels' sign trick,
+    docs/KERNELS.md). An all-zero sub-block has s = 0, q = 0. Returns (stored centroids
+    float32 [..., K] = s · q, scales float32 [...] holding f16 values). Raises DittoError if a
+    scale overflows f16 (max|c| > 65504 · 127)."""
+    cent = np.asarray(cent, np.float64)
+    amax = np.abs(cent).max(axis=-1)
+    with np.errstate(over="ignore"):
+        s16 = (amax / 127.0).astype(np.float16)
+        low = (s16.astype(np.float64) * 127.0 < amax)
+        s16[low] = np.nextafter(s16[low], np.float16(np.inf))
+    if not np.isfinite(s16).all():
+        raise DittoError(f"a centroid of magnitude {float(amax.max()):.6g} overflows the f16 "
+                         f"scale of an int8 codebook; use --codebook-type f32")
+    scale = s16.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale[..., None] > 0, np.rint(cent / scale[..., None]), 0.0)
+    q = np.clip(q, -127, 127)
+    stored = (q * scale[..., None]).astype(np.float32)
+    return stored, s16.astype(np.float32)
 
 
 def round_codebooks(cent: np.ndarray, codebook_type: str, name: str = "tensor"
                     ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Centroids rounded to what the model file stores: float32 of ``cent``'s shape, and the
-    int8 scales (float32 [..., ] holding f16 values) or None. Raises DittoError naming the
-    tensor when a value overflows the type."""
+    """Centroids (float [..., 2^b]) rounded to what the model file stores (FORMAT.md): float32
+    of ``cent``'s shape, and for ``int8`` the per-sub-block scales (float32 [...] holding f16
+    values; ``int8_codebooks``), else None. Raises DittoError naming the tensor when a value
+    overflows the type."""
     cent = np.asarray(cent, np.float64)
+    scales = None
     if codebook_type == "f32":
         stored = cent.astype(np.float32)
     elif codebook_type == "f16":
         with np.errstate(over="ignore"):
             stored = cent.astype(np.float16).astype(np.float32)
+    elif codebook_type == "int8":
+        try:
+            stored, scales = int8_codebooks(cent)
+        except DittoError as exc:
+            raise DittoError(f"tensor {name!r}: {exc}") from None
     else:
-        raise DittoError(f"tensor {name!r}: codebook type {codebook_type!r} is not supported "
-                         "by the quantizer kit")
+        raise DittoError(f"tensor {name!r}: unknown codebook type {codebook_type!r}")
     if not np.isfinite(stored).all():
         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(stored))[0])
         raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} overflows "
                          f"{codebook_type}; use --codebook-type f32")
-    return stored, None
+    return stored, scales
 
 
 @attrs.frozen
@@ -310,4 +335,4 @@ class CodebookQuantizer:
         norm2 = float((W.astype(np.float64) ** 2).sum())
         rel = sse / norm2 if norm2 > 0 else 0.0
         return (CodebookTensor(bits=bits, group_size=group, codebooks=cb, indices=indices,
-                               codebook_type=cb_type, rel_error=rel), sse, norm2)
+                               codebook_type=cb_type, rel_error=rel, scales=scales), sse, norm2)

@@ -150,3 +150,45 @@ def test_kmeans_takes_tensor_type_rules():
                     "blk.1.attn_q.weight": ("codebook", (3, 64, "f16"))}
     with pytest.raises(DittoError, match=r"^kmeans: --tensor-type 'x=b0': bit width"):
         KMeansQuantizer().check_options(QuantOptions(tensor_types=("x=b0",)))
+
+
+class Grid(CodebookQuantizer):
+    """min..max uniform grid per sub-block (a test quantizer)."""
+
+    name = "grid"
+
+    def quantize_matrix(self, weights, bits, group_size, options):
+        rows, cols = weights.shape
+        k = 1 << bits
+        x = weights.reshape(rows, cols // group_size, group_size)
+        lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+        cb = lo + (hi - lo) * np.linspace(0.0, 1.0, k)
+        idx = np.abs(x[..., None] - cb[:, :, None, :]).argmin(-1)
+        return idx.reshape(rows, cols).astype(np.uint8), cb
+
+
+@pytest.mark.parametrize("cb_type", ["f32", "f16", "int8"])
+def test_kit_rounds_codebooks_to_their_storage_type(cb_type):
+    from ditto_core.types import Checkpoint
+
+    W = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    ck = Checkpoint(config=None, tokenizer=None, tensors={"blk.0.ffn_up.weight": lambda: W},
+                    shapes={"blk.0.ffn_up.weight": (8, 32)}, source=Path("x"))
+    q = Grid().quantize(ck, QuantOptions(bits=2, group_size=16, codebook_type=cb_type))
+    [(name, t)] = list(q.tensors())
+    assert t.codebooks.shape == (8, 2, 4) and t.codebook_type == cb_type
+    if cb_type == "int8":
+        ints = t.codebooks / t.scales[..., None]
+        np.testing.assert_array_equal(ints, np.rint(ints))
+        assert np.abs(ints).max() == 127
+        np.testing.assert_array_equal(t.scales, t.scales.astype(np.float16))
+    else:
+        assert t.scales is None
+        np.testing.assert_array_equal(t.codebooks,
+                                      t.codebooks.astype(np.float16 if cb_type == "f16"
+                                                         else np.float32))
+    W_hat = t.codebooks[np.arange(8)[:, None], np.arange(32)[None, :] // 16, t.indices]
+    W64 = W.astype(np.float64)
+    rel = float(((W64 - W_hat) ** 2).sum() / (W64 ** 2).sum())
+    assert t.rel_error == pytest.approx(rel, rel=1e-9) and 0 < rel < 0.2
+    assert q.report["tensors"][name]["rule"] == "default"

@@ -20,6 +20,7 @@ import numpy as np
 
 from ditto_core import format as F
 from ditto_core import quantkit
+from ditto_core.quantkit import int8_codebooks
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
 from ditto_core.untrusted import check_finite
@@ -52,32 +53,6 @@ EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 _CB_NP = {"f16": np.float16, "f32": np.float32}
 CODEBOOK_TYPES = ("f16", "f32", "int8")
 
-
-def int8_codebooks(cent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Round float centroids onto the int8 grid of their sub-block (FORMAT.md, ``int8``).
-
-    ``cent``: float [..., K] (one sub-block's centroids on the last axis). Per sub-block the
-    scale is ``s = f16(max|c| / 127)``, raised to the next f16 when rounding made
-    ``max|c| / s > 127``, and each centroid becomes ``q = round(c / s)`` (half to even)
-    clipped to −127..127 (−128 is never used, so ``|q| ≤ 127`` for the kernels' sign trick,
-    docs/KERNELS.md). An all-zero sub-block has s = 0, q = 0. Returns (stored centroids
-    float32 [..., K] = s · q, scales float32 [...] holding f16 values). Raises DittoError if a
-    scale overflows f16 (max|c| > 65504 · 127)."""
-    cent = np.asarray(cent, np.float64)
-    amax = np.abs(cent).max(axis=-1)
-    with np.errstate(over="ignore"):
-        s16 = (amax / 127.0).astype(np.float16)
-        low = (s16.astype(np.float64) * 127.0 < amax)
-        s16[low] = np.nextafter(s16[low], np.float16(np.inf))
-    if not np.isfinite(s16).all():
-        raise DittoError(f"a centroid of magnitude {float(amax.max()):.6g} overflows the f16 "
-                         f"scale of an int8 codebook; use --codebook-type f32")
-    scale = s16.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale[..., None] > 0, np.rint(cent / scale[..., None]), 0.0)
-    q = np.clip(q, -127, 127)
-    stored = (q * scale[..., None]).astype(np.float32)
-    return stored, s16.astype(np.float32)
 
 #: A stored centroid whose relative rounding error exceeds this lost precision to the codebook
 #: type's range (f16 keeps 11 significant bits for |c| >= 2^-14: half an ulp is 2^-11 relative;
