@@ -228,13 +228,9 @@ def _mkl_available() -> bool:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    from ditto_core.eval.bench import cpu_name
+
+    return cpu_name()
 
 
 if __name__ == "__main__":

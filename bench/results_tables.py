@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 from ditto_core.errors import DittoError
 from ditto_core.eval import compare, humaneval, llamacpp
+from ditto_core.eval.bench import cpu_name
 from ditto_core.plugins import get_registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,16 +154,6 @@ def write_results_md(path: Path, text: str) -> None:
         doc = doc.rstrip("\n") + "\n\n## Research comparisons (`bench/results_tables.py`)\n\n" \
             + block + "\n"
     path.write_text(doc)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:

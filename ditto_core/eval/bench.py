@@ -30,6 +30,19 @@ POWERCAP = Path("/sys/class/powercap")
 DECODE_PROMPT = "def fibonacci(n):"
 
 
+def cpu_name() -> str:
+    """The CPU model name (Linux ``/proc/cpuinfo``; else platform's guess)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def rapl_domains(root: Path = POWERCAP) -> list[Path]:
     """Readable RAPL package domains (``intel-rapl:N`` with an ``energy_uj`` file; AMD CPUs
     report through the same driver). Empty when there are none or they are not readable."""
@@ -133,7 +146,7 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
             "joules_per_token": spread(s["joules"]) if s["joules"] else None,
         }
     return {
-        "build": str(build_dir), "quantizer": meta.get("quantizer"),
+        "build": str(build_dir), "cpu": cpu_name(), "quantizer": meta.get("quantizer"),
         "options": meta.get("options"), "file_bytes": file_bytes, "n_weights": n_weights,
         "bpw": 8.0 * file_bytes / n_weights, "prompt_tokens": len(ids), "tokens": tokens,
         "decode_prompt": DECODE_PROMPT, "repeat": repeat,
