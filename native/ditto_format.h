@@ -98,6 +98,7 @@
 #define DITTO_ADDED_LSTRIP 0x2u
 #define DITTO_ADDED_RSTRIP 0x4u
 #define DITTO_ADDED_NORMALIZED 0x8u /* matched in the normalized text (payload normalized) */
+#define DITTO_ADDED_SINGLE_WORD 0x10u /* matched only with no word character next to it */
 
 /* chat formats */
 #define DITTO_CHAT_NONE 0u

@@ -289,7 +289,7 @@ static int load_ext(Tokenizer *t, const uint8_t *p, size_t nbytes, char *err, si
             }
             t->norm[t->n_norm++] = op;
         } else if (tag == DITTO_TX_ADDED) {
-            if ((int32_t)a < 0 || a >= t->n_tokens || len == 0 || (b & ~0xFu) != 0) goto bad;
+            if ((int32_t)a < 0 || a >= t->n_tokens || len == 0 || (b & ~0x1Fu) != 0) goto bad;
             t->added[t->n_added++] = (AddedTok){(int32_t)a, b, pay, len};
         } else if (tag == DITTO_TX_CHAT_PREFIX) {
             t->chat_prefix = pay;
@@ -917,6 +917,15 @@ static int find_added(const Tokenizer *t, int normalized, const uint8_t *s, size
         size_t start = i, stop = i + m->len;
         i = stop;
         if ((m->flags & DITTO_ADDED_SPECIAL) && start >= lo && start < hi) continue;
+        if (m->flags & DITTO_ADDED_SINGLE_WORD) { /* no \w character right before or after */
+            size_t p = start;
+            int l;
+            if (p > 0) {
+                do p--; while (p > 0 && (s[p] & 0xC0) == 0x80);
+                if (unicode_is_word(utf8_decode(s + p, &l))) continue;
+            }
+            if (stop < n && unicode_is_word(utf8_decode(s + stop, &l))) continue;
+        }
         if (m->flags & DITTO_ADDED_LSTRIP) {
             while (start > start_offset) {
                 size_t p = start - 1;
@@ -1320,6 +1329,9 @@ size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_sp
         if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
             if (!(drop_space && i == 0)) feed_byte(d, &o, ' ');
             i += 3;
+        } else if (drop_space && i == 0 && s[0] == ' ' &&
+                   (t->flags & DITTO_TOKF_DECODE_STRIP)) {
+            i++; /* HF's Strip(' ', 1, 0) takes a literal leading space too */
         } else {
             feed_byte(d, &o, s[i++]);
         }

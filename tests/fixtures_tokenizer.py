@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
 GOLDEN = ROOT / "tests" / "data" / "smollm2_tokenizer_golden.jsonl"
 TOKENIZER_SOURCES = [NATIVE / "tokenizer.c", NATIVE / "unicode_tables.c", NATIVE / "unicode_case.c",
-                     NATIVE / "unicode_norm.c"]
+                     NATIVE / "unicode_norm.c", NATIVE / "unicode_word.c"]
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
 # GGUF token types (FORMAT.md)

@@ -108,7 +108,7 @@ def _variant(rng: random.Random, base: dict, spm: bool) -> dict:
     fresh = [a for a in ADDED if a not in tj["model"]["vocab"]]  # new ids, as HF assigns them
     for i, content in enumerate(rng.sample(fresh, rng.randrange(len(fresh) + 1))):
         special = rng.random() < 0.5
-        added.append({"id": n_model + i, "content": content, "single_word": rng.random() < 0.1,
+        added.append({"id": n_model + i, "content": content, "single_word": rng.random() < 0.3,
                       "lstrip": rng.random() < 0.3, "rstrip": rng.random() < 0.3,
                       "normalized": rng.random() < (0.2 if special else 0.7),
                       "special": special})

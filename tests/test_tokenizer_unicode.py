@@ -120,3 +120,9 @@ def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
         for chunk in chunks:
             got = bytes(ctok.encode(chunk)).decode("utf-8")
             assert got == ref.normalize_str(chunk), (form, hex(ord(chunk[0])))
+
+
+def test_committed_word_table_equals_generator_output():
+    committed = (NATIVE / "unicode_word.c").read_text(encoding="utf-8")
+    assert committed == _generator().render_word(), \
+        "native/unicode_word.c is stale: run python native/gen_unicode_tables.py"

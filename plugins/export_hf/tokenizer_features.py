@@ -228,7 +228,7 @@ def added_records(tj: dict, where: str, steps: tuple) -> tuple[tuple, bool]:
     explicit records (HF semantics); without them the C tokenizer derives the same set from
     the token types (special = control, matched with --special; non-special = user-defined,
     always matched), which holds when no token strips whitespace and all are matched in the
-    same text. ``single_word`` is refused."""
+    same text."""
     out, normalized = [], set()
     plain = True
     for a in tj.get("added_tokens") or []:
@@ -236,18 +236,17 @@ def added_records(tj: dict, where: str, steps: tuple) -> tuple[tuple, bool]:
         if not content:
             continue
         name = f"added token {content!r} (id {a.get('id')})"
-        if a.get("single_word"):
-            raise _refuse(where, name, "single_word true", "single_word false")
         flags = F.ADDED_SPECIAL if a.get("special") else 0
         flags |= F.ADDED_LSTRIP if a.get("lstrip") else 0
         flags |= F.ADDED_RSTRIP if a.get("rstrip") else 0
+        flags |= F.ADDED_SINGLE_WORD if a.get("single_word") else 0
         text = content
         if _opt(a, "normalized", not a.get("special")):
             flags |= F.ADDED_NORMALIZED
             text = apply_normalizer(steps, content)
             if not text:
                 raise _refuse(where, name, "normalizes to empty text", "a non-empty text")
-        plain &= not (flags & (F.ADDED_LSTRIP | F.ADDED_RSTRIP))
+        plain &= not (flags & (F.ADDED_LSTRIP | F.ADDED_RSTRIP | F.ADDED_SINGLE_WORD))
         normalized.add(bool(flags & F.ADDED_NORMALIZED))
         out.append((int(a["id"]), flags, text.encode("utf-8")))
     same_text = normalized != {True, False} and not (True in normalized and steps)
