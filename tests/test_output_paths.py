@@ -144,3 +144,29 @@ def test_cc_refuses_special_and_input_outputs(csrc, opt):
     assert "would overwrite" in r.stderr and "p.c" in r.stderr
     assert (csrc / "p.c").read_text() == "int main(void) { return 0; }\n"
     assert sorted(os.listdir(csrc)) == ["fifo", "p.c", "src.c"]
+
+
+def test_compare_refuses_special_result_files_before_any_work(tmp_path):
+    from ditto_core.eval import compare
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    os.mkfifo(out / "results.csv")
+    with pytest.raises(DittoError, match=r"results.csv: is a FIFO; the result file must be"):
+        compare.compare("tinycoder", ["none"], out, {"eval": False, "bench": False})
+    assert sorted(os.listdir(out)) == ["results.csv"]  # no builds started
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DittoError, match="exists and is not a directory"):
+        compare.compare("tinycoder", ["none"], tmp_path / "afile", {})
+
+
+def test_compare_tables_write_through_symlinks(tmp_path):
+    from ditto_core.eval import compare
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (tmp_path / "kept.csv").write_text("old")
+    (out / "results.csv").symlink_to(tmp_path / "kept.csv")
+    compare.write_tables(out, [{"config": "none", "bpw": 32.0}])
+    assert (out / "results.csv").is_symlink()
+    assert (tmp_path / "kept.csv").read_text().startswith("config,")

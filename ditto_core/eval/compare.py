@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import DittoError
+from ..outputs import input_files, output_target
 from . import builds as builds_mod
 
 #: The configuration name of the PyTorch dynamic-int8 baseline (torch_int8.py).
@@ -39,9 +40,15 @@ RESULT_FIELDS = ["config", "source", "quantizer", "bits", "group_size", "file_by
                  "humaneval_p_vs_fp32"]
 
 
+#: The files ``compare`` writes at the top of its output directory.
+RESULT_FILES = ("results.json", "results.csv", "bpw_vs_kld.png", "bpw_vs_tok_s.png")
+
+
 def write_json_atomic(path: Path, data) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename."""
+    """Write JSON to ``path`` through a temporary file and a rename (a symlink at ``path`` is
+    written through; a special file is refused: ``outputs.output_target``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_target(path, "result file")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
@@ -168,6 +175,11 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
         if label in labels:
             raise DittoError(f"configs {labels[label]!r} and {spec!r} have the same label {label}")
         labels[label] = spec
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DittoError(f"{out_dir}: exists and is not a directory")
+    for name in RESULT_FILES:  # refuse special files / inputs before hours of work
+        output_target(out_dir / name, "result file", input_files(model) if
+                      Path(model).exists() else ())
     out_dir.mkdir(parents=True, exist_ok=True)
     baseline = ""
     if settings.get("eval", True) or TORCH_INT8 in specs:
@@ -242,13 +254,14 @@ def result_row(r: dict) -> dict:
 def write_tables(out_dir: Path, rows: list[dict]) -> None:
     """``results.json`` (every row) and ``results.csv`` (RESULT_FIELDS columns)."""
     write_json_atomic(out_dir / "results.json", rows)
-    fd, tmp = tempfile.mkstemp(prefix=".results.csv.", dir=out_dir)
+    target = output_target(out_dir / "results.csv", "result file")
+    fd, tmp = tempfile.mkstemp(prefix=".results.csv.", dir=target.parent)
     with os.fdopen(fd, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RESULT_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: "" if r.get(k) is None else r.get(k) for k in RESULT_FIELDS})
-    os.replace(tmp, out_dir / "results.csv")
+    os.replace(tmp, target)
 
 
 def plot(out_dir: Path, rows: list[dict]) -> list[Path]:
@@ -279,10 +292,11 @@ def plot(out_dir: Path, rows: list[dict]) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=out_dir)
+        target = output_target(out_dir / name, "plot")
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=target.parent)
         os.close(fd)
         fig.savefig(tmp, dpi=120)
         plt.close(fig)
-        os.replace(tmp, out_dir / name)
+        os.replace(tmp, target)
         written.append(out_dir / name)
     return written
