@@ -72,7 +72,10 @@
 #define DITTO_TOKF_RANK_MERGES 0x20u  /* SentencePiece kind: HF BPE by merge rank, byte fallback */
 #define DITTO_TOKF_FUSE_UNK 0x40u     /* consecutive unk ids become one */
 #define DITTO_TOKF_DECODE_STRIP 0x80u /* decoding drops one leading space of the text */
-#define DITTO_TOKF_ALL 0xFFu
+#define DITTO_TOKF_DECODE_METASPACE 0x100u /* HF Metaspace decoder: <0xXX> pieces print as
+                                             text; with DECODE_STRIP the first piece loses
+                                             every U+2581 */
+#define DITTO_TOKF_ALL 0x1FFu
 
 /* Metaspace step (flags bits 2-3): ' ' -> U+2581 and the prepend scheme */
 #define DITTO_MS_NONE 0u   /* no Metaspace pre-tokenizer */

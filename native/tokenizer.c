@@ -1030,7 +1030,11 @@ static int normalize(const Tokenizer *t, Work *w, const uint8_t *s, size_t n, in
         } else if (op->op == DITTO_TX_REPLACE) {
             for (size_t i = 0; i < cn;) {
                 if (op->n1 <= cn - i && memcmp(c + i, op->s1, op->n1) == 0) {
-                    if (i == 0 && op->n2 == 0) *lead0 = 0;
+                    /* HF aligns the replacement to the last replaced character, so
+                     * the text no longer starts at offset 0 when the pattern is
+                     * longer than one character (or the content is empty) */
+                    if (i == 0 && (op->n2 == 0 || (size_t)utf8_need(op->s1[0]) < op->n1))
+                        *lead0 = 0;
                     if (buf_put(nxt, op->s2, op->n2)) return -1;
                     i += op->n1;
                 } else {
@@ -1315,7 +1319,8 @@ size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_sp
         feed(d, &o, s, len);
         return o.n;
     }
-    if (type == DITTO_TT_BYTE) {
+    int metaspace = (t->flags & DITTO_TOKF_DECODE_METASPACE) != 0;
+    if (type == DITTO_TT_BYTE && !metaspace) {
         uint8_t b = (uint8_t)parse_byte_piece(s, len); /* validated in tokenizer_new */
         if (!(drop_space && b == ' ')) feed(d, &o, &b, 1);
         return o.n;
@@ -1327,9 +1332,9 @@ size_t token_decode(const Tokenizer *t, TokenDecoder *d, int32_t id, int show_sp
     }
     for (size_t i = 0; i < len;) { /* SentencePiece piece: U+2581 -> ' ' */
         if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
-            if (!(drop_space && i == 0)) feed_byte(d, &o, ' ');
+            if (!(drop_space && (i == 0 || metaspace))) feed_byte(d, &o, ' ');
             i += 3;
-        } else if (drop_space && i == 0 && s[0] == ' ' &&
+        } else if (drop_space && i == 0 && s[0] == ' ' && !metaspace &&
                    (t->flags & DITTO_TOKF_DECODE_STRIP)) {
             i++; /* HF's Strip(' ', 1, 0) takes a literal leading space too */
         } else {

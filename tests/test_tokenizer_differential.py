@@ -91,7 +91,9 @@ def _variant(rng: random.Random, base: dict, spm: bool) -> dict:
                 {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
             {"type": "Sequence", "decoders": [
                 {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-                {"type": "ByteFallback"}, {"type": "Fuse"}]}])
+                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+            {"type": "Metaspace", "replacement": "▁", "split": True,
+             "prepend_scheme": rng.choice(["always", "first", "never"])}])
         tj["model"]["fuse_unk"] = rng.random() < 0.5
     else:
         bl = {"type": "ByteLevel", "add_prefix_space": rng.random() < 0.4, "trim_offsets": True,

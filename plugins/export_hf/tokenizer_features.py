@@ -182,7 +182,14 @@ def check_sentencepiece(tj: dict, where: str) -> int:
     decs = flatten(tj.get("decoder"), "decoders")
     names = [d.get("type") for d in decs]
     if names == ["Metaspace"]:
-        if decs[0].get("prepend_scheme", "always") != "never":
+        if decs[0].get("replacement", METASPACE) != METASPACE:
+            raise _refuse(where, "decoder Metaspace",
+                          f"replacement {decs[0].get('replacement')!r}", "replacement ▁")
+        flags |= F.TOKF_DECODE_METASPACE
+        scheme = decs[0].get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if _opt(decs[0], "add_prefix_space", True) else "never"
+        if scheme != "never":
             flags |= F.TOKF_DECODE_STRIP
     elif names[:3] == ["Replace", "ByteFallback", "Fuse"] and names[3:] in ([], ["Strip"]):
         rep = decs[0]
