@@ -252,9 +252,10 @@ class CodebookQuantizer:
                         options: MatrixOptions) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
-    def check_options(self, options: QuantOptions) -> None:
+    def check_options(self, options: QuantOptions) -> str | None:
         """Raise DittoError (prefixed with the quantizer's name) for b, G, codebook type,
-        method or ``tensor_types`` rules this quantizer cannot use; called before export."""
+        method or ``tensor_types`` rules this quantizer cannot use; called before export.
+        Returns the method used (``options.method``, default the first of ``methods``)."""
         try:
             check_params(options.bits, options.group_size, options.codebook_type)
             if options.method is not None and options.method not in self.methods:
@@ -263,6 +264,7 @@ class CodebookQuantizer:
             parse_rules(options.tensor_types)
         except DittoError as exc:
             raise DittoError(f"{self.name}: {exc}") from None
+        return options.method or (self.methods[0] if self.methods else None)
 
     def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
         """Plan every tensor now, quantize lazily one tensor at a time as the packer pulls
@@ -272,11 +274,11 @@ class CodebookQuantizer:
         ``seconds`` as produced) and running totals ``total_rel_error``,
         ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now), a
         non-finite weight or a bad ``quantize_matrix`` result (when the tensor is reached)."""
-        self.check_options(options)
+        method = self.check_options(options)
         rules = parse_rules(options.tensor_types)
         plan, reasons = plan_tensors(checkpoint.shapes, options, rules,
                                      self.embedding_extra_bits)
-        report = {"quantizer": self.name, "method": options.method, "bits": options.bits,
+        report = {"quantizer": self.name, "method": method, "bits": options.bits,
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
                   "rules": [str(r) for r in rules],
                   "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()
@@ -316,7 +318,9 @@ class CodebookQuantizer:
         bits, group, cb_type = params
         rows, cols = W.shape
         s, k = -(-cols // group), 1 << bits
-        mopts = MatrixOptions(name, cb_type, options.seed, options.method, self.options)
+        mopts = MatrixOptions(name, cb_type, options.seed,
+                              options.method or (self.methods[0] if self.methods else None),
+                              self.options)
         indices, codebooks = self.quantize_matrix(W, bits, group, mopts)
         indices = np.asarray(indices)
         codebooks = np.asarray(codebooks)

@@ -139,14 +139,15 @@ def test_rtn_plugin_applies_the_same_rule(rtn_registry):
     qm = rtn.quantize(ck, QuantOptions(bits=8, group_size=100000, codebook_type="f32"))
     assert all(p == ("f32", None) for p in qm.plan.values())
     assert qm.report["tensors"]["blk.0.attn_q.weight"] == {
-        "encoding": "f32", "reason": LARGER, "codebook_bytes": 16 * 256 * 4 + 16 * 2 * 8,
-        "f32_bytes": 16 * 16 * 4}
+        "encoding": "f32", "rule": "default", "reason": LARGER,
+        "codebook_bytes": 16 * 256 * 4 + 16 * 2 * 8, "f32_bytes": 16 * 16 * 4, "bits": 8,
+        "group_size": 100000}
     assert qm.report["method"] == "rtn"
     qm = rtn.quantize(ck, QuantOptions(bits=2, group_size=8))
     # 16 rows · 2 sub-blocks · 4 f16 centroids = 256 bytes + 16·2·2 index bytes < 1024
     assert qm.plan["blk.0.attn_q.weight"] == ("codebook", (2, 8, "f16"))
     with pytest.raises(DittoError, match="unknown method 'foo'"):
         rtn.quantize(ck, QuantOptions(method="foo"))
-    with pytest.raises(DittoError, match="bit width b must be in 1..8, got 9"):
+    with pytest.raises(DittoError, match="rtn: bit width b must be an integer in 1..8, got 9"):
         rtn.check_options(QuantOptions(bits=9))
     assert rtn.check_options(QuantOptions()) == "rtn"

@@ -46,8 +46,10 @@ def test_options_checked(rtn_registry):
     rtn = rtn_registry.get("quantizer", "rtn")
     with pytest.raises(DittoError, match="1..8"):
         rtn.quantize(None, QuantOptions(bits=0))
-    with pytest.raises(DittoError, match=">= 2"):
+    with pytest.raises(DittoError, match=r"rtn: group size G must be an integer in 2\.\."):
         rtn.quantize(None, QuantOptions(group_size=1))
+    with pytest.raises(DittoError, match="rtn: unknown method 'lloyd'; choose one of rtn"):
+        rtn.check_options(QuantOptions(method="lloyd"))
     W = np.ones((3, 9), np.float32)
     W[2, 4] = np.nan
     with pytest.raises(DittoError, match=r"'w'.*\(2, 4\)"):

@@ -7,20 +7,18 @@ scale and one minimum per group, as GGUF's Q4_1 does for G = 32 (ggml-quants.c,
 
 The result is a ``CodebookTensor`` whose codebook for each sub-block is the uniform grid
 ``min + scale · [0, 1, …, 2^b − 1]`` rounded to the requested codebook type, so Ditto packs
-and runs it exactly like a k-means codebook. This package imports only ``ditto_core``.
+and runs it exactly like a k-means codebook. The quantizer component is built on Ditto's
+quantizer kit (``ditto_core.quantkit``). This package imports only ``ditto_core``.
 """
 
 from __future__ import annotations
-
-import fnmatch
 
 import numpy as np
 
 from ditto_core.errors import DittoError
 from ditto_core.hookspecs import hookimpl
-from ditto_core.modelfile import (REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space,
-                                  f32_nbytes)
-from ditto_core.types import CodebookTensor, QuantizedModel
+from ditto_core.quantkit import CodebookQuantizer
+from ditto_core.types import CodebookTensor
 
 _CB_NP = {"f16": np.float16, "f32": np.float32}
 
@@ -79,69 +77,20 @@ def rtn_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
                           rel_error=sse / norm2 if norm2 > 0 else 0.0)
 
 
-class RTNQuantizer:
-    """Quantizer component ``rtn``: uniform asymmetric round-to-nearest per group of G."""
+class RTNQuantizer(CodebookQuantizer):
+    """Quantizer component ``rtn`` on Ditto's quantizer kit (``ditto_core.quantkit``): the kit
+    plans (vectors, ``--tensor-type`` rules, ``--keep-fp32`` globs and matrices whose codebooks
+    would not be smaller than f32 stay f32; no embedding rule: every matrix gets the same b and
+    G), checks finiteness, streams, rounds the grid to the codebook type (f16, f32 or int8)
+    and reports; ``quantize_matrix`` is ``rtn_matrix``'s grid and indices."""
 
     name = "rtn"
+    methods = ("rtn",)
+    embedding_extra_bits = None
 
-    def check_options(self, options) -> str:
-        """Validate method, b, G and codebook type without a checkpoint (a pipeline may call
-        this before exporting); return the method ("rtn"). Raises DittoError."""
-        if options.method not in (None, "rtn"):
-            raise DittoError(f"rtn: unknown method {options.method!r} (rtn has one method)")
-        rtn_matrix(np.zeros((1, 2), np.float32), options.bits, options.group_size,
-                   options.codebook_type)
-        return "rtn"
-
-    def quantize(self, checkpoint, options) -> QuantizedModel:
-        """Plan (vectors, ``keep_fp32`` globs and matrices whose CODEBOOK payload would not be
-        smaller than f32 — reported with reason "codebook larger than f32" — stay f32; other
-        matrices become CODEBOOK with the options' b, G and codebook type) and quantize
-        lazily. ``report`` holds per-tensor
-        ``rel_error``, ``sse``, ``norm2`` and ``total_rel_error``. Raises DittoError for bad
-        options or non-finite weights."""
-        self.check_options(options)
-        plan, kept = {}, {}
-        params = (options.bits, options.group_size, options.codebook_type)
-        for name, shape in checkpoint.shapes.items():
-            if len(shape) != 2 or any(fnmatch.fnmatchcase(name, p) for p in options.keep_fp32):
-                plan[name] = ("f32", None)
-            elif not codebook_saves_space(int(shape[0]), int(shape[1]), *params):
-                # a codebook at least as large as f32 (e.g. 2^b centroids per short row)
-                plan[name] = ("f32", None)
-                kept[name] = {"encoding": "f32", "reason": REASON_CODEBOOK_LARGER,
-                              "codebook_bytes": codebook_nbytes(int(shape[0]), int(shape[1]),
-                                                                *params),
-                              "f32_bytes": f32_nbytes(shape)}
-            else:
-                plan[name] = ("codebook", params)
-        report = {"quantizer": "rtn", "method": "rtn", "bits": options.bits,
-                  "group_size": options.group_size, "codebook_type": options.codebook_type,
-                  "tensors": kept, "total_rel_error": 0.0}
-        totals = [0.0, 0.0]
-
-        def tensors():
-            for name, (encoding, _) in plan.items():
-                W = np.ascontiguousarray(checkpoint.tensors[name](), dtype=np.float32)
-                if encoding == "f32":
-                    if not np.isfinite(W).all():
-                        pos = tuple(int(i) for i in np.argwhere(~np.isfinite(W))[0])
-                        raise DittoError(f"tensor {name!r} has a non-finite value at {pos}")
-                    report["tensors"].setdefault(name, {"encoding": "f32"})
-                    yield name, W
-                    continue
-                q = rtn_matrix(W, options.bits, options.group_size, options.codebook_type, name)
-                norm2 = float((W.astype(np.float64) ** 2).sum())
-                totals[0] += q.rel_error * norm2
-                totals[1] += norm2
-                report["tensors"][name] = {"encoding": "codebook", "rel_error": q.rel_error,
-                                           "sse": q.rel_error * norm2, "norm2": norm2}
-                report["total_rel_error"] = totals[0] / totals[1] if totals[1] else 0.0
-                yield name, q
-
-        return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
-                              plan=plan, shapes=dict(checkpoint.shapes), tensors=tensors,
-                              report=report)
+    def quantize_matrix(self, weights, bits, group_size, options):
+        q = rtn_matrix(weights, bits, group_size, "f32", options.tensor)
+        return q.indices, q.codebooks
 
 
 @hookimpl
