@@ -59,13 +59,18 @@ def optimal_weighted(u, w, k, inv, cent):
     squared errors, each value counted with its multiplicity). Allocates the work arrays of
     ``_optimal_ws`` (which has the method) for this one block."""
     m = u.shape[0]
-    p0 = np.empty(m + 1, np.int64)
-    p1 = np.empty(m + 1, np.float64)
-    p2 = np.empty(m + 1, np.float64)
-    dprev = np.empty(m + 1, np.float64)
-    dcur = np.empty(m + 1, np.float64)
-    arg = np.empty((k + 1, m + 1), np.int32)
+    p0, p1, p2, dprev, dcur, arg = _work_arrays(m, k)
     return _optimal_ws(u, w, m, k, inv, cent, p0, p1, p2, dprev, dcur, arg)
+
+
+@njit(cache=True)
+def _work_arrays(n, k):
+    """Work arrays of ``_optimal_ws`` for blocks of up to ``n`` distinct values and k
+    clusters: p0 (int64), p1, p2, dprev, dcur (float64), each n + 1 long, and arg (int32
+    [k + 1, n + 1])."""
+    return (np.empty(n + 1, np.int64), np.empty(n + 1, np.float64),
+            np.empty(n + 1, np.float64), np.empty(n + 1, np.float64),
+            np.empty(n + 1, np.float64), np.empty((k + 1, n + 1), np.int32))
 
 
 @njit(cache=True)
@@ -367,12 +372,7 @@ def _matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, c
     for unit in prange(n_units):
         u = np.empty(g, np.float64)
         w = np.empty(g, np.int64)
-        p0 = np.empty(g + 1, np.int64)
-        p1 = np.empty(g + 1, np.float64)
-        p2 = np.empty(g + 1, np.float64)
-        dprev = np.empty(g + 1, np.float64)
-        dcur = np.empty(g + 1, np.float64)
-        arg = np.empty((k + 1, g + 1), np.int32)
+        p0, p1, p2, dprev, dcur, arg = _work_arrays(g, k)
         for t in range(unit * CHUNK_BLOCKS, min(nb, unit * CHUNK_BLOCKS + CHUNK_BLOCKS)):
             r = t // S
             s = t - r * S
