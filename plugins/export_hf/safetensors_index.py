@@ -127,7 +127,7 @@ class SafetensorsIndex:
 
         Only this tensor's bytes are mapped, and unmapped again once copied: mapped file pages
         count in the process's resident set, so a mapping kept open for a whole shard would
-        make a 7B build's RSS grow to the size of the checkpoint (docs/BUILD.md, "Memory")."""
+        make a 7B build's RSS grow to the size of the checkpoint (docs/BUILD.md, "Memory and disk")."""
         t = self.tensors[name]
         dtype = DTYPES[t.dtype]
         n = (t.end - t.begin) // dtype.itemsize
