@@ -2,6 +2,7 @@
 sample, tests/data/README.md) and the errors when llama.cpp is absent. llama.cpp itself is not
 needed."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,45 @@ def test_eval_peer_gguf_errors(eval_builds, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert f"error: {tmp_path / 'missing.gguf'}: no such GGUF file" in proc.stderr
+
+
+def fake_llama_cpp(bin_dir: Path, log: Path) -> Path:
+    """Stand-ins for llama-quantize / llama-perplexity that log their arguments: quantize copies
+    the GGUF, perplexity writes a base file or prints the saved sample output."""
+    bin_dir.mkdir()
+    (bin_dir / "llama-quantize").write_text(
+        f'#!/bin/sh\necho "quantize $*" >> {log}\ncp "$2" "$3"\n')
+    (bin_dir / "llama-perplexity").write_text(
+        f'#!/bin/sh\necho "perplexity $*" >> {log}\n'
+        'case "$*" in *--kl-divergence\\ *|*--kl-divergence) cat ' + str(SAMPLE) + ';;\n'
+        '*) while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && echo base > "$2"; '
+        'shift; done;;\nesac\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+def test_peer_rows_run_llama_perplexity_as_documented(tmp_path, tiny_gguf, monkeypatch):
+    monkeypatch.setenv("DITTO_CACHE_DIR", str(tmp_path / "cache"))
+    log = tmp_path / "log"
+    bin_dir = fake_llama_cpp(tmp_path / "bin", log)
+    rows = llamacpp.peer_rows("tinycoder", [tiny_gguf], tmp_path / "out", bin_dir=bin_dir,
+                              n_chunks=2)
+    (r,) = rows
+    assert r["config"] == f"llama.cpp {tiny_gguf.stem}" and r["source"] == "llama.cpp"
+    assert r["mean_kld"] == 0.259401 and r["tokens_scored"] == 510
+    assert r["file_bytes"] == tiny_gguf.stat().st_size and 0 < r["bpw"] < 40
+    calls = log.read_text().splitlines()
+    f32 = next((tmp_path / "cache" / "llama-cpp").glob("*-F32.gguf"))
+    base = next((tmp_path / "cache" / "llama-cpp").glob("*-c512-n2.kld"))
+    assert calls[0].startswith(f"quantize --allow-requantize {tiny_gguf} ") and \
+        calls[0].endswith(" F32")
+    assert re.fullmatch(rf"perplexity -m {re.escape(str(f32))} -f \S+/corpus.txt -c 512 -b 512 "
+                        r"--chunks 2 --kl-divergence-base \S+/base.kld", calls[1])
+    assert calls[2] == (f"perplexity -m {tiny_gguf} -c 512 -b 512 --kl-divergence-base {base} "
+                        "--kl-divergence")
+    assert len(calls) == 3
+    # a second sweep reuses the F32, the base file and the saved peer result
+    assert llamacpp.peer_rows("tinycoder", [tiny_gguf], tmp_path / "out", bin_dir=bin_dir,
+                              n_chunks=2) == rows
+    assert len(log.read_text().splitlines()) == 3

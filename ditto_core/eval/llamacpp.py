@@ -13,6 +13,7 @@ PATH or in ``--llama-cpp DIR``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -180,7 +181,8 @@ def peer_rows(model: str, ggufs: list[Path], out_dir: Path, *, base_gguf: Path |
               bin_dir: Path | None = None, n_chunks: int, threads: int | None = None,
               quiet: bool = True) -> list[dict]:
     """Rows for ``ditto compare``'s table (``source`` "llama.cpp", ``config`` "llama.cpp NAME")
-    of each GGUF, scored against MODEL's F32 (or ``base_gguf``)."""
+    of each GGUF, scored against MODEL's F32 (or ``base_gguf``); each is saved in
+    ``out_dir/peers/NAME-nN.json`` and reused while the GGUF and the base are the same."""
     from ..pipeline import resolve_model
 
     _check_ggufs(ggufs)
@@ -189,7 +191,19 @@ def peer_rows(model: str, ggufs: list[Path], out_dir: Path, *, base_gguf: Path |
     base = base_logits(Path(base_gguf), n_chunks, bin_dir=bin_dir, threads=threads)
     rows = []
     for g in ggufs:
-        r = score_peer(Path(g), base, bin_dir=bin_dir, threads=threads)
+        from ..cache import file_hash
+
+        saved = Path(out_dir) / "peers" / f"{Path(g).stem}-n{n_chunks}.json"
+        key = {"gguf": file_hash(g), "base": base.name}
+        try:
+            r = json.loads(saved.read_text())
+            if r.get("key") != key:
+                raise ValueError("another GGUF or base")
+        except (OSError, ValueError):
+            r = {**score_peer(Path(g), base, bin_dir=bin_dir, threads=threads), "key": key}
+            from .compare import write_json_atomic
+
+            write_json_atomic(saved, r)
         rows.append({**r, "config": f"llama.cpp {r['name']}", "source": "llama.cpp",
                      "quantizer": "llama.cpp"})
     return rows
