@@ -25,7 +25,8 @@ from tests.fixtures_tokenizer import EDGE_CORPUS, CTokenizer, TokenizerError
 
 N_VARIANTS = 120
 N_TEXTS = 40
-ADDED = ["<|im_start|>", "<|im_end|>", "<tool>", "[MASK]", "Hello", "end"]
+ADDED = ["<|im_start|>", "<|im_end|>", "<tool>", "[MASK]", "Hello", "end", "ĠWord", "<｜end▁x｜>",
+         "é"]
 
 
 def corpus() -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.bytelevel import unicode_to_bytes
+from ditto_core.bytelevel import unicode_to_byte, unicode_to_bytes
 from ditto_core.errors import DittoError
 from ditto_core.types import TokenizerSpec
 
@@ -146,6 +146,18 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
             tokens[tid] = matched        # and skips it as special only if that is unchanged
             if matched != texts[tid].encode("utf-8"):
                 types[tid] = TT_USER_DEFINED
+    if byte_level:  # HF's ByteLevel decoder maps an added token through the byte-to-unicode
+        # table too when all its characters are in it ("Ġx" prints " x"); matching keeps the
+        # records' text
+        to_byte = unicode_to_byte()
+        for tid, _, matched in added_recs:
+            text = tokens[tid].decode("utf-8")
+            if not all(c in to_byte for c in text):
+                continue
+            shown = bytes(to_byte[c] for c in text)
+            if shown != tokens[tid]:
+                tokens[tid] = shown
+                need_records = True
     post_bos = check_post_processor(tj, where, texts[bos_id] if bos_id >= 0 else None)
     add_bos = bool(tcfg["add_bos_token"]) if "add_bos_token" in tcfg else post_bos
     ext = dict(normalizer=steps, added=added_recs if need_records else (),
