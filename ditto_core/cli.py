@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -83,18 +82,6 @@ def export_cmd(model, out, exporter, quiet):
 
 
 # --------------------------------------------------------------------------------------------
-def theoretical_bytes(t) -> int:
-    """Bytes of a tensor with no padding at all: 4 per f32 weight, or ``ceil(rows·cols·b/8)``
-    index bytes plus ``rows·S·2^b`` codebook values of ``codebook_type`` (and ``rows·S`` f16
-    scales for ``int8``)."""
-    from .format import sub_block_codebook_bytes
-
-    if t.encoding == "f32":
-        return 4 * t.n_weights
-    return (math.ceil(t.n_weights * t.bits / 8)
-            + t.rows * t.n_sub_blocks * sub_block_codebook_bytes(t.bits, t.codebook_type))
-
-
 def build_rules(record: dict | None) -> dict | None:
     """The quantize rules of a build (its build.json ``record``): ``{"rules": the
     --tensor-type rules, "tensors": name → the rule or reason that decided the tensor}``;
@@ -120,7 +107,7 @@ def inspect_summary(mf, record: dict | None = None) -> dict:
                         "bits": t.bits, "group_size": t.group_size,
                         "codebook_type": t.codebook_type, "offset": t.offset,
                         "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
-                        "theoretical_bytes": theoretical_bytes(t)})
+                        "theoretical_bytes": t.theoretical_bytes})
     n_weights = sum(t.n_weights for t in mf.tensors.values())
     payload = mf.payload_bytes
     theo = sum(r["theoretical_bytes"] for r in tensors)

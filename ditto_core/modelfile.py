@@ -75,6 +75,16 @@ class TensorInfo:
         """Bits per weight, ``8 · nbytes / (rows · cols)`` (FORMAT.md)."""
         return 8.0 * self.expected_nbytes() / self.n_weights
 
+    @property
+    def theoretical_bytes(self) -> int:
+        """Bytes with no padding at all: 4 per f32 weight, or ``ceil(rows·cols·b/8)`` index
+        bytes plus ``rows·S`` sub-block codebooks (``format.sub_block_codebook_bytes``: 2^b
+        centroids of the codebook type, and an f16 scale for ``int8``)."""
+        if self.encoding == "f32":
+            return 4 * self.n_weights
+        return (math.ceil(self.n_weights * self.bits / 8) + self.rows * self.n_sub_blocks
+                * F.sub_block_codebook_bytes(self.bits, self.codebook_type))
+
     def expected_nbytes(self) -> int:
         """Payload bytes this tensor must have, from the FORMAT.md formulas."""
         if self.encoding == "f32":

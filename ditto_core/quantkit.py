@@ -213,7 +213,8 @@ def round_codebooks(cent: np.ndarray, codebook_type: str, name: str = "tensor"
         raise DittoError(f"tensor {name!r}: unknown codebook type {codebook_type!r}")
     if not np.isfinite(stored).all():
         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(stored))[0])
-        raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} overflows "
+        where = f" of row {pos[0]} sub-block {pos[1]}" if len(pos) == 3 else ""
+        raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g}{where} overflows "
                          f"{codebook_type}; use --codebook-type f32")
     return stored, scales
 

@@ -9,10 +9,10 @@ from ditto_core.hookspecs import hookimpl
 
 from .bitpack import (codebook_payload, dequantize, pack_indices, row_bytes, split_payload,
                       unpack_indices)
-from .packer import BitsPacker, plan_infos, theoretical_bytes
+from .packer import BitsPacker, plan_infos
 
 __all__ = ["BitsPacker", "codebook_payload", "dequantize", "pack_indices", "plan_infos",
-           "row_bytes", "split_payload", "theoretical_bytes", "unpack_indices"]
+           "row_bytes", "split_payload", "unpack_indices"]
 
 
 @hookimpl

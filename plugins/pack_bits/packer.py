@@ -9,7 +9,6 @@ counts weights.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,6 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from ditto_core import format as F
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import TensorInfo, write_model
 from ditto_core.types import CodebookTensor, QuantizedModel
@@ -41,17 +39,6 @@ def plan_infos(model: QuantizedModel) -> list[TensorInfo]:
         else:
             raise DittoError(f"tensor {name!r}: unknown planned encoding {encoding!r}")
     return infos
-
-
-def theoretical_bytes(info: TensorInfo) -> int:
-    """Bytes of a tensor with no padding at all: 4 per f32 weight, or ``rows·cols·b/8`` index
-    bits plus ``rows·S·2^b`` codebook values (the issue's "indices + codebooks"; for ``int8``
-    also the ``rows·S`` f16 scales)."""
-    if info.encoding == "f32":
-        return 4 * info.n_weights
-    s = math.ceil(info.cols / info.group_size)
-    return (math.ceil(info.n_weights * info.bits / 8)
-            + info.rows * s * F.sub_block_codebook_bytes(info.bits, info.codebook_type))
 
 
 class BitsPacker:
@@ -121,7 +108,7 @@ class BitsPacker:
                                progress=progress)
         seconds = time.perf_counter() - t0
         file_bytes = out.stat().st_size
-        theo = sum(theoretical_bytes(t) for t in laid)
+        theo = sum(t.theoretical_bytes for t in laid)
         per_tensor = model.report.get("tensors", {})
         tensors = {}
         for t in laid:

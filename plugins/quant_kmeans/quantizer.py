@@ -20,7 +20,7 @@ import numpy as np
 
 from ditto_core import format as F
 from ditto_core import quantkit
-from ditto_core.quantkit import int8_codebooks
+from ditto_core.quantkit import int8_codebooks  # noqa: F401  (part of this module's API)
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
 from ditto_core.untrusted import check_finite
@@ -50,7 +50,6 @@ DEFAULT_KEEP_FP32: tuple[str, ...] = ()
 EMBEDDING_EXTRA_BITS = 2
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
-_CB_NP = {"f16": np.float16, "f32": np.float32}
 CODEBOOK_TYPES = ("f16", "f32", "int8")
 
 
@@ -152,19 +151,7 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
     kmeans1d.matrix_centroids(Ws, group_size, k, METHODS[method], np.uint64(tseed), restarts,
                               max_iter, tol, cent)
     del Ws
-    scales = None
-    if codebook_type == "int8":
-        try:
-            cb, scales = int8_codebooks(cent)
-        except DittoError as exc:
-            raise DittoError(f"tensor {name!r}: {exc}") from None
-    else:
-        with np.errstate(over="ignore"):
-            cb = cent.astype(_CB_NP[codebook_type]).astype(np.float32)
-    if not np.isfinite(cb).all():
-        pos = tuple(int(i) for i in np.argwhere(~np.isfinite(cb))[0])
-        raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g} of row {pos[0]} sub-block "
-                         f"{pos[1]} overflows {codebook_type}; use --codebook-type f32")
+    cb, scales = quantkit.round_codebooks(cent, codebook_type, name)  # before assignment
     if scales is None:
         under = underflow_report(cent, cb)
     else:  # int8: the grid is relative to the sub-block's largest centroid; only its f16
