@@ -105,3 +105,18 @@ def test_sweep_with_humaneval_compares_seeds_against_fp32(tmp_path, cache_env):
     assert km["humaneval_p_vs_fp32"] == 1.0  # identical per-seed rates (all 0)
     saved = json.loads((tmp_path / "results" / "kmeans_bits=2_group_size=32.json").read_text())
     assert len(saved["humaneval"]["humaneval"]["per_seed"]) == 5
+
+
+def test_a_third_party_quantizer_is_a_config_like_any_other(rtn_registry, tmp_path,
+                                                            build_cache_root):
+    env = {**os.environ, "DITTO_CACHE_DIR": str(build_cache_root)}
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "compare", "tinycoder",
+                           "--config", "rtn:bits=4,group_size=32", "-o", tmp_path, "--chunks",
+                           "1", "--no-bench", "-q"],
+                          capture_output=True, text=True, timeout=1200, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads((tmp_path / "results.json").read_text())
+    assert row["quantizer"] == "rtn" and row["bits"] == 4 and row["mean_kld"] > 0
+    meta = json.loads((tmp_path / "builds" / "rtn_bits=4_group_size=32" / "build.json")
+                      .read_text())
+    assert meta["quantizer"] == "rtn"
