@@ -8,7 +8,8 @@
    already written there with the same arguments).
 2. ``ditto build MODEL --quantizer kmeans --blas openblas --no-cache`` runs as a child process
    (b = 4, G = 256, optimal): build seconds, per-stage seconds and peak RSS (build.json
-   ``stages`` and ``peak_rss``), the model file size, bpw, and quantization seconds per 1B quantized weights.
+   ``stages`` and ``peak_rss``), the model file size, bpw, and quantization seconds per 1B
+   quantized weights.
 3. The built executable generates ``--tokens`` tokens (greedy, ``--ignore-eos``) after a code
    prompt of ~70 tokens, twice: decode tok/s and prompt (prefill) tok/s from its ``stats`` line
    (native/README.md), and its peak RSS.

@@ -61,7 +61,8 @@ def from_bf16_bits(b: np.ndarray) -> np.ndarray:
 def synth_matrix(rng: np.random.Generator, rows: int, cols: int,
                  outliers: np.ndarray | None = None, std: float | None = None) -> np.ndarray:
     """A [rows, cols] weight matrix (float32 holding bf16 values): Student-t (ν = 5) with std
-    ``std`` (default 1/sqrt(cols)), columns ``outliers`` (default: six drawn from ``rng``) scaled by ×8..×20."""
+    ``std`` (default 1/sqrt(cols)), columns ``outliers`` (default: six drawn from ``rng``)
+    scaled by ×8..×20."""
     nu = STUDENT_NU
     z = rng.standard_normal((rows, cols), dtype=np.float32)
     g = rng.standard_gamma(nu / 2, size=(rows, cols), dtype=np.float32)

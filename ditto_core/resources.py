@@ -68,7 +68,8 @@ def reset_peak_rss() -> bool:
 class StagePeaks:
     """Peak RSS per stage: ``start(name)`` closes the running stage (records its peak) and
     resets the high-water mark; ``stop()`` closes the last one. ``record()`` is what build.json
-    stores under ``peak_rss``: ``{"per_stage": bool, "stages": {name: bytes}, "process": bytes}``."""
+    stores under ``peak_rss``: ``{"per_stage": bool, "stages": {name: bytes}, "process":
+    bytes}``."""
 
     def __init__(self):
         self.stages: dict[str, int] = {}

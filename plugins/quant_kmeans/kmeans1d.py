@@ -76,7 +76,8 @@ def _work_arrays(n, k):
 @njit(cache=True)
 def _optimal_ws(u, w, m, k, inv, cent, p0, p1, p2, dprev, dcur, arg):
     """``optimal_weighted`` on the first ``m`` entries of ``u``/``w``, in caller-provided work
-    arrays (p0 int64, p1/p2/dprev/dcur float64, each ≥ m + 1 long; arg int32 [≥ k + 1, ≥ m + 1])
+    arrays (p0 int64, p1/p2/dprev/dcur float64, each ≥ m + 1 long; arg int32
+    [≥ k + 1, ≥ m + 1])
     so a thread reuses them over many sub-blocks.
 
     Dynamic programming ``D[q][i] = min_j D[q-1][j] + SSE(u[j:i])`` (Wang & Song 2011). The
