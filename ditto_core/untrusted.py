@@ -81,29 +81,22 @@ class Fields:
             self.fail(key, want, v)
         return f
 
-    def str(self, key: str, default: Any = _MISSING) -> str:
+    def _typed(self, key: str, default: Any, types, problem: str) -> Any:
         v = self.get(key, default)
         if v is default and default is not _MISSING:
             return v
-        if not isinstance(v, str):
-            self.fail(key, "must be a string", v)
+        if not isinstance(v, types):
+            self.fail(key, problem, v)
         return v
+
+    def str(self, key: str, default: Any = _MISSING) -> str:
+        return self._typed(key, default, str, "must be a string")
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
-        v = self.get(key, default)
-        if v is default and default is not _MISSING:
-            return v
-        if not isinstance(v, bool):
-            self.fail(key, "must be true or false", v)
-        return v
+        return self._typed(key, default, bool, "must be true or false")
 
     def mapping(self, key: str, default: Any = _MISSING) -> Mapping:
-        v = self.get(key, default)
-        if v is default and default is not _MISSING:
-            return v
-        if not isinstance(v, Mapping):
-            self.fail(key, "must be an object", v)
-        return v
+        return self._typed(key, default, Mapping, "must be an object")
 
     def list(self, key: str, item: type | tuple, default: Any = _MISSING,
              lo: float | None = None, hi: float | None = None, finite: bool = False) -> list:

@@ -5,7 +5,6 @@ arriving while numba kernels run wait for the tensor to finish; temp names carry
 later runs sweep those of dead processes; `ditto run` passes its arguments verbatim after its
 own `-m` and forwards SIGINT/SIGTERM/SIGHUP to the executable, exiting with its status."""
 
-import json
 import os
 import signal
 import subprocess
@@ -19,20 +18,11 @@ from click.testing import CliRunner
 from ditto_core import run as run_mod
 from ditto_core import signals
 
+from .test_build_robust import _ditto_cmd, _fake_build
+
 
 def _ditto(*args):
-    return [sys.executable, "-c", "from ditto_core.cli import main; main()", *args]
-
-
-def _fake_build(d: Path, script: str) -> Path:
-    d.mkdir()
-    (d / "build.json").write_text(json.dumps({"executable": "ditto-run",
-                                              "model_file": "model.ditto"}))
-    (d / "model.ditto").write_bytes(b"")
-    exe = d / "ditto-run"
-    exe.write_text("#!/bin/sh\n" + script + "\n")
-    exe.chmod(0o755)
-    return d
+    return _ditto_cmd(*args)
 
 
 def _wait_for(path: Path, timeout=30.0):
