@@ -42,7 +42,7 @@ def text_ids(n_tokens: int) -> list[int]:
 
 def build(out: Path, *opts: str) -> dict:
     subprocess.run(["ditto", "build", "--blas", "openblas", "smollm2", "-o", str(out), "-q",
-                    *opts], check=True)
+                    *opts], check=True, stdout=subprocess.DEVNULL)  # stdout: the JSON alone
     return json.loads((out / "build.json").read_text())
 
 

@@ -102,11 +102,18 @@ class Build:
             return inspect_summary(mf, self.record)
 
 
+#: The codebook type a build uses when none is given, by quantizer (any other: f16). kmeans:
+#: int8, measured on SmolLM2-135M at b = 4, G = 256 (docs/QUANT.md "int8 vs f16 codebooks"):
+#: next-token KL from the fp32 build 0.261 against 0.256 with f16 centroids (paired difference
+#: 0.005 +- 0.003, within noise), a 10 % smaller file, and the integer GEMV kernels.
+DEFAULT_CODEBOOK_TYPE = {"kmeans": "int8"}
+
+
 def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "openblas",
           out: str | os.PathLike | None = None, bits: int = 4, group_size: int = 256,
           keep_fp32: Sequence[str] = (), tensor_types: Sequence[str] = (),
           method: str | None = None,
-          codebook_type: str = "f16", seed: int = 0, exporter: str | None = None,
+          codebook_type: str | None = None, seed: int = 0, exporter: str | None = None,
           packer: str | None = None, emitter: str | None = None,
           passes: Sequence[str] | None = None, linker: str | None = None,
           options: Mapping[str, Any] | None = None, rewrite: bool = True,
@@ -117,7 +124,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
 
     The arguments are ``ditto build``'s flags: the quantize options (``bits`` b in 1..8,
     ``group_size`` G, ``keep_fp32`` globs, ``tensor_types`` ``GLOB=SPEC`` rules, ``method``,
-    ``codebook_type``, ``seed``), a
+    ``codebook_type`` (None: the quantizer's default in ``DEFAULT_CODEBOOK_TYPE``, else f16),
+    ``seed``), a
     component per stage by name (None: the default), ``passes`` in run order, ``options`` of
     components as ``{"COMPONENT": {"KEY": value}}`` or ``{"COMPONENT.KEY": value}``
     (docs/PLUGINS.md), ``rewrite`` False for no pass, ``registry`` the plugins to use
@@ -127,6 +135,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     from .pipeline import BuildOptions
     from .pipeline import build as run_pipeline
 
+    if codebook_type is None:
+        codebook_type = DEFAULT_CODEBOOK_TYPE.get(quantizer, "f16")
     if out is None:
         out = tempfile.mkdtemp(prefix="ditto-build-")
     opts = BuildOptions(

@@ -295,10 +295,10 @@ def compile_stage_options(func):
               help="Rule for the tensors matching GLOB (repeatable, first match wins): f32, "
                    "or bN,GN,cb:TYPE, e.g. '*.ffn_down.weight=b5', 'blk.0.*=f32'.")
 @click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
-@click.option("--codebook-type", type=click.Choice(["f16", "f32", "int8"]), default="f16",
-              show_default=True,
-              help="Storage type of codebook centroids (int8: int8 centroids and one f16 "
-                   "scale per sub-block, run by the integer GEMV kernels).")
+@click.option("--codebook-type", type=click.Choice(["f16", "f32", "int8"]), default=None,
+              help="Storage type of codebook centroids: int8 (int8 centroids and one f16 "
+                   "scale per sub-block, run by the integer GEMV kernels; the default with "
+                   "kmeans), f16 (the default with other quantizers) or f32.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")

@@ -142,3 +142,25 @@ def test_loader_refuses_infinite_int8_scale(native_build, int8_model, tmp_path):
     assert p.returncode == EXIT_MODEL
     assert (f"tensor {info.name}: int8 codebook scale 0x7c00 at row {3 // S} sub-block "
             f"{3 % S} is negative, infinite or NaN") in p.stderr.decode()
+
+
+def test_default_codebook_type_is_int8_for_kmeans(monkeypatch, tmp_path):
+    """ditto build / ditto_core.build without a codebook type: int8 with kmeans (docs/QUANT.md
+    "int8 vs f16 codebooks"), f16 with any other quantizer; an explicit type is kept. The CLI
+    passes None through."""
+    from click.testing import CliRunner
+
+    import ditto_core.pipeline as pipeline
+    from ditto_core.api import build
+    from ditto_core.cli import cli
+
+    seen = []
+    monkeypatch.setattr(pipeline, "build",
+                        lambda model, out, opts, *a, **k: seen.append(opts.quant) or {})
+    build("tinycoder", quantizer="kmeans", out=tmp_path)
+    build("tinycoder", quantizer="rtn", out=tmp_path)
+    build("tinycoder", quantizer="kmeans", codebook_type="f16", out=tmp_path)
+    assert [q.codebook_type for q in seen] == ["int8", "f16", "f16"]
+    CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "kmeans", "--blas", "openblas",
+                             "-o", str(tmp_path / "x"), "-q"])
+    assert seen[-1].codebook_type == "int8"
