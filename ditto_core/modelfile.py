@@ -179,6 +179,26 @@ CONFIG_LIMITS = {"dim": F.MAX_DIM, "hidden_dim": F.MAX_HIDDEN_DIM, "n_layers": F
                  "vocab_size": F.MAX_VOCAB, "max_seq_len": F.MAX_SEQ_LEN}
 
 
+def check_int8_codebooks(info: TensorInfo, payload: np.ndarray, where: str) -> None:
+    """FORMAT.md validity rule 12 for an int8 CODEBOOK payload (uint8 [nbytes]): every centroid
+    in -127..127 and every f16 scale finite with its sign bit clear, as the C loader checks.
+    Raises DittoError naming the tensor, row and sub-block."""
+    S, K = info.n_sub_blocks, 1 << info.bits
+    n = info.rows * S
+    cent = payload[:n * K].view(np.int8)
+    bad = np.flatnonzero(cent == -128)
+    if bad.size:
+        i = int(bad[0]) // K
+        raise DittoError(f"{where}: tensor {info.name}: int8 centroid -128 at row {i // S} "
+                         f"sub-block {i % S} (int8 codebooks use -127..127)")
+    scales = payload[n * K:n * K + 2 * n].view("<u2")
+    bad = np.flatnonzero((scales & 0x8000) | ((scales & 0x7C00) == 0x7C00))
+    if bad.size:
+        i = int(bad[0])
+        raise DittoError(f"{where}: tensor {info.name}: int8 codebook scale 0x{int(scales[i]):04x}"
+                         f" at row {i // S} sub-block {i % S} is negative, infinite or NaN")
+
+
 def check_config_values(config: ModelConfig, where: str) -> None:
     """Raise DittoError (prefixed with ``where``) unless the config values are those of a
     valid model file (FORMAT.md "Validity rules", the same rules as native/model.c): every
@@ -767,6 +787,9 @@ class ModelFile:
                                  f"{info.offset + info.nbytes}) runs past the end ({size})")
             if name in self.tensors:
                 raise DittoError(f"{where}: tensor {name!r} appears twice")
+            if info.codebook_type == "int8":
+                check_int8_codebooks(info, np.frombuffer(mm, np.uint8, info.nbytes, info.offset),
+                                     where)
             self.tensors[name] = info
         by_offset = sorted(self.tensors.values(), key=lambda t: t.offset)
         for a, b in zip(by_offset, by_offset[1:]):

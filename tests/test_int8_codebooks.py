@@ -132,16 +132,22 @@ def test_loader_refuses_int8_centroid_minus_128(native_build, int8_model, tmp_pa
     p = run_native(native_build.asan, "-m", path, "-p", "hi", "-n", 1)
     assert p.returncode == EXIT_MODEL
     row, sub = (0, 1) if S > 1 else (1, 0)
-    assert (f"tensor {info.name}: int8 centroid -128 at row {row} sub-block {sub} (int8 "
-            f"codebooks use -127..127)") in p.stderr.decode()
+    msg = (f"tensor {info.name}: int8 centroid -128 at row {row} sub-block {sub} (int8 "
+           f"codebooks use -127..127)")
+    assert msg in p.stderr.decode()
+    with pytest.raises(DittoError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        ModelFile(path)  # the Python reader applies the same rule
 
 
 def test_loader_refuses_infinite_int8_scale(native_build, int8_model, tmp_path):
     path, info, S = _patched(int8_model, tmp_path, "scale")
     p = run_native(native_build.asan, "-m", path, "-p", "hi", "-n", 1)
     assert p.returncode == EXIT_MODEL
-    assert (f"tensor {info.name}: int8 codebook scale 0x7c00 at row {3 // S} sub-block "
-            f"{3 % S} is negative, infinite or NaN") in p.stderr.decode()
+    msg = (f"tensor {info.name}: int8 codebook scale 0x7c00 at row {3 // S} sub-block "
+           f"{3 % S} is negative, infinite or NaN")
+    assert msg in p.stderr.decode()
+    with pytest.raises(DittoError, match=msg):
+        ModelFile(path)
 
 
 def test_default_codebook_type_is_int8_for_kmeans(monkeypatch, tmp_path):
