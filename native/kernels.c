@@ -28,11 +28,13 @@ void i8cb_b4_rows_avx512vnni(float *y, const QuantActs *qa, const I8Layout *L, i
                              int cols);
 void i8cb_b4_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                              int cols);
+void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                        int cols);
 
 static int has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
 }
 static int has_avxvnni(void) { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
 static int has_avx512vnni(void) {
@@ -45,14 +47,15 @@ static int has_avx512vbmi(void) {
 }
 
 static const KernelTable TABLES[] = {
-    {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c",
-     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, 1, codebook_gemv_avx512},
-    {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c", has_avx512vnni,
-     i8cb_b4_rows_avx512vnni, 64, 1, codebook_gemv_avx512},
-    {"avxvnni", "avx_vnni avx2 fma f16c", has_avxvnni, i8cb_b4_rows_avxvnni, 32, 1,
+    {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_rows_avx2_any, 1, codebook_gemv_avx512},
+    {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
+     i8cb_b4_rows_avx512vnni, 64, i8cb_rows_avx2_any, 1, codebook_gemv_avx512},
+    {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
+     i8cb_rows_avx2_any, 1, codebook_gemv_avx2},
+    {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_rows_avx2_any, 0,
      codebook_gemv_avx2},
-    {"avx2", "avx2 fma f16c", has_avx2, i8cb_b4_rows_avx2, 32, 0, codebook_gemv_avx2},
-    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
 };
 
 #elif defined(__aarch64__)
@@ -68,13 +71,13 @@ static int has_neon_dotprod(void) {
 }
 
 static const KernelTable TABLES[] = {
-    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, 0, codebook_gemv_ref},
-    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
 };
 #endif
 
@@ -143,6 +146,13 @@ const KernelTable *kernels_active(void) {
     return active;
 }
 
+I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
+    if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || has_vnni))
+        return K->i8_b4;
+    if (K->i8_any && G % 32 == 0) return K->i8_any;
+    return i8cb_rows_generic;
+}
+
 void split_rows(int rows, int t, int nt, int *r0, int *r1) {
     int nblk = (rows + 15) / 16;
     int b0 = (int)((long long)nblk * t / nt), b1 = (int)((long long)nblk * (t + 1) / nt);
@@ -156,9 +166,7 @@ void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
     int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     I8Layout L = i8_layout(W->data, bits, G, rows, cols);
-    I8RowsFn fn = i8cb_rows_generic;
-    if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || qa->has_vnni))
-        fn = K->i8_b4;
+    I8RowsFn fn = kernel_pick_i8(K, bits, G, qa->has_vnni);
 #ifdef _OPENMP
 #pragma omp parallel
     {
@@ -178,9 +186,10 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
     QuantActs qa;
     memset(&qa, 0, sizeof qa);
     if (act_quantize(&qa, x, cols, 1)) return -1;
+    if (group_size > cols) group_size = cols; /* as gemv() sees it */
     I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
-    int fast = K->i8_b4 && bits == 4 && group_size % K->i8_b4_chunk == 0;
-    I8RowsFn fn = fast ? K->i8_b4 : i8cb_rows_generic;
+    I8RowsFn fn = kernel_pick_i8(K, bits, group_size, 1);
+    int fast = fn != i8cb_rows_generic;
 #ifdef _OPENMP
 #pragma omp parallel
     {
@@ -212,9 +221,9 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
     int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     I8Layout L = i8_layout(W->data, bits, G, rows, cols);
-    int fast = K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0;
-    for (int t = 0; t < T && fast; t++) fast = !K->vnni_acts || qa[t].has_vnni;
-    I8RowsFn fn = fast ? K->i8_b4 : i8cb_rows_generic;
+    int vnni = 1;
+    for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
+    I8RowsFn fn = kernel_pick_i8(K, bits, G, vnni);
 #ifdef _OPENMP
 #pragma omp parallel
 #endif

@@ -3,8 +3,8 @@
  *
  * A table says, for each tensor format, which function computes it: int8 codebooks with b = 4
  * (the default build) through an integer kernel of that ISA when G is a multiple of its chunk,
- * every other int8 codebook through the scalar reference, f16/f32 codebooks through the float
- * lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
+ * other int8 codebooks with G % 32 == 0 through its any-b kernel (if it has one), the rest
+ * through the scalar reference; f16/f32 codebooks through the float lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
  * by name, for tests and benchmarks.
  */
 #ifndef DITTO_KERNELS_H
@@ -28,12 +28,17 @@ typedef struct {
     int (*supported)(void);
     I8RowsFn i8_b4;       /* int8 codebooks, b = 4, G % i8_b4_chunk == 0; NULL: generic */
     int i8_b4_chunk;
+    I8RowsFn i8_any;      /* int8 codebooks, any b, G % 32 == 0 (when i8_b4 does not apply) */
     int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
     FloatCbFn float_cb;   /* f16/f32 codebooks */
 } KernelTable;
 
 /* Every table compiled into this program, best first; *n gets their number. */
 const KernelTable *kernel_tables(int *n);
+
+/* The int8 row kernel a table uses for bit width b and group size G (G <= cols), given whether
+ * the quantized input has the VNNI arrays; i8cb_rows_generic when no SIMD kernel applies. */
+I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni);
 
 /* Table i's name (NULL past the last), whether this CPU can run it, and the active table's name
  * (plain C types, for tests and benchmarks through ctypes). */
@@ -73,7 +78,7 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1);
 
 /* For tests and benchmarks: y = W x for an int8 codebook payload (parameters of
  * codebook_gemv_ref) through the table named `kernel`, x quantized on the spot. Returns 1 when
- * the table's SIMD kernel ran (b = 4 and G a multiple of its chunk), 0 when the scalar
+ * one of the table's SIMD kernels ran (kernel_pick_i8), 0 when the scalar
  * reference did, -1 for an unknown kernel, one this CPU cannot run, or no memory. */
 int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
                    int bits, int group_size, int rows, int cols);
