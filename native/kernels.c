@@ -61,6 +61,8 @@ static const KernelTable TABLES[] = {
 #elif defined(__aarch64__)
 void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
+void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                        int cols);
 
 static int has_neon_dotprod(void) {
 #if defined(__APPLE__)
@@ -71,7 +73,8 @@ static int has_neon_dotprod(void) {
 }
 
 static const KernelTable TABLES[] = {
-    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, NULL, 0, codebook_gemv_ref},
+    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_rows_neon_any, 0,
+     codebook_gemv_ref},
     {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
 };
 

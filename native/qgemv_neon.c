@@ -8,6 +8,7 @@
  * centroids, and two sdot (signed x signed, no sign trick needed) sum the block into 4 int32
  * lanes, which are multiplied by the block multiplier m and accumulated (vmla). A lane gains at
  * most 8*127*127*255 per block, so the lanes move to int64 every 64 blocks.
+ * i8cb_rows_neon_any covers every other b (G % 32 == 0) with multi-register tbl lookups.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -46,6 +47,67 @@ NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L,
                     int8x16_t w_odd = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
                     int32x4_t d = vdotq_s32(vdupq_n_s32(0), w_even, vld1q_s8(qa->qp + c));
                     d = vdotq_s32(d, w_odd, vld1q_s8(qa->qp + c + 16));
+                    acc = vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
+                }
+                t += vaddlvq_s32(acc);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}
+
+
+/* Any b in 1..8 with G % 32 == 0: each group of 8 b-bit indices becomes 8 index bytes by
+ * shifts, and the 32 bytes are looked up in the sub-block's K int8 centroids with tbl over up
+ * to 4 registers (64 entries; an index past the table gives 0, so larger tables are the OR of
+ * lookups of idx, idx - 64, ...); then two sdot with the activations in natural order. */
+static inline uint64_t group_index_bytes(const uint8_t *p, int bits, const uint8_t *end) {
+    uint64_t v = 0, out = 0, mask = (UINT64_C(1) << bits) - 1u;
+    memcpy(&v, p, end - p >= 8 ? 8 : (size_t)bits);
+    for (int j = 0; j < 8; j++) out |= ((v >> (j * bits)) & mask) << (8 * j);
+    return out;
+}
+
+NEON_FN static inline int8x16_t lookup_any(const int8x16x4_t *tbl, int n4, uint8x16_t idx) {
+    int8x16_t w = vqtbl4q_s8(tbl[0], idx);
+    for (int i = 1; i < n4; i++) /* entries 64 i .. 64 i + 63 */
+        w = vorrq_s8(w, vqtbl4q_s8(tbl[i], vsubq_u8(idx, vdupq_n_u8((uint8_t)(64 * i)))));
+    return w;
+}
+
+NEON_FN void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0,
+                                int r1, int cols) {
+    int64_t T[L->n_sub];
+    const int b = L->bits, k = L->k, n4 = k > 64 ? k / 64 : 1;
+    int8x16x4_t tbl[4];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)k;
+            int8_t pad[256];
+            memset(pad, 0, 64);
+            memcpy(pad, cb, (size_t)k);
+            if (k < 64) cb = pad; /* the entries past K are never looked up */
+            for (int i = 0; i < n4; i++) tbl[i] = vld1q_s8_x4(cb + 64 * i);
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
+                int32x4_t acc = vdupq_n_s32(0);
+                for (; c < stop; c += 32) {
+                    uint64_t g[4] = {0, 0, 0, 0};
+                    for (int j = 0; j < 4 && c + 8 * j < cols; j++)
+                        g[j] = group_index_bytes(row + (size_t)(c / 8 + j) * (size_t)b, b,
+                                                 L->end);
+                    uint8x16_t i0 = vreinterpretq_u8_u64(vcombine_u64(vcreate_u64(g[0]),
+                                                                      vcreate_u64(g[1])));
+                    uint8x16_t i1 = vreinterpretq_u8_u64(vcombine_u64(vcreate_u64(g[2]),
+                                                                      vcreate_u64(g[3])));
+                    int32x4_t d = vdotq_s32(vdupq_n_s32(0), lookup_any(tbl, n4, i0),
+                                            vld1q_s8(qa->q + c));
+                    d = vdotq_s32(d, lookup_any(tbl, n4, i1), vld1q_s8(qa->q + c + 16));
                     acc = vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
                 }
                 t += vaddlvq_s32(acc);

@@ -236,7 +236,7 @@ DRIVER_GROUPS = (32, 64, 128, 256, 576, 4160, 2, 7, 48, 100)
 DRIVER_LENGTHS = (1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200)
 #: per table: (chunk of its b = 4 kernel, whether it has an any-b kernel for G % 32 == 0)
 TABLE_PATHS = {"avx512vbmi": (64, True), "avx512vnni": (64, True), "avxvnni": (32, True),
-               "avx2": (32, True), "neon": (32, False), "generic": (None, False)}
+               "avx2": (32, True), "neon": (32, True), "generic": (None, False)}
 
 
 def simd_cases(kernel):
