@@ -385,7 +385,8 @@ def test_int8_model_logits_equal_numpy_reference(native_build, tmp_path):
     """A random model with every matrix an int8 codebook tensor (b = 1..8, G with and without
     the SIMD kernels' chunk, tails) run by ditto-run: its logits equal the NumPy reference
     forward with the int8 GEMV emulated, and stay close to the float-weights reference; the
-    same bits with --batch-size 1 and with every kernel table this CPU runs."""
+    same with --batch-size 1 (to float rounding) and the same bits with every kernel table this
+    CPU runs."""
     from ditto_core.modelfile import ModelFile
     from tests.fixtures_native import dump_logits, model_weights, rel_error, synthetic_model
     from tests.native_reference import reference_logits
@@ -404,9 +405,11 @@ def test_int8_model_logits_equal_numpy_reference(native_build, tmp_path):
     # measured 2e-7 (float32 vs float64 elsewhere in the forward pass), 1.9e-2
     assert rel_error(got, emulated).max() <= 1e-5
     assert rel_error(got, reference_logits(cfg, w, ids)).max() <= 3e-2
-    # batched prefill (gemm_i8) gives the bits of token-by-token evaluation (gemv_i8)
+    # batched prefill (gemm_i8, bit-identical to gemv_i8 per row) against token by token: the
+    # rest of the batched forward pass (attention, norms) is float code that may round
+    # differently (measured 2.7e-7)
     one = dump_logits(exe, path, ids, tmp_path, "--batch-size", 1)
-    np.testing.assert_array_equal(one, got)
+    assert rel_error(one, got).max() <= 1e-5
     for kernel, need in X86_TABLES.items():  # every table this CPU runs: the same bits
         if need <= cpu_flags():
             forced = dump_logits(exe, path, ids, tmp_path,
