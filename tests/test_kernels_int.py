@@ -60,6 +60,8 @@ def lib(tmp_path_factory):
     L.kernel_name_at.restype = ctypes.c_char_p
     L.kernel_active_name.restype = ctypes.c_char_p
     L.omp_set_num_threads.argtypes = [ctypes.c_int]
+    L.gemv.argtypes = [P, P, P]
+    L.gemm_i8_float_input.argtypes = [P, P, ctypes.c_int, P]
     return L
 
 
@@ -443,3 +445,29 @@ def test_arm_runtime_runs_int8_model_under_qemu(native_build, tmp_path):
     assert '"kernel": "neon"' in p.stderr
     arm = np.fromfile(out, "<f4").reshape(len(ids), -1)
     assert rel_error(arm, x86).max() <= 1e-5
+
+
+class _Tensor(ctypes.Structure):
+    """native/model.h Tensor."""
+    _fields_ = [("name", ctypes.c_char_p), ("encoding", ctypes.c_uint32),
+                ("codebook_type", ctypes.c_uint32), ("bits", ctypes.c_uint32),
+                ("group_size", ctypes.c_uint32), ("rows", ctypes.c_uint64),
+                ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64)]
+
+
+@pytest.mark.parametrize("bits,G,cols", [(4, 256, 576), (6, 576, 576), (4, 32, 100), (3, 7, 50)])
+def test_gemm_rows_equal_gemv_bits(lib, bits, G, cols):
+    """gemm_i8 (batched prefill) gives each activation row exactly gemv()'s bits."""
+    rng = np.random.default_rng(bits * G)
+    rows, T = 70, 5
+    ct = random_int8_tensor(rng, rows, cols, bits, G)
+    payload = np.frombuffer(codebook_payload(ct), np.uint8)
+    W = _Tensor(b"w", 1, 2, bits, G, rows, cols, payload.ctypes.data, payload.size)
+    X = rng.normal(size=(T, cols)).astype(np.float32)
+    Y = np.full((T, rows), np.nan, np.float32)
+    lib.gemm_i8_float_input(Y.ctypes.data, X.ctypes.data, T, ctypes.byref(W))
+    for t in range(T):
+        y = np.full(rows, np.nan, np.float32)
+        lib.gemv(y.ctypes.data, X[t].ctypes.data, ctypes.byref(W))
+        np.testing.assert_array_equal(Y[t], y)
+        np.testing.assert_array_equal(y, i8_gemv_np(ct, X[t]))
