@@ -113,8 +113,9 @@ def check_params(bits, group_size, codebook_type) -> None:
         raise DittoError(f"group size G must be an integer in {F.MIN_GROUP_SIZE}.."
                          f"{F.MAX_GROUP_SIZE}, got {group_size!r}")
     if codebook_type not in F.CODEBOOK_TYPES:
-        raise DittoError(f"codebook type must be one of {', '.join(map(repr, F.CODEBOOK_TYPES))}"
-                         f", got {codebook_type!r}")
+        *most, last = sorted(F.CODEBOOK_TYPES)
+        raise DittoError(f"codebook type must be {', '.join(map(repr, most))} or {last!r}, "
+                         f"got {codebook_type!r}")
 
 
 def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = (),

@@ -17,32 +17,26 @@ def _pip(*args):
                            *args], check=True, capture_output=True, text=True)
 
 
-@pytest.fixture(scope="session")
-def test_plugin_installed(tmp_path_factory):
-    """pip-installs examples/ditto-test-plugin into this environment; uninstalls at the end.
-    Installs from a copy so the build leaves nothing in the source tree."""
-    src = tmp_path_factory.mktemp("plugin_src") / EXAMPLE.name
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    _pip("install", "--no-deps", "--no-build-isolation", str(src))
-    importlib.invalidate_caches()
-    try:
-        yield "ditto-test-plugin"
-    finally:
-        _pip("uninstall", "-y", "ditto-test-plugin")
-
-
-
-
-@pytest.fixture(scope="session")
-def quantile_plugin_installed(tmp_path_factory):
-    """pip-installs examples/ditto-quant-quantile (the quantizer-kit example) from a copy;
-    uninstalls at the end."""
-    example = EXAMPLE.parent / "ditto-quant-quantile"
-    src = tmp_path_factory.mktemp("quantile_src") / example.name
+def _installed(example: Path, tmp_path_factory):
+    """pip-install a copy of the example distribution ``example`` (so the build leaves nothing
+    in the source tree), yield, uninstall."""
+    src = tmp_path_factory.mktemp(example.name) / example.name
     shutil.copytree(example, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     _pip("install", "--no-deps", "--no-build-isolation", str(src))
     importlib.invalidate_caches()
     try:
-        yield "ditto-quant-quantile"
+        yield example.name
     finally:
-        _pip("uninstall", "-y", "ditto-quant-quantile")
+        _pip("uninstall", "-y", example.name)
+
+
+@pytest.fixture(scope="session")
+def test_plugin_installed(tmp_path_factory):
+    """examples/ditto-test-plugin (one replacement component per stage), pip-installed."""
+    yield from _installed(EXAMPLE, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def quantile_plugin_installed(tmp_path_factory):
+    """examples/ditto-quant-quantile (the quantizer-kit example), pip-installed."""
+    yield from _installed(EXAMPLE.parent / "ditto-quant-quantile", tmp_path_factory)

@@ -50,7 +50,7 @@ DEFAULT_KEEP_FP32: tuple[str, ...] = ()
 EMBEDDING_EXTRA_BITS = 2
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
-CODEBOOK_TYPES = ("f16", "f32", "int8")
+CODEBOOK_TYPES = tuple(sorted(F.CODEBOOK_TYPES))  # the types the model file stores
 
 
 #: A stored centroid whose relative rounding error exceeds this lost precision to the codebook
@@ -90,17 +90,8 @@ def underflow_warning(name: str, under: dict, codebook_type: str, rel_error: flo
 def check_options(options: QuantOptions) -> str:
     """Validate ``options``; return the method name. Raises DittoError for b outside 1..8,
     G < 2, an unknown codebook type or method."""
-    b, g = options.bits, options.group_size
-    if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 1 <= b <= 8:
-        raise DittoError(f"kmeans: bit width b must be an integer in 1..8, got {b!r}")
-    if (not isinstance(g, (int, np.integer)) or isinstance(g, bool)
-            or not F.MIN_GROUP_SIZE <= g <= F.MAX_GROUP_SIZE):
-        raise DittoError(f"kmeans: group size G must be an integer in {F.MIN_GROUP_SIZE}.."
-                         f"{F.MAX_GROUP_SIZE}, got {g!r}")
-    if options.codebook_type not in CODEBOOK_TYPES:
-        raise DittoError(f"kmeans: codebook type must be 'f16', 'f32' or 'int8', got "
-                         f"{options.codebook_type!r}")
     try:
+        quantkit.check_params(options.bits, options.group_size, options.codebook_type)
         quantkit.parse_rules(options.tensor_types)
     except DittoError as exc:
         raise DittoError(f"kmeans: {exc}") from None
