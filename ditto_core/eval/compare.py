@@ -125,9 +125,16 @@ def _local_executor(jobs: int):
     pool = ProcessPoolExecutor(max_workers=jobs)
 
     def submit_all(calls):
+        from concurrent.futures.process import BrokenProcessPool
+
         futs = {pool.submit(run_config, *args): args[1] for args in calls}
         for f in as_completed(futs):
-            yield futs[f], f.result()
+            try:
+                yield futs[f], f.result()
+            except BrokenProcessPool:
+                raise DittoError(f"the worker running config {futs[f]!r} died (killed, or out "
+                                 "of memory); finished configurations are kept: run the "
+                                 "command again to resume") from None
 
     return submit_all, lambda: pool.shutdown(wait=False, cancel_futures=True)
 
