@@ -53,28 +53,29 @@ EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 CODEBOOK_TYPES = tuple(sorted(F.CODEBOOK_TYPES))  # the types the model file stores
 
 
-#: A stored centroid whose relative rounding error exceeds this lost precision to the codebook
-#: type's range (f16 keeps 11 significant bits for |c| >= 2^-14: half an ulp is 2^-11 relative;
-#: below that, subnormals keep fewer bits and |c| < 2^-25 rounds to 0).
+#: A sub-block lost precision to the codebook type's range when a stored centroid is off by more
+#: than this fraction of the sub-block's largest |centroid| (f16 keeps 11 significant bits for
+#: |c| >= 2^-14: half an ulp is 2^-11 relative; below that, subnormals keep fewer bits and
+#: |c| < 2^-25 rounds to 0). Measured against the sub-block's scale, a centroid near 0 beside
+#: normal-sized ones keeps its (negligible) absolute error without being reported.
 UNDERFLOW_REL = 2.0 ** -10
 
 
-def underflow_report(cent: np.ndarray, cb: np.ndarray) -> dict | None:
+def underflow_report(cent: np.ndarray, cb: np.ndarray, rel: float = UNDERFLOW_REL) -> dict | None:
     """Sub-blocks whose centroids lost precision when rounded to the codebook type.
 
     ``cent``: float64 [rows, S, K] exact centroids; ``cb``: the stored values (float32 of the
-    same shape). Returns None when every non-zero centroid keeps its precision, else
-    ``{"sub_blocks": n affected, "smallest_centroid": min |c| over the affected ones,
-    "first": (row, sub-block)}``."""
-    nz = cent != 0
-    rel = np.zeros(cent.shape)
-    np.divide(np.abs(cb.astype(np.float64) - cent), np.abs(cent), out=rel, where=nz)
-    bad = (rel > UNDERFLOW_REL).any(axis=2)
+    same shape). A sub-block is affected when some ``|cb - cent|`` exceeds ``rel`` times its
+    largest ``|cent|``. Returns None when no sub-block is affected, else
+    ``{"sub_blocks": n affected, "smallest_centroid": the smallest largest-|c| of the affected
+    sub-blocks, "first": (row, sub-block)}``."""
+    scale = np.abs(cent).max(axis=2)
+    err = np.abs(cb.astype(np.float64) - cent).max(axis=2)
+    bad = (scale > 0) & (err > rel * scale)
     if not bad.any():
         return None
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    lost = np.abs(cent[bad])[(rel[bad] > UNDERFLOW_REL)]
-    return {"sub_blocks": int(bad.sum()), "smallest_centroid": float(lost.min()),
+    return {"sub_blocks": int(bad.sum()), "smallest_centroid": float(scale[bad].min()),
             "first": first}
 
 
@@ -146,9 +147,10 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
     if scales is None:
         under = underflow_report(cent, cb)
     else:  # int8: the grid is relative to the sub-block's largest centroid; only its f16
-        # scale can underflow
+        # scale can underflow; a normal f16 scale is within 2 ulps (2^-9) of max|c|/127, as
+        # it may be bumped one step so that no centroid clips
         amax = np.abs(cent).max(axis=-1, keepdims=True) / 127.0
-        under = underflow_report(amax, scales[..., None])
+        under = underflow_report(amax, scales[..., None], rel=2.0 ** -8)
     indices = np.empty((rows, cols), np.uint8)
     sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
     err = float(sse_rows.sum())
