@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
 import os
 import tempfile
 from pathlib import Path
@@ -122,7 +123,9 @@ def finished(out_dir: Path, spec: str, settings: dict) -> dict | None:
 def _local_executor(jobs: int):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(max_workers=jobs)
+    # spawned, not forked: a fork of a process whose numba/OpenMP thread pools already ran
+    # (an earlier in-process build) dies when the child quantizes in parallel
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
 
     def submit_all(calls):
         from concurrent.futures.process import BrokenProcessPool
