@@ -45,7 +45,9 @@ def test_sweep_writes_tables_and_resumes(tmp_path, cache_env):
     none, km = rows
     assert none["mean_kld"] == 0.0 and none["same_top1"] == 1.0
     assert km["mean_kld"] > 0 and km["bpw"] < none["bpw"]
-    assert km["ppl_baseline"] == none["ppl"]  # both scored against the same fp32 baseline
+    # both against the same fp32 weights (the baseline's cached logits may come from a run
+    # with another thread count: equal up to float summation order)
+    assert km["ppl_baseline"] == pytest.approx(none["ppl"], rel=1e-5)
     assert km["decode_tok_per_s"] > 0 and km["threads"] == 1
     with open(tmp_path / "results.csv") as f:
         table = list(csv.DictReader(f))

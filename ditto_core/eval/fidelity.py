@@ -64,16 +64,18 @@ def dump_logits(build_dir: Path, ids: list[int], workdir: Path, *, threads: int 
 class LogitsCache:
     """Rows ``n_ctx // 2 .. n_ctx - 2`` of a build's logits per chunk, as raw float32 files in
     ``<cache root>/eval-logits/`` (``$DITTO_CACHE_DIR`` or ~/.cache/ditto; ``DITTO_NO_CACHE=1``
-    turns it off), keyed by the model file's SHA-256, the executable's compile key and the
-    chunk's token ids. The baseline of a sweep is then computed once."""
+    turns it off), keyed by the model file's SHA-256, the executable's compile key, the
+    thread count (it changes the float summation order) and the chunk's token ids. The baseline of a sweep is then computed once."""
 
-    def __init__(self, build_dir: Path, enabled: bool = True):
+    def __init__(self, build_dir: Path, enabled: bool = True, threads: int | None = None):
         from ..cache import default_root, file_hash
 
         self.enabled = enabled and os.environ.get("DITTO_NO_CACHE") != "1"
         if self.enabled:
             _, model, meta = find_build(build_dir)
-            self.ident = {"model": file_hash(model), "exe": meta.get("compile_key")}
+            # the thread count changes the float summation order, so it is part of the key
+            self.ident = {"model": file_hash(model), "exe": meta.get("compile_key"),
+                          "threads": threads}
             self.root = default_root() / "eval-logits"
 
     def path(self, chunk: list[int], rows: slice) -> Path:
@@ -134,7 +136,7 @@ def evaluate_fidelity(build_dir: Path, baseline_dir: Path, *, n_chunks: int | No
     first = n_ctx // 2
     rows = slice(first, n_ctx - 1)
     acc = KLAccumulator()
-    base_cache = LogitsCache(baseline_dir, enabled=cache_baseline)
+    base_cache = LogitsCache(baseline_dir, enabled=cache_baseline, threads=threads)
     with tempfile.TemporaryDirectory(prefix="ditto-eval-") as tmp:
         work = Path(tmp)
         for i, chunk in enumerate(chunk_list):

@@ -128,7 +128,7 @@ def evaluate(model: str, baseline_dir: Path, *, n_chunks: int | None = None,
     first = n_ctx // 2
     rows = slice(first, n_ctx - 1)
     acc = KLAccumulator()
-    cache = LogitsCache(baseline_dir)
+    cache = LogitsCache(baseline_dir, threads=threads)
     with tempfile.TemporaryDirectory(prefix="ditto-eval-") as tmp:
         for i, chunk in enumerate(chunk_list):
             base = cache.get(chunk, rows, vocab)
