@@ -36,21 +36,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ditto_core import pipeline
+from ditto_core.api import build as ditto_build
 from ditto_core.bundled import bundled_model
-from ditto_core.components import QuantOptions
 from ditto_core.run import run_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT.parent / "shared" / "tools" / "build-llama-cpp.sh"
 LLAMA_TYPES = ["F32", "Q8_0", "Q4_0", "IQ4_NL", "Q4_K_M"]
+#: ditto_core.build() arguments: the defaults are those of `ditto build` (int8 codebooks for kmeans)
 DITTO = {
-    "ditto-default": dict(quantizer="kmeans", quant=QuantOptions(), rewrite=True),
-    "ditto-f16-codebook": dict(quantizer="kmeans", quant=QuantOptions(codebook_type="f16"),
-                               rewrite=True),
-    "ditto-fp32-blas": dict(quantizer="none", quant=QuantOptions(), rewrite=True),
-    "ditto-fp32-naive": dict(quantizer="none", quant=QuantOptions(), rewrite=False),
-    "ditto-fp32-mkl": dict(quantizer="none", quant=QuantOptions(), rewrite=True, blas="mkl"),
+    "ditto-default": dict(quantizer="kmeans"),
+    "ditto-f16-codebook": dict(quantizer="kmeans", codebook_type="f16"),
+    "ditto-fp32-blas": dict(quantizer="none"),
+    "ditto-fp32-naive": dict(quantizer="none", rewrite=False),
+    "ditto-fp32-mkl": dict(quantizer="none", blas="mkl"),
 }
 LABELS = {"ditto-default": "Ditto default build (`ditto build smollm2`)",
           "ditto-f16-codebook": "Ditto kmeans, f16 codebooks (`--codebook-type f16`)",
@@ -176,9 +175,7 @@ def main(argv=None) -> int:
     ids_file.write_text(json.dumps(ids))
     for name in [c for c in configs if c in DITTO]:
         d = args.work / name
-        opts = dict(DITTO[name])
-        rec = pipeline.build("smollm2", d, pipeline.BuildOptions(blas=opts.pop("blas", "openblas"),
-                                                                 **opts))
+        rec = ditto_build("smollm2", out=d, **DITTO[name]).record
         runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N))
         results[name] = {"label": LABELS[name], "bytes": (d / "model.ditto").stat().st_size,
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
