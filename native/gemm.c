@@ -39,19 +39,6 @@ void matmul_f32_batch(float *Y, const float *X, const float *W, int T, int n, in
     }
 }
 
-/* Centroid k of sub-block s of row r as float32. */
-static float cb_centroid(const CodebookLayout *L, int r, int s, int k) {
-    size_t i = ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + (size_t)k;
-    if (L->is_f16) {
-        uint16_t h;
-        memcpy(&h, L->codebooks + 2 * i, 2);
-        return f16_to_f32(h);
-    }
-    float f;
-    memcpy(&f, L->codebooks + 4 * i, 4);
-    return f;
-}
-
 /* The b bytes of the group of 8 indices that holds column c, as one little-endian integer
  * (index j of the group at bits [j*b, (j+1)*b); FORMAT.md "encoding = 1"). */
 static uint64_t index_group(const uint8_t *row, int c, int bits) {
@@ -74,7 +61,7 @@ static void decode_row_chunk(const CodebookLayout *L, int r, int c0, int c1, flo
     for (int c = c0; c < c1;) {
         int s = c / G;
         int ce = c1 - s * G > G ? s * G + G : c1; /* end of this sub-block within the chunk */
-        for (int k = 0; k < L->k; k++) cb[k] = cb_centroid(L, r, s, k);
+        for (int k = 0; k < L->k; k++) cb[k] = codebook_centroid(L, r, s, k);
         for (; c < ce && (c & 7); c++)
             Wt[(size_t)(c - c0) * CB_TILE_ROWS + slot] =
                 cb[(index_group(row, c, bits) >> ((c & 7) * bits)) & mask];

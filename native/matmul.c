@@ -68,8 +68,7 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
     return L;
 }
 
-/* Centroid k of sub-block s of row r. */
-static float centroid(const CodebookLayout *L, int r, int s, int k) {
+float codebook_centroid(const CodebookLayout *L, int r, int s, int k) {
     size_t i = ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + (size_t)k;
     if (L->is_i8) { /* scale * int8, exact in float32 (11 + 7 significant bits) */
         uint16_t h;
@@ -104,7 +103,7 @@ static float codebook_row_dot(const CodebookLayout *L, int r, const float *x, in
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols; /* tail sub-block */
         float cb[256];
-        for (int k = 0; k < L->k; k++) cb[k] = centroid(L, r, s, k);
+        for (int k = 0; k < L->k; k++) cb[k] = codebook_centroid(L, r, s, k);
         float sub = 0.0f;
         for (int c = c0; c < c1;) {
             int group = c / 8, j0 = c % 8;
@@ -134,7 +133,7 @@ void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type
     for (int c = 0; c < cols; c++) {
         int idx[8];
         unpack_group(row + (size_t)(c / 8) * (size_t)bits, bits, idx);
-        out[c] = centroid(&L, r, c / group_size, idx[c % 8]);
+        out[c] = codebook_centroid(&L, r, c / group_size, idx[c % 8]);
     }
 }
 

@@ -32,6 +32,10 @@ typedef struct {
 CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, int bits,
                                int group_size, int rows, int cols);
 
+/* Centroid k of sub-block s of row r of a codebook tensor as float32 (f16, f32, or int8 times
+ * its sub-block's f16 scale, exact in float32). */
+float codebook_centroid(const CodebookLayout *L, int r, int s, int k);
+
 /* y[rows] = W x[cols] for a codebook tensor (FORMAT.md "encoding = 1") given as its raw payload:
  * codebooks [rows][S][2^b] of codebook_type (DITTO_CB_F16 / DITTO_CB_F32; DITTO_CB_I8: int8
  * centroids then [rows][S] f16 scales), padded to 64 bytes, then rows x ceil(cols/8)*b bytes of
