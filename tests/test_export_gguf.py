@@ -14,7 +14,7 @@ from ditto_export_gguf import GGUFExporter
 from ditto_export_gguf.exporter import unpermute_qk
 from tests.fixtures_hf import gguf_rows_to_hf
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "smollm2_tokenizer_golden.jsonl"
+GOLDEN = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer_golden.jsonl"
 
 
 @pytest.fixture(scope="module")

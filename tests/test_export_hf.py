@@ -15,7 +15,7 @@ from ditto_core.modelfile import tokenizers_equal
 from ditto_export_hf import HFExporter
 from tests.fixtures_hf import TINY_CORPUS, write_tiny_hf_dir
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "smollm2_tokenizer_golden.jsonl"
+GOLDEN = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer_golden.jsonl"
 
 
 def test_hf_tokenizer_json_matches_llama_cpp_golden_ids(smollm2_hf_dir):
