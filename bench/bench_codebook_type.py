@@ -6,7 +6,7 @@ next-token distributions from the fp32 build's, on the same text. Prints one JSO
 Builds ``ditto build --quantizer kmeans --blas openblas smollm2`` once per codebook type (b = 4,
 G = 256, the default embedding policy) and the fp32 reference (``--quantizer none``), runs
 each executable with ``--dump-logits`` over the same token ids (SmolLM2 tokenizer golden
-texts, /work/shared/data/smollm2_tokenizer_golden.jsonl, BOS first), and reports per type:
+texts, tests/data/smollm2_tokenizer_golden.jsonl, BOS first), and reports per type:
 mean KL(p_fp32 ‖ p_type) over the positions, top-1 agreement with fp32, perplexity of the text,
 the file's bits per weight, and the quantizer's total relative weight error
 Σ‖W − Ŵ‖² / Σ‖W‖² (from build.json). The int8 build runs the integer kernels (activation
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def text_ids(n_tokens: int) -> list[int]:
-    path = ROOT.parent / "shared" / "data" / "smollm2_tokenizer_golden.jsonl"
+    path = ROOT / "tests" / "data" / "smollm2_tokenizer_golden.jsonl"
     ids = [1]  # <|im_start|>, SmolLM2's BOS
     for line in path.read_text().splitlines():
         ids += json.loads(line)["ids_plain"]

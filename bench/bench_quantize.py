@@ -18,7 +18,7 @@ docs/QUANT.md). ``q4_0``/``q4_1`` are GGUF's own Q4_0 (symmetric, blocks of 32) 
 
 ``--quality`` adds an end-to-end check of the embedding policy: the NumPy reference forward
 pass (tests/native_reference.py) over ~256 tokens of real text (the token ids of
-/work/shared/data/smollm2_tokenizer_golden.jsonl), with the weights of the GGUF exporter
+tests/data/smollm2_tokenizer_golden.jsonl), with the weights of the GGUF exporter
 either as they are (reference) or quantized (every matrix; every matrix but token_embd), and
 reports the mean KL divergence of the next-token distributions from the reference, top-1
 agreement and the text's perplexity.
@@ -97,7 +97,7 @@ def _rtn_method(cbt):
 
 
 def _text_ids(n_tokens=256):
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / \
+    path = Path(__file__).resolve().parents[1] / "tests" / "data" / \
         "smollm2_tokenizer_golden.jsonl"
     ids = [1]  # <|im_start|> is SmolLM2's BOS
     for line in path.read_text().splitlines():
