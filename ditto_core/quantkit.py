@@ -16,8 +16,14 @@ rest, the same way for every quantizer:
   docs/QUANT.md "Default policy"), then (b, G) from the options; the size guard keeps f32 any
   matrix whose codebook payload would not be smaller than f32 (``modelfile.codebook_saves_space``);
 - finiteness checks (naming tensor and (row, col)), streaming one tensor at a time as the
-  packer pulls, rounding the codebooks to their storage type (``round_codebooks``), checking
-  what the quantizer returned, and the per-tensor report (rule, b, G, rel_error, seconds).
+  packer pulls (stop signals wait while ``quantize_matrix`` runs: ``signals.deferred``, as
+  numba kernels must not be unwound), rounding the codebooks to their storage type
+  (``round_codebooks``), checking what the quantizer returned, and the per-tensor report
+  (rule, b, G, rel_error, seconds).
+
+A quantizer that rounds its centroids itself (to assign each weight to the nearest *stored*
+centroid, as ``kmeans`` does) returns a ``StoredCodebooks`` instead of the pair; it may also
+carry the squared error it measured on the way and extra report fields.
 """
 
 from __future__ import annotations
@@ -34,10 +40,17 @@ from . import format as F
 from .components import QuantOptions
 from .errors import DittoError
 from .modelfile import REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space, f32_nbytes
+from .signals import deferred
 from .types import Checkpoint, CodebookTensor, QuantizedModel
 from .untrusted import check_finite
 
-#: Tensors the default embedding rule applies to, and its extra bits.
+#: The default embedding rule: the embedding and the classifier (tied in SmolLM2) are quantized
+#: with this many more bits than the other matrices (capped at 8), with one codebook per row
+#: (group size max(G, cols)), same codebook type. docs/QUANT.md "Default policy": on SmolLM2 at
+#: b = 4 (rows of 576) this takes the next-token KL divergence from 0.608 (embedding at b = 4,
+#: G = 256) to 0.256, against 0.250 with the embedding in f32, at 7.78 bpw; b + 2 at G = 256
+#: gave 0.252 at 11.33 bpw (its 64-weight tail sub-block carries 64 centroids), b + 1 at
+#: G = 256 0.266 at 7.67 bpw.
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 EMBEDDING_EXTRA_BITS = 2
 
@@ -233,6 +246,25 @@ class MatrixOptions:
     component: Any = None
 
 
+@attrs.frozen
+class StoredCodebooks:
+    """What ``quantize_matrix`` may return instead of ``(indices, codebooks)`` when it rounded
+    the centroids to their storage type itself (``round_codebooks``) before assigning indices.
+
+    ``indices``: uint8 [rows, cols]; ``codebooks``: float32 [rows, S, 2^b] holding exactly the
+    stored values (``round_codebooks(...)[0]``); ``scales``: for ``int8`` the float32 [rows, S]
+    f16 scales ``round_codebooks`` returned, else None. ``sse`` / ``norm2``: ‖W − Ŵ‖² and ‖W‖²
+    (float64 sums) if the quantizer measured them (the kit computes them when None).
+    ``report``: extra fields for this tensor's entry of the quantize report."""
+
+    indices: np.ndarray
+    codebooks: np.ndarray
+    scales: np.ndarray | None = None
+    sse: float | None = None
+    norm2: float | None = None
+    report: dict = attrs.field(factory=dict)
+
+
 def _dequantize(indices: np.ndarray, cb: np.ndarray, group_size: int) -> np.ndarray:
     """Ŵ float64 [rows, cols] from indices [rows, cols] and codebooks [rows, S, K]."""
     rows, cols = indices.shape
@@ -283,6 +315,8 @@ class CodebookQuantizer:
         report = {"quantizer": self.name, "method": method, "bits": options.bits,
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
                   "rules": [str(r) for r in rules],
+                  **({} if self.embedding_extra_bits is None else
+                     {"embedding_bits": min(8, options.bits + self.embedding_extra_bits)}),
                   "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()
                               if plan[n][0] == "f32"},
                   "total_rel_error": 0.0, "quantized_weights": 0, "seconds": 0.0}
@@ -296,8 +330,8 @@ class CodebookQuantizer:
                     yield name, W
                     continue
                 t0 = time.perf_counter()
-                q, sse, norm2 = self._quantize_tensor(W, name, params, options)
-                del W
+                q, sse, norm2, extra = self._quantize_tensor(W, name, params, options)
+                del W  # not held while the packer encodes q and the next tensor loads
                 dt = time.perf_counter() - t0
                 totals["sse"] += sse
                 totals["norm2"] += norm2
@@ -305,7 +339,7 @@ class CodebookQuantizer:
                                            "bits": q.bits, "group_size": q.group_size,
                                            "codebook_type": q.codebook_type,
                                            "rel_error": q.rel_error, "sse": sse,
-                                           "norm2": norm2, "seconds": dt}
+                                           "norm2": norm2, "seconds": dt, **extra}
                 report["quantized_weights"] += q.indices.size
                 report["seconds"] += dt
                 report["total_rel_error"] = (totals["sse"] / totals["norm2"]
@@ -317,13 +351,18 @@ class CodebookQuantizer:
                               report=report)
 
     def _quantize_tensor(self, W, name, params, options):
+        """``quantize_matrix`` on one tensor, its result checked and rounded: returns
+        (CodebookTensor, ‖W − Ŵ‖², ‖W‖², extra report fields)."""
         bits, group, cb_type = params
         rows, cols = W.shape
         s, k = -(-cols // group), 1 << bits
         mopts = MatrixOptions(name, cb_type, options.seed,
                               options.method or (self.methods[0] if self.methods else None),
                               self.options)
-        indices, codebooks = self.quantize_matrix(W, bits, group, mopts)
+        with deferred():  # native kernels run here: stop signals wait for the tensor
+            result = self.quantize_matrix(W, bits, group, mopts)
+        stored = isinstance(result, StoredCodebooks)
+        indices, codebooks = (result.indices, result.codebooks) if stored else result
         indices = np.asarray(indices)
         codebooks = np.asarray(codebooks)
         what = f"{self.name}: tensor {name!r}: quantize_matrix returned"
@@ -335,10 +374,35 @@ class CodebookQuantizer:
         if codebooks.size != rows * s * k:
             raise DittoError(f"{what} codebooks of shape {list(codebooks.shape)}, expected "
                              f"[{rows * s}, {k}]")
-        cb, scales = round_codebooks(codebooks.reshape(rows, s, k), cb_type, name)
-        err = W.astype(np.float64) - _dequantize(indices, cb, group)
-        sse = float((err * err).sum())
-        norm2 = float((W.astype(np.float64) ** 2).sum())
+        if not stored:
+            cb, scales = round_codebooks(codebooks.reshape(rows, s, k), cb_type, name)
+            sse = norm2 = None
+        else:
+            cb = np.ascontiguousarray(codebooks, np.float32).reshape(rows, s, k)
+            scales, sse, norm2 = result.scales, result.sse, result.norm2
+            if (scales is None) != (cb_type != "int8") or (
+                    scales is not None and np.shape(scales) != (rows, s)):
+                raise DittoError(f"{what} scales {None if scales is None else np.shape(scales)}"
+                                 f" for {cb_type} codebooks, expected "
+                                 f"{[rows, s] if cb_type == 'int8' else None}")
+        if sse is None or norm2 is None:
+            sse, norm2 = _squared_error(W, indices, cb, group)
         rel = sse / norm2 if norm2 > 0 else 0.0
         return (CodebookTensor(bits=bits, group_size=group, codebooks=cb, indices=indices,
-                               codebook_type=cb_type, rel_error=rel, scales=scales), sse, norm2)
+                               codebook_type=cb_type, rel_error=rel, scales=scales),
+                sse, norm2, dict(result.report) if stored else {})
+
+
+def _squared_error(W: np.ndarray, indices: np.ndarray, cb: np.ndarray, group_size: int,
+                   chunk_weights: int = 1 << 22) -> tuple[float, float]:
+    """(‖W − Ŵ‖², ‖W‖²) as float64 sums, Ŵ from ``indices`` [rows, cols] and codebooks ``cb``
+    [rows, S, K]; computed ``chunk_weights`` at a time so the float64 copies stay small."""
+    rows, cols = W.shape
+    step = max(1, chunk_weights // max(cols, 1))
+    sse = norm2 = 0.0
+    for a in range(0, rows, step):
+        w = W[a:a + step].astype(np.float64)
+        err = w - _dequantize(indices[a:a + step], cb[a:a + step], group_size)
+        sse += float((err * err).sum())
+        norm2 += float((w * w).sum())
+    return sse, norm2

@@ -3,14 +3,10 @@ codebooks, methods ``optimal`` and ``lloyd``; docs/QUANT.md)."""
 
 from ditto_core.hookspecs import hookimpl
 
-from .quantizer import (DEFAULT_KEEP_FP32, DEFAULT_METHOD, EMBEDDING_EXTRA_BITS,
-                        EMBEDDING_NAMES, METHODS, KMeansQuantizer, check_options,
-                        embedding_bits, embedding_group_size, plan_tensors, plan_with_reasons,
-                        quantize_matrix)
+from .quantizer import (DEFAULT_METHOD, METHODS, KMeansQuantizer, check_options, plan_tensors,
+                        plan_with_reasons, quantize_matrix)
 
-__all__ = ["DEFAULT_KEEP_FP32", "DEFAULT_METHOD", "EMBEDDING_EXTRA_BITS", "EMBEDDING_NAMES",
-           "METHODS", "KMeansQuantizer", "check_options", "embedding_bits",
-           "embedding_group_size", "plan_tensors",
+__all__ = ["DEFAULT_METHOD", "METHODS", "KMeansQuantizer", "check_options", "plan_tensors",
            "plan_with_reasons", "quantize_matrix"]
 
 

@@ -3,29 +3,31 @@
 Each row of a weight matrix W [out, in] is split into sub-blocks of G consecutive weights (the
 row's last sub-block is shorter when G does not divide the row); each sub-block gets a codebook
 of K = 2^b centroids (kmeans1d.py) and every weight the index of its nearest centroid. Centroids
-are rounded to the codebook's storage precision (f16 by default) *before* the indices are
-assigned, so each weight maps to the nearest value that is actually stored. With ``int8``
-codebooks a sub-block stores an f16 scale ``s = f16(max|c| / 127)`` and the integers
-``round(c / s)`` in −127..127 (``int8_codebooks``); the stored centroid is ``s · round(c / s)``.
+are rounded to the codebook's storage precision *before* the indices are assigned, so each
+weight maps to the nearest value that is actually stored. With ``int8`` codebooks a sub-block
+stores an f16 scale ``s = f16(max|c| / 127)`` and the integers ``round(c / s)`` in −127..127
+(``int8_codebooks``); the stored centroid is ``s · round(c / s)``.
+
+The component is built on the quantizer kit (``ditto_core.quantkit``), which plans, checks,
+streams and reports; this module supplies the matrix method (``KMeansQuantizer.quantize_matrix``,
+parallel over sub-blocks in numba) and the lloyd settings as component options.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 import zlib
 
 import attrs
 import numpy as np
 
-from ditto_core import format as F
 from ditto_core import quantkit
 from ditto_core.quantkit import int8_codebooks  # noqa: F401  (part of this module's API)
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
 from ditto_core.untrusted import check_finite
 from ditto_core.options import option
-from ditto_core.types import Checkpoint, CodebookTensor, QuantizedModel
+from ditto_core.types import CodebookTensor
 
 from . import kmeans1d
 
@@ -36,21 +38,6 @@ DEFAULT_METHOD = "optimal"
 LLOYD_RESTARTS = 4
 LLOYD_MAX_ITER = 100
 LLOYD_TOL = 1e-6
-
-#: tensors kept in f32 by default, on top of ``--keep-fp32`` (norms are always f32)
-DEFAULT_KEEP_FP32: tuple[str, ...] = ()
-
-#: The embedding and the classifier (tied in SmolLM2) are quantized with this many more bits
-#: than the other matrices (capped at 8), with one codebook per row (group size max(G, cols)),
-#: same codebook type. docs/QUANT.md "Default policy": on SmolLM2 at b = 4 (rows of 576) this
-#: takes the next-token KL divergence from 0.608 (embedding at b = 4, G = 256) to 0.256, against
-#: 0.250 with the embedding in f32, at 7.78 bpw; b + 2 at G = 256 gave
-#: 0.252 at 11.33 bpw (its 64-weight tail sub-block carries 64 centroids), b + 1 at G = 256
-#: 0.266 at 7.67 bpw.
-EMBEDDING_EXTRA_BITS = 2
-EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
-
-CODEBOOK_TYPES = tuple(sorted(F.CODEBOOK_TYPES))  # the types the model file stores
 
 
 #: A sub-block lost precision to the codebook type's range when a stored centroid is off by more
@@ -89,18 +76,9 @@ def underflow_warning(name: str, under: dict, codebook_type: str, rel_error: flo
 
 
 def check_options(options: QuantOptions) -> str:
-    """Validate ``options``; return the method name. Raises DittoError for b outside 1..8,
-    G < 2, an unknown codebook type or method."""
-    try:
-        quantkit.check_params(options.bits, options.group_size, options.codebook_type)
-        quantkit.parse_rules(options.tensor_types)
-    except DittoError as exc:
-        raise DittoError(f"kmeans: {exc}") from None
-    method = options.method or DEFAULT_METHOD
-    if method not in METHODS:
-        raise DittoError(f"kmeans: unknown method {method!r}; choose one of "
-                         f"{', '.join(METHODS)}")
-    return method
+    """Validate ``options`` (b, G, codebook type, method, ``--tensor-type`` rules); return the
+    method name (``optimal`` when none is given). Raises DittoError prefixed ``kmeans:``."""
+    return KMeansQuantizer().check_options(options)
 
 
 def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
@@ -118,30 +96,38 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
 
     Raises DittoError for b/G out of range, a non-2-D W, NaN/Inf (naming ``name`` and (row,
     col)), or a centroid (int8: a scale) that overflows f16 (use ``codebook_type="f32"``)."""
-    return _quantize(W, bits, group_size, method, codebook_type, seed, name, restarts,
-                     max_iter, tol)[0]
-
-
-def _quantize(W, bits, group_size, method, codebook_type, seed, name,
-              restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL):
-    """``quantize_matrix`` returning (CodebookTensor, ‖W − Ŵ‖², ‖W‖², underflow_report or
-    None). A centroid that underflows the codebook type prints ``underflow_warning`` on
-    stderr (the file layout, fixed before any payload, cannot change the type any more)."""
-    opts = QuantOptions(bits=bits, group_size=group_size, method=method,
-                        codebook_type=codebook_type, seed=seed)
-    check_options(opts)
+    check_options(QuantOptions(bits=bits, group_size=group_size, method=method,
+                               codebook_type=codebook_type, seed=seed))
     W = np.ascontiguousarray(W, dtype=np.float32)
     if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
         raise DittoError(f"tensor {name!r}: expected a non-empty 2-D matrix, got shape {W.shape}")
     check_finite(W, name)
+    r = sub_block_codebooks(W, bits, group_size, METHODS[method], codebook_type, seed, name,
+                            restarts, max_iter, tol)
+    return CodebookTensor(bits=bits, group_size=group_size, codebooks=r.codebooks,
+                          indices=r.indices, codebook_type=codebook_type,
+                          rel_error=r.sse / r.norm2 if r.norm2 > 0 else 0.0, scales=r.scales)
+
+
+def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
+                        restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL
+                        ) -> quantkit.StoredCodebooks:
+    """The k-means codebooks of checked, finite float32 ``W`` [rows, cols]: centroids of every
+    sub-block (``kmeans1d.matrix_centroids``, method id ``method``, Lloyd seed from ``seed`` and
+    ``name``), rounded to ``codebook_type`` (``quantkit.round_codebooks``), then each weight's
+    nearest stored centroid (``kmeans1d.assign_nearest``). Returns ``StoredCodebooks`` with
+    ‖W − Ŵ‖², ‖W‖² and, when centroids lost precision to the codebook type,
+    ``report["codebook_underflow"]`` (``underflow_report``), also printed on stderr
+    (``underflow_warning``: the file layout, fixed before any payload, cannot change the type
+    any more)."""
     rows, cols = W.shape
     k = 1 << bits
     s = -(-cols // group_size)
     cent = np.empty((rows, s, k), np.float64)
     tseed = (int(seed) * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)
     Ws = kmeans1d.sort_sub_blocks(W, group_size)
-    kmeans1d.matrix_centroids(Ws, group_size, k, METHODS[method], np.uint64(tseed), restarts,
-                              max_iter, tol, cent)
+    kmeans1d.matrix_centroids(Ws, group_size, k, method, np.uint64(tseed), restarts, max_iter,
+                              tol, cent)
     del Ws
     cb, scales = quantkit.round_codebooks(cent, codebook_type, name)  # before assignment
     if scales is None:
@@ -153,62 +139,49 @@ def _quantize(W, bits, group_size, method, codebook_type, seed, name,
         under = underflow_report(amax, scales[..., None], rel=2.0 ** -8)
     indices = np.empty((rows, cols), np.uint8)
     sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
-    err = float(sse_rows.sum())
-    norm2 = float(norm_rows.sum())
-    rel = err / norm2 if norm2 > 0 else 0.0
+    sse, norm2 = float(sse_rows.sum()), float(norm_rows.sum())
+    report = {}
     if under is not None:
-        print(underflow_warning(name, under, codebook_type, rel), file=sys.stderr, flush=True)
-    return CodebookTensor(bits=bits, group_size=group_size, codebooks=cb, indices=indices,
-                          codebook_type=codebook_type, rel_error=rel, scales=scales), err, norm2, \
-        under
+        print(underflow_warning(name, under, codebook_type, sse / norm2 if norm2 > 0 else 0.0),
+              file=sys.stderr, flush=True)
+        report["codebook_underflow"] = {
+            **under, "codebook_type": codebook_type,
+            "reason": f"centroids below {codebook_type} precision, stored rounded"}
+    return quantkit.StoredCodebooks(indices, cb, scales, sse, norm2, report)
 
 
-def embedding_bits(bits: int, extra: int = EMBEDDING_EXTRA_BITS) -> int:
-    """Bit width of token_embd/output (the default policy): ``min(8, b + extra)``."""
-    return min(8, bits + extra)
+def plan_tensors(shapes, options: QuantOptions):
+    """The quantize plan (``quantkit.plan_tensors`` with the default embedding rule): name →
+    ("f32", None) or ("codebook", (b, G, codebook_type))."""
+    return plan_with_reasons(shapes, options)[0]
 
 
-def embedding_group_size(group_size: int, cols: int) -> int:
-    """Group size of token_embd/output (the default policy): ``max(G, cols)``, i.e. one
-    codebook per row, so a row's tail sub-block never carries 2^b' centroids for a few
-    weights (docs/QUANT.md)."""
-    return max(int(group_size), int(cols))
-
-
-def plan_tensors(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
-                 embedding_extra_bits: int = EMBEDDING_EXTRA_BITS):
-    """The quantize plan: name → ("f32", None) or ("codebook", (b, G, codebook_type)); see
-    ``plan_with_reasons`` (this is its plan alone)."""
-    return plan_with_reasons(shapes, options, default_keep, embedding_extra_bits)[0]
-
-
-def plan_with_reasons(shapes, options: QuantOptions, default_keep=DEFAULT_KEEP_FP32,
-                      embedding_extra_bits: int = EMBEDDING_EXTRA_BITS):
+def plan_with_reasons(shapes, options: QuantOptions):
     """The quantize plan and, for every tensor planned f32, why (``quantkit.plan_tensors``:
-    ``--tensor-type`` rules, ``keep_fp32`` and ``default_keep`` globs, the embedding rule with
-    ``embedding_extra_bits``, the size guard).
+    ``--tensor-type`` rules, ``keep_fp32`` globs, the embedding rule, the size guard).
 
     ``shapes``: name → shape. Returns ``(plan, reasons)``: ``plan[name]`` is ("f32", None) for
     vectors (reason "vector"), names a rule keeps f32 (reason "GLOB=f32"), names matching a
     ``keep_fp32`` glob (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would
     take at least the bytes of f32 (``ditto_core.modelfile.codebook_saves_space``; reason
     ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
-    ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' =
-    ``embedding_bits(b)``, G' = ``embedding_group_size(G, cols)``; else ("codebook", (b, G,
-    codebook_type)) as a rule or the options say. ``reasons[name]`` is a dict {``reason``, and
-    for the size rule ``codebook_bytes``, ``f32_bytes``, ``bits``, ``group_size``}."""
-    plan, why = quantkit.plan_tensors(
-        shapes, attrs.evolve(options, keep_fp32=tuple(options.keep_fp32) + tuple(default_keep)),
-        quantkit.parse_rules(options.tensor_types), embedding_extra_bits)
+    ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' = min(8, b + 2),
+    G' = max(G, cols); else ("codebook", (b, G, codebook_type)) as a rule or the options say.
+    ``reasons[name]`` is a dict {``reason``, and for the size rule ``codebook_bytes``,
+    ``f32_bytes``, ``bits``, ``group_size``}."""
+    plan, why = quantkit.plan_tensors(shapes, options, quantkit.parse_rules(options.tensor_types))
     reasons = {n: {k: v for k, v in r.items() if k != "rule"} for n, r in why.items()
                if plan[n][0] == "f32"}
     return plan, reasons
 
 
-class KMeansQuantizer:
-    """Quantizer component ``kmeans`` (methods ``optimal`` — default — and ``lloyd``)."""
+class KMeansQuantizer(quantkit.CodebookQuantizer):
+    """Quantizer component ``kmeans`` (methods ``optimal`` — default — and ``lloyd``) on the
+    quantizer kit: the kit plans (default embedding rule), checks, streams and reports; the
+    per-tensor report adds ``codebook_underflow`` where centroids lost precision."""
 
     name = "kmeans"
+    methods = tuple(METHODS)
 
     @attrs.frozen
     class Options:
@@ -228,65 +201,11 @@ class KMeansQuantizer:
         """A copy of this quantizer configured with ``options``."""
         return KMeansQuantizer(options)
 
-    def check_options(self, options: QuantOptions) -> str:
-        """Validate b, G, codebook type and method without a checkpoint (a pipeline may call
-        this before exporting); return the resolved method. Raises DittoError."""
-        return check_options(options)
-
-    def quantize(self, checkpoint: Checkpoint, options: QuantOptions) -> QuantizedModel:
-        """Plan every tensor now; quantize lazily, one tensor at a time, as the packer pulls.
-
-        ``report``: ``quantizer``, ``method`` (the resolved one: ``optimal`` when none was
-        given), ``bits``, ``embedding_bits``, ``group_size``, ``codebook_type``; per tensor
-        planned f32, at once, ``{encoding: "f32", reason, ...}`` (``plan_with_reasons``); per
-        quantized tensor, as it is produced, ``{encoding, bits, rel_error, sse, norm2,
-        seconds}``; and running totals ``total_rel_error`` (Σ‖W−Ŵ‖² / Σ‖W‖² over quantized
-        tensors), ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now)
-        and for non-finite weights (when the tensor is reached)."""
-        method = check_options(options)  # before any tensor is touched
-        plan, reasons = plan_with_reasons(checkpoint.shapes, options)
-        rules = quantkit.plan_tensors(checkpoint.shapes, options,
-                                      quantkit.parse_rules(options.tensor_types))[1]
-        report = {"quantizer": self.name, "method": method, "bits": options.bits,
-                  "rules": list(options.tensor_types),
-                  "embedding_bits": embedding_bits(options.bits),
-                  "group_size": options.group_size, "codebook_type": options.codebook_type,
-                  "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()},
-                  "total_rel_error": 0.0, "quantized_weights": 0, "seconds": 0.0}
-        totals = {"sse": 0.0, "norm2": 0.0}
-
-        def tensors():
-            for name, (encoding, params) in plan.items():
-                W = np.ascontiguousarray(checkpoint.tensors[name](), dtype=np.float32)
-                if encoding == "f32":
-                    check_finite(W, name)
-                    yield name, W
-                    continue
-                t0 = time.perf_counter()
-                bits, group_size, cb_type = params
-                lloyd = self.options
-                q, sse, norm2, under = _quantize(W, bits, group_size, method, cb_type,
-                                                 options.seed, name, lloyd.lloyd_restarts,
-                                                 lloyd.lloyd_max_iter, lloyd.lloyd_tol)
-                dt = time.perf_counter() - t0
-                totals["sse"] += sse
-                totals["norm2"] += norm2
-                report["tensors"][name] = {"encoding": "codebook", "bits": bits,
-                                           "group_size": group_size,
-                                           "rule": rules[name]["rule"],
-                                           "rel_error": q.rel_error,
-                                           "sse": sse, "norm2": norm2, "seconds": dt}
-                if under is not None:
-                    report["tensors"][name]["codebook_underflow"] = {
-                        **under, "codebook_type": cb_type,
-                        "reason": f"centroids below {cb_type} precision, stored rounded"}
-                report["quantized_weights"] += W.size
-                report["seconds"] += dt
-                report["total_rel_error"] = (totals["sse"] / totals["norm2"]
-                                             if totals["norm2"] > 0 else 0.0)
-                del W  # not held while the packer encodes q and the next tensor loads
-                yield name, q
-
-        return QuantizedModel(config=checkpoint.config, tokenizer=checkpoint.tokenizer,
-                              plan=plan, shapes=dict(checkpoint.shapes), tensors=tensors,
-                              report=report)
+    def quantize_matrix(self, weights, bits, group_size, options: quantkit.MatrixOptions
+                        ) -> quantkit.StoredCodebooks:
+        """The kit's matrix hook: ``sub_block_codebooks`` with the method of ``options`` and
+        the lloyd settings of this component's options."""
+        o = self.options
+        return sub_block_codebooks(weights, bits, group_size, METHODS[options.method],
+                                   options.codebook_type, options.seed, options.tensor,
+                                   o.lloyd_restarts, o.lloyd_max_iter, o.lloyd_tol)
