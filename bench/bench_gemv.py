@@ -37,16 +37,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ditto_core import codebook  # noqa: E402
+from ditto_core import format as F  # noqa: E402
+from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
-from ditto_pack_bits import codebook_payload  # noqa: E402
 from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
 
 NATIVE = ROOT / "native"
 KERNEL_FILES = ("matmul.c", "kernels.c", "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c",
                 "qgemv_neon.c", "codebook_avx2.c", "codebook_avx512.c")
 SHAPES = "576x576,1536x576,576x1536,49152x576,4096x4096,11008x4096,4096x11008"
-ENC = {"f32": 0, "int8": 1, "f16": 1}
-CBT = {"f32": 0, "f16": 1, "int8": 2}
+#: format name -> (encoding id, codebook type id) of the tensor table
+ENC = {"f32": F.ENC_F32, "int8": F.ENC_CODEBOOK, "f16": F.ENC_CODEBOOK}
+CBT = {"f32": 0, **codebook.TYPE_IDS}
 
 #: timing harness: gemv() on a Tensor built from plain arguments, and the STREAM read sum
 HARNESS = r"""
@@ -152,9 +155,9 @@ def payload_for(fmt: str, rows: int, cols: int, rng) -> np.ndarray:
     if fmt == "f32":
         return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8).reshape(-1)
     b, G = 4, 256
-    S = -(-cols // G)
-    cent = rng.normal(size=(rows, S, 1 << b)).astype(np.float32)
-    idx = rng.integers(0, 1 << b, size=(rows, cols), dtype=np.uint8)
+    S, K = codebook.n_sub_blocks(cols, G), codebook.n_centroids(b)
+    cent = rng.normal(size=(rows, S, K)).astype(np.float32)
+    idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
     if fmt == "int8":
         cb, sc = int8_codebooks(cent)
         ct = CodebookTensor(bits=b, group_size=G, codebooks=cb, indices=idx,

@@ -34,14 +34,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ditto_core import codebook  # noqa: E402
+from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
-from ditto_pack_bits import codebook_payload  # noqa: E402
 
 NATIVE = ROOT / "native"
 #: matmul.c's dispatcher needs the kernel tables (kernels.c) and the integer kernels
 KERNEL_FILES = ("codebook_avx2.c", "codebook_avx512.c", "matmul.c", "kernels.c",
                 "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c", "qgemv_neon.c")
-CB_F16 = 1
+CB_F16 = codebook.TYPE_IDS["f16"]
 # SmolLM2-135M: q/o (576x576), gate/up (1536x576), down (576x1536), classifier (49152x576)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
 F32P = ctypes.POINTER(ctypes.c_float)
@@ -93,9 +94,9 @@ def main(argv=None) -> int:
                    "avx2": base.codebook_gemv_avx2, "avx512": base.codebook_gemv_avx512}
         results = []
         for rows, cols in SHAPES:
-            S = -(-cols // G)
-            cb = rng.normal(0, cols ** -0.5, size=(rows, S, 1 << b)).astype(np.float16)
-            idx = rng.integers(0, 1 << b, size=(rows, cols), dtype=np.uint8)
+            S, K = codebook.n_sub_blocks(cols, G), codebook.n_centroids(b)
+            cb = rng.normal(0, cols ** -0.5, size=(rows, S, K)).astype(np.float16)
+            idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
             ct = CodebookTensor(bits=b, group_size=G, codebooks=cb.astype(np.float32),
                                 indices=idx, codebook_type="f16")
             payload = codebook_payload(ct)

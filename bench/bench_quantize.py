@@ -40,7 +40,7 @@ import numpy as np
 from gguf import quants
 
 from ditto_core.bundled import bundled_model
-from ditto_core.format import sub_block_codebook_bytes
+from ditto_core import codebook
 from ditto_quant_kmeans import quantize_matrix
 
 LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -76,8 +76,7 @@ def _kmeans_method(method, cbt):
         q = quantize_matrix(W, bits, group_size, method, cbt, 0, name)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         norm2 = float(np.dot(W.ravel().astype(np.float64), W.ravel().astype(np.float64)))
-        s = -(-W.shape[1] // group_size)
-        nbytes = W.size * bits / 8 + W.shape[0] * s * sub_block_codebook_bytes(bits, cbt)
+        nbytes = codebook.theoretical_bytes(*W.shape, bits, group_size, cbt)
         return q.rel_error * norm2, 8.0 * nbytes / W.size, dt, dc
     return run
 
@@ -90,8 +89,7 @@ def _rtn_method(cbt):
         q = rtn_matrix(W, bits, group_size, cbt, name)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         norm2 = float((W.astype(np.float64) ** 2).sum())
-        s = -(-W.shape[1] // group_size)
-        nbytes = W.size * bits / 8 + W.shape[0] * s * (1 << bits) * (2 if cbt == "f16" else 4)
+        nbytes = codebook.theoretical_bytes(*W.shape, bits, group_size, cbt)
         return q.rel_error * norm2, 8.0 * nbytes / W.size, dt, dc
     return run
 

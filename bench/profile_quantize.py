@@ -33,9 +33,10 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_checkpoint import synth_matrix, to_bf16_bits  # noqa: E402
 
-from ditto_pack_bits.bitpack import codebook_payload  # noqa: E402
+from ditto_core import codebook  # noqa: E402
+from ditto_core.codebook import codebook_payload  # noqa: E402
+from ditto_core.untrusted import check_finite  # noqa: E402
 from ditto_quant_kmeans import kmeans1d, quantize_matrix  # noqa: E402
-from ditto_quant_kmeans.quantizer import check_finite  # noqa: E402
 
 
 @njit(cache=True, parallel=True)
@@ -78,7 +79,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args(argv)
     rows, cols, b, g = args.rows, args.cols, args.bits, args.group_size
-    k = 1 << b
+    k = codebook.n_centroids(b)
 
     rng = np.random.default_rng(0)
     W = synth_matrix(rng, rows, cols)  # float32 holding bf16 values
@@ -109,7 +110,7 @@ def main(argv=None):
     rec("sort_sub_blocks", dt, dc)
     nd, dt_d, dc_d = timed(_distinct_all, Ws, g, repeat=rep)
     rec("distinct_values", dt_d, dc_d)
-    cent = np.empty((rows, -(-cols // g), k), np.float64)
+    cent = np.empty((rows, codebook.n_sub_blocks(cols, g), k), np.float64)
     _, dt, dc = timed(kmeans1d.matrix_centroids, Ws, g, k, kmeans1d.METHOD_OPTIMAL,
                       np.uint64(0), 4, 100, 1e-6, cent, repeat=rep)
     rec("centroids_total", dt, dc)

@@ -95,13 +95,9 @@ EXT_RECORD = struct.Struct("<4I")
 CHAT_NONE = 0  # DITTO_CHAT_NONE
 CHAT_CHATML = 1  # DITTO_CHAT_CHATML
 
-# Python-side names of the enums (the strings used by ditto_core.types / TensorInfo).
+# Python-side names of the enums (the strings used by ditto_core.types / TensorInfo); the
+# codebook types are in ditto_core/codebook.py with the rest of the CODEBOOK encoding.
 ENCODINGS = {"f32": ENC_F32, "codebook": ENC_CODEBOOK}
-CODEBOOK_TYPES = {"f32": CB_F32, "f16": CB_F16, "int8": CB_I8}
-#: bytes per stored centroid value
-CODEBOOK_ITEMSIZE = {"f32": 4, "f16": 2, "int8": 1}
-#: bytes per sub-block on top of its centroids (int8: the f16 scale)
-CODEBOOK_SCALE_BYTES = {"f32": 0, "f16": 0, "int8": 2}
 TOKENIZER_KINDS = {"bpe_bytes": TOK_BPE_BYTES, "spm_bpe": TOK_SPM_BPE}
 PRE_TOKENIZERS = {"none": PRE_NONE, "gpt2": PRE_GPT2, "gpt2_digits": PRE_GPT2_DIGITS}
 CHAT_FORMATS = {"none": CHAT_NONE, "chatml": CHAT_CHATML}
@@ -187,8 +183,3 @@ def round_up(n: int, align: int = ALIGN) -> int:
     """Smallest multiple of ``align`` that is ≥ n."""
     return (n + align - 1) // align * align
 
-
-def sub_block_codebook_bytes(bits: int, codebook_type: str) -> int:
-    """Bytes one sub-block's codebook takes in a CODEBOOK payload (FORMAT.md): ``2^b`` centroids
-    of ``CODEBOOK_ITEMSIZE[codebook_type]`` bytes, plus a 2-byte f16 scale for ``int8``."""
-    return (1 << bits) * CODEBOOK_ITEMSIZE[codebook_type] + CODEBOOK_SCALE_BYTES[codebook_type]

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 import attrs
 import numpy as np
 
+from . import codebook as CB
 from . import format as F
 from .errors import DittoError
 from .types import ModelConfig, TokenizerSpec
@@ -64,7 +65,7 @@ class TensorInfo:
     @property
     def n_sub_blocks(self) -> int:
         """S = ceil(cols / G) sub-blocks per row (0 for an f32 tensor)."""
-        return math.ceil(self.cols / self.group_size) if self.encoding == "codebook" else 0
+        return CB.n_sub_blocks(self.cols, self.group_size) if self.encoding == "codebook" else 0
 
     @property
     def n_weights(self) -> int:
@@ -77,20 +78,20 @@ class TensorInfo:
 
     @property
     def theoretical_bytes(self) -> int:
-        """Bytes with no padding at all: 4 per f32 weight, or ``ceil(rows·cols·b/8)`` index
-        bytes plus ``rows·S`` sub-block codebooks (``format.sub_block_codebook_bytes``: 2^b
-        centroids of the codebook type, and an f16 scale for ``int8``)."""
+        """Bytes with no padding at all: 4 per f32 weight, or ``codebook.theoretical_bytes``
+        (b-bit indices plus the sub-block codebooks)."""
         if self.encoding == "f32":
             return 4 * self.n_weights
-        return (math.ceil(self.n_weights * self.bits / 8) + self.rows * self.n_sub_blocks
-                * F.sub_block_codebook_bytes(self.bits, self.codebook_type))
+        return CB.theoretical_bytes(self.rows, self.cols, self.bits, self.group_size,
+                                    self.codebook_type)
 
     def expected_nbytes(self) -> int:
-        """Payload bytes this tensor must have, from the FORMAT.md formulas."""
+        """Payload bytes this tensor must have, from the FORMAT.md formulas
+        (``codebook.payload_bytes`` for a CODEBOOK tensor)."""
         if self.encoding == "f32":
             return f32_nbytes(self.shape)
-        return codebook_nbytes(self.rows, self.cols, self.bits, self.group_size,
-                               self.codebook_type)
+        return CB.payload_bytes(self.rows, self.cols, self.bits, self.group_size,
+                                self.codebook_type)
 
 
 def f32_nbytes(shape: Sequence[int]) -> int:
@@ -98,51 +99,8 @@ def f32_nbytes(shape: Sequence[int]) -> int:
     return 4 * math.prod(int(x) for x in shape)
 
 
-def codebook_bytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
-    """Bytes of the codebook part of a CODEBOOK payload, padded to 64 (FORMAT.md):
-    ``roundup(rows · S · 2^b · sizeof(codebook_type), 64)`` with ``S = ceil(cols / G)``, and
-    for ``int8`` ``roundup(rows · S · (2^b + 2), 64)`` (int8 centroids, then one f16 scale per
-    sub-block)."""
-    check_codebook_params(bits, group_size, codebook_type)
-    s = math.ceil(cols / group_size)
-    return F.round_up(rows * s * F.sub_block_codebook_bytes(bits, codebook_type), F.ALIGN)
-
-
-def codebook_nbytes(rows: int, cols: int, bits: int, group_size: int, codebook_type: str) -> int:
-    """Payload bytes of a CODEBOOK tensor (FORMAT.md): ``codebook_bytes + rows · row_bytes``
-    with ``row_bytes = ceil(cols / 8) · b`` (indices bit-packed in groups of 8)."""
-    row_bytes = math.ceil(cols / 8) * bits
-    return codebook_bytes(rows, cols, bits, group_size, codebook_type) + rows * row_bytes
-
-
 #: why a planned CODEBOOK tensor was stored as f32 instead (quantizer plans and reports)
 REASON_CODEBOOK_LARGER = "codebook larger than f32"
-
-
-def codebook_saves_space(rows: int, cols: int, bits: int, group_size: int,
-                         codebook_type: str) -> bool:
-    """True when a [rows, cols] matrix is strictly smaller as a CODEBOOK payload (b bits, group
-    size G, ``codebook_type`` centroids; ``codebook_nbytes``, FORMAT.md) than as f32
-    (``4 · rows · cols`` bytes). False e.g. for rows of 16 at b = 6 (64 f16 centroids per 16
-    weights ≈ 70 bpw). Quantizers keep such a tensor in f32 with ``REASON_CODEBOOK_LARGER``."""
-    return codebook_nbytes(rows, cols, bits, group_size, codebook_type) < f32_nbytes((rows, cols))
-
-
-def check_codebook_params(bits, group_size, codebook_type) -> None:
-    """Raise DittoError unless the CODEBOOK parameters are what a model file may hold
-    (FORMAT.md "encoding = 1"): bit width b an integer in 1..8, group size G an integer in
-    ``MIN_GROUP_SIZE..MAX_GROUP_SIZE`` (2..2^24), codebook type 'f16', 'f32' or 'int8'. The quantize
-    options of ``ditto build`` are checked with it before any work starts."""
-    for what, v in (("bit width b", bits), ("group size G", group_size)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise DittoError(f"codebook {what} must be an integer, got {v!r}")
-    if not 1 <= bits <= 8:
-        raise DittoError(f"codebook bit width b must be in 1..8, got {bits}")
-    if not F.MIN_GROUP_SIZE <= group_size <= F.MAX_GROUP_SIZE:
-        raise DittoError(f"codebook group size G must be in {F.MIN_GROUP_SIZE}.."
-                         f"{F.MAX_GROUP_SIZE}, got {group_size}")
-    if codebook_type not in F.CODEBOOK_ITEMSIZE:
-        raise DittoError(f"codebook type must be 'f16', 'f32' or 'int8', got {codebook_type!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,26 +135,6 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 CONFIG_LIMITS = {"dim": F.MAX_DIM, "hidden_dim": F.MAX_HIDDEN_DIM, "n_layers": F.MAX_LAYERS,
                  "n_heads": F.MAX_DIM, "n_kv_heads": F.MAX_DIM, "head_dim": F.MAX_DIM,
                  "vocab_size": F.MAX_VOCAB, "max_seq_len": F.MAX_SEQ_LEN}
-
-
-def check_int8_codebooks(info: TensorInfo, payload: np.ndarray, where: str) -> None:
-    """FORMAT.md validity rule 12 for an int8 CODEBOOK payload (uint8 [nbytes]): every centroid
-    in -127..127 and every f16 scale finite with its sign bit clear, as the C loader checks.
-    Raises DittoError naming the tensor, row and sub-block."""
-    S, K = info.n_sub_blocks, 1 << info.bits
-    n = info.rows * S
-    cent = payload[:n * K].view(np.int8)
-    bad = np.flatnonzero(cent == -128)
-    if bad.size:
-        i = int(bad[0]) // K
-        raise DittoError(f"{where}: tensor {info.name}: int8 centroid -128 at row {i // S} "
-                         f"sub-block {i % S} (int8 codebooks use -127..127)")
-    scales = payload[n * K:n * K + 2 * n].view("<u2")
-    bad = np.flatnonzero((scales & 0x8000) | ((scales & 0x7C00) == 0x7C00))
-    if bad.size:
-        i = int(bad[0])
-        raise DittoError(f"{where}: tensor {info.name}: int8 codebook scale 0x{int(scales[i]):04x}"
-                         f" at row {i // S} sub-block {i % S} is negative, infinite or NaN")
 
 
 def check_config_values(config: ModelConfig, where: str) -> None:
@@ -494,7 +432,7 @@ def _entry_bytes(t: TensorInfo) -> bytes:
     name = t.name.encode("utf-8")
     return F.pack(F.TENSOR_ENTRY, F.TENSOR_ENTRY_FIELDS, name=name,
                   encoding=F.ENCODINGS[t.encoding],
-                  codebook_type=F.CODEBOOK_TYPES[t.codebook_type] if t.codebook_type else 0,
+                  codebook_type=CB.TYPE_IDS[t.codebook_type] if t.codebook_type else 0,
                   bits=t.bits, group_size=t.group_size, rows=t.rows, cols=t.cols,
                   offset=t.offset, nbytes=t.nbytes, ndim=len(t.shape))
 
@@ -520,7 +458,7 @@ def _check_tensor_info(t: TensorInfo, where: str) -> None:
             raise DittoError(f"{where}: f32 tensor {t.name!r} has more than 2^31-1 elements")
     elif t.encoding == "codebook":
         try:
-            check_codebook_params(t.bits, t.group_size, t.codebook_type)
+            CB.check_params(t.bits, t.group_size, t.codebook_type)
         except DittoError as exc:
             raise DittoError(f"{where}: tensor {t.name!r}: {exc}") from None
     else:
@@ -738,7 +676,6 @@ class ModelFile:
             raise DittoError(f"{where}: tensor table of {n_t} entries does not fit the metadata")
         payload_start = F.round_up(meta_end)
         enc_names = {v: k for k, v in F.ENCODINGS.items()}
-        cb_names = {v: k for k, v in F.CODEBOOK_TYPES.items()}
         self.tensors: dict[str, TensorInfo] = {}
         for i in range(n_t):
             e = F.unpack(F.TENSOR_ENTRY, F.TENSOR_ENTRY_FIELDS, mm, table_at + i * 128)
@@ -767,11 +704,11 @@ class ModelFile:
                                  f"{e['rows']}")
             shape = (e["cols"],) if e["ndim"] == 1 else (e["rows"], e["cols"])
             if enc == "codebook":
-                if e["codebook_type"] not in cb_names:
+                if e["codebook_type"] not in CB.TYPE_NAMES:
                     raise DittoError(f"{where}: tensor {name!r} has unknown codebook type "
                                      f"{e['codebook_type']}")
                 info = TensorInfo(name, enc, shape, e["bits"], e["group_size"],
-                                  cb_names[e["codebook_type"]], e["offset"], e["nbytes"])
+                                  CB.TYPE_NAMES[e["codebook_type"]], e["offset"], e["nbytes"])
             else:
                 info = TensorInfo(name, enc, shape, e["bits"], e["group_size"], None,
                                   e["offset"], e["nbytes"])
@@ -788,8 +725,10 @@ class ModelFile:
             if name in self.tensors:
                 raise DittoError(f"{where}: tensor {name!r} appears twice")
             if info.codebook_type == "int8":
-                check_int8_codebooks(info, np.frombuffer(mm, np.uint8, info.nbytes, info.offset),
-                                     where)
+                bad = CB.check_int8_payload(info.rows, info.cols, info.bits, info.group_size,
+                                            np.frombuffer(mm, np.uint8, info.nbytes, info.offset))
+                if bad:
+                    raise DittoError(f"{where}: tensor {info.name}: {bad}")
             self.tensors[name] = info
         by_offset = sorted(self.tensors.values(), key=lambda t: t.offset)
         for a, b in zip(by_offset, by_offset[1:]):

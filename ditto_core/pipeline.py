@@ -23,10 +23,11 @@ from typing import Iterator
 import attrs
 import numpy as np
 
+from . import codebook
 from .bundled import BUNDLED, bundled_model
 from .components import QuantOptions
 from .errors import DittoError
-from .modelfile import TensorInfo, check_codebook_params, write_model
+from .modelfile import TensorInfo, write_model
 from .options import normalize
 from .plugins import Registry, get_registry
 from .selection import DEFAULT_PACKER, Chosen, check_all_used, choose, choose_compile
@@ -413,7 +414,7 @@ def planned_model_bytes(model: QuantizedModel) -> int:
     codebooks + packed indices; tensors of an encoding unknown here counted as f32), plus
     64-byte alignment per tensor. The header, tensor table and tokenizer are left to the
     pre-flight check's margin."""
-    from .modelfile import codebook_nbytes, f32_nbytes
+    from .modelfile import f32_nbytes
 
     total = 0
     for name, (encoding, params) in model.plan.items():
@@ -421,7 +422,7 @@ def planned_model_bytes(model: QuantizedModel) -> int:
         n = f32_nbytes(shape)
         if encoding == "codebook" and len(shape) == 2:
             try:
-                n = codebook_nbytes(shape[0], shape[1], *params[:3])
+                n = codebook.payload_bytes(shape[0], shape[1], *params[:3])
             except (DittoError, KeyError, TypeError, ValueError):
                 pass
         total += n + 64
@@ -484,7 +485,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                                     rewrite=options.rewrite, options=given)
     quantizer = choose(registry, "quantizer", options.quantizer, given)
     if options.quantizer != "none":  # b, G, codebook type: the model file's own limits
-        check_codebook_params(options.quant.bits, options.quant.group_size,
+        codebook.check_params(options.quant.bits, options.quant.group_size,
                               options.quant.codebook_type)
     check_options = getattr(quantizer.component, "check_options", None)  # bad --method etc.
     if check_options is not None:

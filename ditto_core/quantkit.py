@@ -14,7 +14,7 @@ rest, the same way for every quantizer:
   ``bN``, ``GN``, ``cb:TYPE`` separated by commas), ``--keep-fp32`` globs, then the default
   embedding rule (``token_embd.weight``/``output.weight``: b + 2 bits, one codebook per row;
   docs/QUANT.md "Default policy"), then (b, G) from the options; the size guard keeps f32 any
-  matrix whose codebook payload would not be smaller than f32 (``modelfile.codebook_saves_space``);
+  matrix whose codebook payload would not be smaller than f32 (``codebook.saves_space``);
 - finiteness checks (naming tensor and (row, col)), streaming one tensor at a time as the
   packer pulls (stop signals wait while ``quantize_matrix`` runs: ``signals.deferred``, as
   numba kernels must not be unwound), rounding the codebooks to their storage type
@@ -36,10 +36,12 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from . import codebook as CB
 from . import format as F
+from .codebook import check_params  # noqa: F401  (the kit's parameter check)
 from .components import QuantOptions
 from .errors import DittoError
-from .modelfile import REASON_CODEBOOK_LARGER, codebook_nbytes, codebook_saves_space, f32_nbytes
+from .modelfile import REASON_CODEBOOK_LARGER
 from .signals import deferred
 from .types import Checkpoint, CodebookTensor, QuantizedModel
 from .untrusted import check_finite
@@ -116,21 +118,6 @@ def parse_rules(items: Sequence[str]) -> tuple[TensorRule, ...]:
     return tuple(TensorRule.parse(t) for t in items)
 
 
-def check_params(bits, group_size, codebook_type) -> None:
-    """Raise DittoError unless b is an integer in 1..8, G one in the format's range and the
-    codebook type one the format stores."""
-    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or not 1 <= bits <= 8:
-        raise DittoError(f"bit width b must be an integer in 1..8, got {bits!r}")
-    if (not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool)
-            or not F.MIN_GROUP_SIZE <= group_size <= F.MAX_GROUP_SIZE):
-        raise DittoError(f"group size G must be an integer in {F.MIN_GROUP_SIZE}.."
-                         f"{F.MAX_GROUP_SIZE}, got {group_size!r}")
-    if codebook_type not in F.CODEBOOK_TYPES:
-        *most, last = sorted(F.CODEBOOK_TYPES)
-        raise DittoError(f"codebook type must be {', '.join(map(repr, most))} or {last!r}, "
-                         f"got {codebook_type!r}")
-
-
 def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = (),
                  embedding_extra_bits: int | None = EMBEDDING_EXTRA_BITS):
     """The quantize plan and, per tensor, why (see the module docstring for the order).
@@ -168,11 +155,11 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
         else:
             why = "default"
         params = (bits, group, cb)
-        if not codebook_saves_space(rows, cols, *params):
+        if not CB.saves_space(rows, cols, *params):
             plan[name] = ("f32", None)
             reasons[name] = {"rule": why, "reason": REASON_CODEBOOK_LARGER,
-                             "codebook_bytes": codebook_nbytes(rows, cols, *params),
-                             "f32_bytes": f32_nbytes(shape), "bits": bits, "group_size": group}
+                             "codebook_bytes": CB.payload_bytes(rows, cols, *params),
+                             "f32_bytes": CB.f32_bytes(rows, cols), "bits": bits, "group_size": group}
             continue
         plan[name], reasons[name] = ("codebook", params), {"rule": why}
     return plan, reasons
@@ -355,7 +342,7 @@ class CodebookQuantizer:
         (CodebookTensor, ‖W − Ŵ‖², ‖W‖², extra report fields)."""
         bits, group, cb_type = params
         rows, cols = W.shape
-        s, k = -(-cols // group), 1 << bits
+        s, k = CB.n_sub_blocks(cols, group), CB.n_centroids(bits)
         mopts = MatrixOptions(name, cb_type, options.seed,
                               options.method or (self.methods[0] if self.methods else None),
                               self.options)

@@ -80,10 +80,7 @@ static Layout layout_of(const uint8_t *payload, uint32_t codebook_type, int bits
 
 /* Index c of a packed row (scalar; for heads and tails). */
 static int index_at(const uint8_t *row, int bits, int c) {
-    const uint8_t *p = row + (size_t)(c / 8) * (size_t)bits;
-    uint64_t v = 0;
-    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
-    return (int)((v >> ((c % 8) * bits)) & ((1u << bits) - 1u));
+    return (int)ditto_cb_index(row, (uint64_t)c, (uint32_t)bits);
 }
 
 /* The b bytes of the group at p as a little-endian integer, reading 8 bytes at once when they

@@ -99,11 +99,11 @@ void codebook_gemv_avx512(float *y, const float *x, const uint8_t *payload,
     Layout4 L;
     L.is_f16 = codebook_type == DITTO_CB_F16;
     L.group_size = group_size;
-    L.n_sub = (cols + group_size - 1) / group_size;
-    L.row_bytes = (size_t)((cols + 7) / 8) * 4u;
-    size_t cb_bytes = (size_t)rows * (size_t)L.n_sub * 16u * (L.is_f16 ? 2u : 4u);
+    L.n_sub = (int)ditto_cb_n_sub((uint64_t)cols, (uint64_t)group_size);
+    L.row_bytes = (size_t)ditto_cb_row_bytes((uint64_t)cols, 4u);
     L.codebooks = payload;
-    L.indices = payload + ((cb_bytes + 63u) & ~(size_t)63u);
+    L.indices = payload + ditto_cb_codebook_bytes((uint64_t)rows, (uint64_t)cols, 4u,
+                                                  (uint64_t)group_size, codebook_type);
     int r;
 #pragma omp parallel for schedule(static) private(r)
     for (r = 0; r < rows; r++) y[r] = row_dot_b4_avx512(&L, r, x, cols);

@@ -166,6 +166,70 @@ typedef struct {
     uint32_t reserved;
 } DittoTokenizerHeader; /* 64 bytes */
 
+/* The CODEBOOK encoding (docs/FORMAT.md "encoding = 1"): element types, sizes and the b-bit
+ * index packing, for every part of the runtime that reads a payload. ditto_core/codebook.py is
+ * the Python twin; tests/test_format_agree.py compiles these functions with clang-22 and checks
+ * they give its numbers. Callers check b in 1..8, G in DITTO_MIN..MAX_GROUP_SIZE and
+ * rows * cols <= DITTO_MAX_WEIGHTS first, so no size below overflows 64 bits. */
+
+/* bytes per stored centroid value; 0 for an unknown codebook type */
+static inline uint64_t ditto_cb_elem_bytes(uint32_t codebook_type) {
+    return codebook_type == DITTO_CB_F32 ? 4u : codebook_type == DITTO_CB_F16 ? 2u
+           : codebook_type == DITTO_CB_I8 ? 1u : 0u;
+}
+
+/* bytes per sub-block on top of its centroids (int8: the f16 scale) */
+static inline uint64_t ditto_cb_scale_bytes(uint32_t codebook_type) {
+    return codebook_type == DITTO_CB_I8 ? 2u : 0u;
+}
+
+/* S = ceil(cols / G) sub-blocks per row */
+static inline uint64_t ditto_cb_n_sub(uint64_t cols, uint64_t group_size) {
+    return (cols + group_size - 1) / group_size;
+}
+
+/* bytes of one packed row of b-bit indices: ceil(cols / 8) * b */
+static inline uint64_t ditto_cb_row_bytes(uint64_t cols, uint32_t bits) {
+    return (cols + 7) / 8 * bits;
+}
+
+/* bytes of the rows * S * 2^b centroids (where the int8 scales start) */
+static inline uint64_t ditto_cb_centroid_bytes(uint64_t rows, uint64_t cols, uint32_t bits,
+                                               uint64_t group_size, uint32_t codebook_type) {
+    return rows * ditto_cb_n_sub(cols, group_size) * (UINT64_C(1) << bits) *
+           ditto_cb_elem_bytes(codebook_type);
+}
+
+/* the codebook part of a payload, padded to DITTO_ALIGN: centroids, then (int8) the scales;
+ * the packed indices start here */
+static inline uint64_t ditto_cb_codebook_bytes(uint64_t rows, uint64_t cols, uint32_t bits,
+                                               uint64_t group_size, uint32_t codebook_type) {
+    uint64_t n = ditto_cb_centroid_bytes(rows, cols, bits, group_size, codebook_type) +
+                 rows * ditto_cb_n_sub(cols, group_size) * ditto_cb_scale_bytes(codebook_type);
+    return (n + DITTO_ALIGN - 1) / DITTO_ALIGN * DITTO_ALIGN;
+}
+
+/* payload bytes of a CODEBOOK tensor (DittoTensorEntry.nbytes) */
+static inline uint64_t ditto_cb_payload_bytes(uint64_t rows, uint64_t cols, uint32_t bits,
+                                              uint64_t group_size, uint32_t codebook_type) {
+    return ditto_cb_codebook_bytes(rows, cols, bits, group_size, codebook_type) +
+           rows * ditto_cb_row_bytes(cols, bits);
+}
+
+/* The group of 8 indices holding index c of a packed row: its b bytes as one little-endian
+ * integer of 8*b bits; index c is bits [(c % 8) * b, (c % 8 + 1) * b) of it. */
+static inline uint64_t ditto_cb_group(const uint8_t *row, uint64_t c, uint32_t bits) {
+    const uint8_t *p = row + c / 8 * bits;
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* index c of a packed row of b-bit indices */
+static inline uint32_t ditto_cb_index(const uint8_t *row, uint64_t c, uint32_t bits) {
+    return (uint32_t)(ditto_cb_group(row, c, bits) >> (c % 8 * bits)) & ((1u << bits) - 1u);
+}
+
 _Static_assert(sizeof(DittoHeader) == 64, "DittoHeader is 64 bytes");
 _Static_assert(sizeof(DittoConfig) == 64, "DittoConfig is 64 bytes");
 _Static_assert(sizeof(DittoTensorEntry) == 128, "DittoTensorEntry is 128 bytes");

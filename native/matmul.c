@@ -55,16 +55,16 @@ CodebookLayout codebook_layout(const uint8_t *payload, uint32_t codebook_type, i
     L.is_i8 = codebook_type == DITTO_CB_I8;
     L.bits = bits;
     L.group_size = group_size;
-    L.n_sub = (int)(((int64_t)cols + group_size - 1) / group_size);
+    L.n_sub = (int)ditto_cb_n_sub((uint64_t)cols, (uint64_t)group_size);
     L.k = 1 << bits;
-    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
-    size_t n_cb = (size_t)rows * (size_t)L.n_sub;
-    size_t cb_bytes = n_cb * (size_t)L.k * (L.is_i8 ? 1u : L.is_f16 ? 2u : 4u);
-    L.scales = L.is_i8 ? payload + cb_bytes : NULL;
-    if (L.is_i8) cb_bytes += 2 * n_cb;
-    cb_bytes = (cb_bytes + 63u) & ~(size_t)63u;
+    L.row_bytes = (size_t)ditto_cb_row_bytes((uint64_t)cols, (uint32_t)bits);
+    L.scales = L.is_i8 ? payload + ditto_cb_centroid_bytes((uint64_t)rows, (uint64_t)cols,
+                                                           (uint32_t)bits, (uint64_t)group_size,
+                                                           codebook_type)
+                       : NULL;
     L.codebooks = payload;
-    L.indices = payload + cb_bytes;
+    L.indices = payload + ditto_cb_codebook_bytes((uint64_t)rows, (uint64_t)cols, (uint32_t)bits,
+                                                  (uint64_t)group_size, codebook_type);
     return L;
 }
 
@@ -85,11 +85,9 @@ float codebook_centroid(const CodebookLayout *L, int r, int s, int k) {
     return f;
 }
 
-/* Unpack the 8 indices of one group: its b bytes are one little-endian integer of 8*b bits,
- * index j is bits [j*b, (j+1)*b). */
-static void unpack_group(const uint8_t *p, int bits, int idx[8]) {
-    uint64_t v = 0;
-    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
+/* Unpack the 8 indices of the group holding index c of a packed row (ditto_cb_group). */
+static void unpack_group(const uint8_t *row, int c, int bits, int idx[8]) {
+    uint64_t v = ditto_cb_group(row, (uint64_t)c, (uint32_t)bits);
     uint64_t mask = (1u << bits) - 1u;
     for (int j = 0; j < 8; j++) idx[j] = (int)((v >> (j * bits)) & mask);
 }
@@ -109,7 +107,7 @@ static float codebook_row_dot(const CodebookLayout *L, int r, const float *x, in
             int group = c / 8, j0 = c % 8;
             int j1 = j0 + (c1 - c) < 8 ? j0 + (c1 - c) : 8; /* stop at the sub-block's end */
             int idx[8];
-            unpack_group(row + (size_t)group * (size_t)L->bits, L->bits, idx);
+            unpack_group(row, group * 8, L->bits, idx);
             for (int j = j0; j < j1; j++) sub += cb[idx[j]] * x[group * 8 + j];
             c = group * 8 + j1;
         }
@@ -131,9 +129,8 @@ void codebook_row_ref(float *out, const uint8_t *payload, uint32_t codebook_type
     CodebookLayout L = codebook_layout(payload, codebook_type, bits, group_size, rows, cols);
     const uint8_t *row = L.indices + (size_t)r * L.row_bytes;
     for (int c = 0; c < cols; c++) {
-        int idx[8];
-        unpack_group(row + (size_t)(c / 8) * (size_t)bits, bits, idx);
-        out[c] = codebook_centroid(&L, r, c / group_size, idx[c % 8]);
+        out[c] = codebook_centroid(&L, r, c / group_size,
+                                   (int)ditto_cb_index(row, (uint64_t)c, (uint32_t)bits));
     }
 }
 

@@ -69,14 +69,8 @@ uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint3
     if (bits < 1 || bits > 8 || group_size < DITTO_MIN_GROUP_SIZE ||
         group_size > DITTO_MAX_GROUP_SIZE)
         return 0;
-    uint64_t elem = codebook_type == DITTO_CB_F16 ? 2 : codebook_type == DITTO_CB_F32 ? 4
-                    : codebook_type == DITTO_CB_I8 ? 1 : 0;
-    if (elem == 0) return 0;
-    uint64_t n_sub = (cols + group_size - 1) / group_size;
-    uint64_t scale_bytes = codebook_type == DITTO_CB_I8 ? 2 * rows * n_sub : 0;
-    uint64_t codebook_bytes = roundup64(rows * n_sub * (1ull << bits) * elem + scale_bytes);
-    uint64_t row_bytes = (cols + 7) / 8 * bits;
-    return codebook_bytes + rows * row_bytes;
+    if (ditto_cb_elem_bytes(codebook_type) == 0) return 0;
+    return ditto_cb_payload_bytes(rows, cols, bits, group_size, codebook_type);
 }
 
 /* ---------------------------------------------------------------- errors */

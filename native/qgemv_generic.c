@@ -112,14 +112,15 @@ I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, i
     I8Layout L;
     L.bits = bits;
     L.group_size = group_size;
-    L.n_sub = (cols + group_size - 1) / group_size;
+    L.n_sub = (int)ditto_cb_n_sub((uint64_t)cols, (uint64_t)group_size);
     L.k = 1 << bits;
-    L.row_bytes = (size_t)((cols + 7) / 8) * (size_t)bits;
-    size_t n_cb = (size_t)rows * (size_t)L.n_sub;
-    size_t cb_bytes = (n_cb * (size_t)L.k + 2 * n_cb + 63u) & ~(size_t)63u;
+    L.row_bytes = (size_t)ditto_cb_row_bytes((uint64_t)cols, (uint32_t)bits);
     L.cent = (const int8_t *)(const void *)payload;
-    L.scale = (const uint16_t *)(const void *)(payload + n_cb * (size_t)L.k);
-    L.indices = payload + cb_bytes;
+    L.scale = (const uint16_t *)(const void *)(
+        payload + ditto_cb_centroid_bytes((uint64_t)rows, (uint64_t)cols, (uint32_t)bits,
+                                          (uint64_t)group_size, DITTO_CB_I8));
+    L.indices = payload + ditto_cb_codebook_bytes((uint64_t)rows, (uint64_t)cols, (uint32_t)bits,
+                                                  (uint64_t)group_size, DITTO_CB_I8);
     L.end = L.indices + (size_t)rows * L.row_bytes;
     return L;
 }

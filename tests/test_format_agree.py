@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from ditto_core import format as F
@@ -50,6 +51,16 @@ def test_python_enums_cover_the_c_constants():
                                                      if k.startswith("CHAT_"))
 
 
+def run_c_program(lines: list[str], exe) -> str:
+    """Compile the C program ``lines`` (the body of ``main`` left open: ``return 0; }`` is
+    added) with clang-22 -Wall -Wextra -Werror against native/, run it, return its stdout."""
+    src = exe.with_suffix(".c")
+    src.write_text("\n".join([*lines, "  return 0;", "}"]) + "\n")
+    subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{SOURCE_DIR}", str(src),
+                    "-o", str(exe)], check=True)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+
+
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory) -> dict[tuple[str, str], tuple[int, int]]:
     """(struct, field) -> (offsetof, sizeof field), and (struct, "") -> (0, sizeof struct),
@@ -61,13 +72,7 @@ def c_layout(tmp_path_factory) -> dict[tuple[str, str], tuple[int, int]]:
         for f in fields:
             lines.append(f'  printf("{struct_name} {f} %zu %zu\\n", offsetof({struct_name}, {f}),'
                          f' sizeof((({struct_name} *)0)->{f}));')
-    lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("format_agree")
-    (d / "layout.c").write_text("\n".join(lines) + "\n")
-    exe = d / "layout"
-    subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{SOURCE_DIR}",
-                    str(d / "layout.c"), "-o", str(exe)], check=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    out = run_c_program(lines, tmp_path_factory.mktemp("format_agree") / "layout")
     layout = {}
     for line in out.splitlines():
         s, f, a, b = line.split()
@@ -85,3 +90,81 @@ def test_struct_layout_matches_c(c_layout, struct_name):
         c_off, c_size = c_layout[(struct_name, f)]
         assert offsets[f] == c_off, (struct_name, f)
         assert __import__("struct").calcsize("<" + code) == c_size, (struct_name, f)
+
+
+# ---- the CODEBOOK encoding: ditto_core/codebook.py and the ditto_cb_* functions of the header
+
+#: (rows, cols, b, G): G dividing cols or not, G >= cols, tails of the 8-index groups, b = 1..8
+CB_CASES = [(1, 1, 1, 2), (3, 10, 3, 4), (2, 9, 2, 16), (576, 1536, 4, 256), (7, 13, 5, 3),
+            (49152, 576, 6, 576), (5, 1000, 7, 64), (4, 300, 8, 2), (1, 65, 4, 16777216)]
+
+
+@pytest.fixture(scope="module")
+def c_codebook(tmp_path_factory) -> dict[str, list[int]]:
+    """What the header's ditto_cb_* functions give, printed by a clang-22 program: per codebook
+    type id its element and scale bytes, per (case, type) the sizes, and the indices a packed
+    row decodes to."""
+    from ditto_core import codebook as CB
+
+    lines = ['#include <inttypes.h>', '#include <stdio.h>', '#include "ditto_format.h"',
+             "int main(void) {"]
+    for t in range(4):
+        lines.append(f'  printf("type {t} %" PRIu64 " %" PRIu64 "\\n", ditto_cb_elem_bytes({t}u),'
+                     f' ditto_cb_scale_bytes({t}u));')
+    for i, (r, c, b, g) in enumerate(CB_CASES):
+        for name, t in CB.TYPE_IDS.items():
+            args = f"{r}u, {c}u, {b}u, {g}u, {t}u"
+            lines.append(
+                f'  printf("size {i} {name} %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %"'
+                f' PRIu64 " %" PRIu64 "\\n", ditto_cb_n_sub({c}u, {g}u), '
+                f'ditto_cb_row_bytes({c}u, {b}u), ditto_cb_centroid_bytes({args}), '
+                f'ditto_cb_codebook_bytes({args}), ditto_cb_payload_bytes({args}), '
+                f'(uint64_t)(1u << {b}u));')
+    rng = np.random.default_rng(7)
+    for b in range(1, 9):
+        idx = rng.integers(0, 1 << b, size=(1, 21), dtype=np.uint8)
+        packed = CB.pack_indices(idx, b)[0]
+        arr = ", ".join(str(int(x)) for x in packed)
+        lines.append(f"  {{ static const uint8_t row[] = {{{arr}}};")
+        lines.append(f'    printf("index {b}"); for (int c = 0; c < 21; c++) '
+                     f'printf(" %u", ditto_cb_index(row, (uint64_t)c, {b}u)); printf("\\n"); }}')
+        lines.append(f'  printf("want {b} {" ".join(str(int(x)) for x in idx[0])}\\n");')
+    out = run_c_program(lines, tmp_path_factory.mktemp("codebook_agree") / "cb")
+    return {" ".join(line.split()[:3 if line.startswith("size") else 2]):
+            [int(x) for x in line.split()[3 if line.startswith("size") else 2:]]
+            for line in out.splitlines()}
+
+
+def test_codebook_types_match_c(c_codebook):
+    from ditto_core import codebook as CB
+
+    for name, t in CB.TYPE_IDS.items():
+        assert c_codebook[f"type {t}"] == [CB.ITEMSIZE[name], CB.SCALE_BYTES[name]], name
+    unknown = max(CB.TYPE_IDS.values()) + 1
+    assert c_codebook[f"type {unknown}"] == [0, 0]  # the loader refuses it
+    assert sorted(CB.TYPE_IDS.values()) == sorted(
+        int(v.rstrip("u")) for k, v in c_defines().items() if k.startswith("CB_"))
+
+
+@pytest.mark.parametrize("case", range(len(CB_CASES)))
+def test_codebook_sizes_match_c(c_codebook, case):
+    from ditto_core import codebook as CB
+
+    r, c, b, g = CB_CASES[case]
+    for name in CB.TYPE_IDS:
+        n_sub, row_bytes, cent, cb_bytes, payload, k = c_codebook[f"size {case} {name}"]
+        assert n_sub == CB.n_sub_blocks(c, g)
+        assert row_bytes == CB.row_bytes(c, b)
+        assert k == CB.n_centroids(b)
+        assert cent == r * n_sub * k * CB.ITEMSIZE[name]
+        assert cb_bytes == CB.codebook_bytes(r, c, b, g, name)
+        assert payload == CB.payload_bytes(r, c, b, g, name)
+        # the theoretical size is the payload without its padding
+        assert CB.theoretical_bytes(r, c, b, g, name) <= payload < (
+            CB.theoretical_bytes(r, c, b, g, name) + F.ALIGN + r * b)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_index_unpacking_matches_c(c_codebook, bits):
+    """ditto_cb_index reads back what codebook.pack_indices wrote."""
+    assert c_codebook[f"index {bits}"] == c_codebook[f"want {bits}"]

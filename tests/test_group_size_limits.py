@@ -13,7 +13,8 @@ import pytest
 from ditto_core import format as F
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, check_codebook_params
+from ditto_core.codebook import check_params as check_codebook_params
+from ditto_core.modelfile import ModelFile
 from tests.fixtures_native import EXIT_MODEL, dump_logits, run_native
 from tests.modelfile_edit import ModelImage
 
@@ -53,16 +54,16 @@ def test_group_size_beyond_the_limit_is_refused_by_both_readers(native_build, na
     assert p.returncode == EXIT_MODEL, err
     assert f"group_size={G}" in err and "invalid encoding parameters" in err, err
     assert "Sanitizer" not in err and "runtime error" not in err
-    with pytest.raises(DittoError, match=f"group size G must be in 2..16777216, got {G}"):
+    with pytest.raises(DittoError, match=f"group size G must be an integer in 2..16777216, got {G}"):
         ModelFile(bad)
 
 
 def test_check_codebook_params_names_the_limit():
     check_codebook_params(4, F.MAX_GROUP_SIZE, "f16")
-    for bits, G, ct, msg in [(4, 1, "f16", "group size G must be in 2..16777216, got 1"),
+    for bits, G, ct, msg in [(4, 1, "f16", "group size G must be an integer in 2..16777216, got 1"),
                              (4, 2**32 - 1, "f16", "got 4294967295"),
-                             (4, 2.5, "f16", "group size G must be an integer, got 2.5"),
-                             (9, 256, "f16", "bit width b must be in 1..8, got 9"),
+                             (4, 2.5, "f16", "group size G must be an integer in 2..16777216, got 2.5"),
+                             (9, 256, "f16", "bit width b must be an integer in 1..8, got 9"),
                              (4, 256, "bf16", "codebook type must be 'f16', 'f32' or 'int8'")]:
         with pytest.raises(DittoError, match=msg):
             check_codebook_params(bits, G, ct)
@@ -74,7 +75,7 @@ def test_build_refuses_huge_group_size_before_export(tmp_path):
     opts = pipeline.BuildOptions(quantizer="kmeans", blas="openblas",
                                  quant=QuantOptions(bits=1, group_size=2**32 - 1))
     # a model path that does not exist: the option error must come first
-    with pytest.raises(DittoError, match="group size G must be in 2..16777216, got 4294967295"):
+    with pytest.raises(DittoError, match="group size G must be an integer in 2..16777216, got 4294967295"):
         pipeline.build(tmp_path / "no-such-model.gguf", tmp_path / "out", opts,
                        show_progress=False)
     assert not (tmp_path / "out").exists()

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, TensorInfo, codebook_nbytes
+from ditto_core.codebook import payload_bytes as codebook_nbytes
+from ditto_core.modelfile import ModelFile, TensorInfo
 from ditto_core.types import CodebookTensor
 from ditto_pack_bits import codebook_payload, dequantize
 from ditto_quant_kmeans.quantizer import int8_codebooks, quantize_matrix

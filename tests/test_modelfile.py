@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ditto_core import format as F
+from ditto_core.codebook import codebook_bytes, payload_bytes as codebook_nbytes
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import (ModelFile, TensorInfo, codebook_bytes, codebook_nbytes,
-                                  expected_shapes, f32_nbytes, parse_tokenizer,
+from ditto_core.modelfile import (ModelFile, TensorInfo, expected_shapes, f32_nbytes, parse_tokenizer,
                                   serialize_tokenizer, tokenizers_equal, write_model)
 from ditto_core.types import ModelConfig, TokenizerSpec
 

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, TensorInfo, codebook_nbytes
+from ditto_core.codebook import payload_bytes as codebook_nbytes
+from ditto_core.modelfile import ModelFile, TensorInfo
 from ditto_core.types import CodebookTensor, ModelConfig, QuantizedModel, TokenizerSpec
 from ditto_pack_bits import (BitsPacker, codebook_payload, dequantize, pack_indices,
                              unpack_indices)

@@ -9,7 +9,8 @@ import pytest
 
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, codebook_saves_space
+from ditto_core.codebook import saves_space as codebook_saves_space
+from ditto_core.modelfile import ModelFile
 from ditto_core.types import Checkpoint, ModelConfig, TokenizerSpec
 from ditto_pack_bits import BitsPacker
 from ditto_quant_kmeans import KMeansQuantizer, plan_tensors, plan_with_reasons

@@ -18,11 +18,10 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
+from ditto_core.codebook import codebook_payload
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import TensorInfo, write_model
 from ditto_core.types import CodebookTensor, QuantizedModel
-
-from .bitpack import codebook_payload
 
 
 def plan_infos(model: QuantizedModel) -> list[TensorInfo]:

@@ -21,7 +21,7 @@ import zlib
 import attrs
 import numpy as np
 
-from ditto_core import quantkit
+from ditto_core import codebook, quantkit
 from ditto_core.quantkit import int8_codebooks  # noqa: F401  (part of this module's API)
 from ditto_core.components import QuantOptions
 from ditto_core.errors import DittoError
@@ -121,8 +121,8 @@ def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
     (``underflow_warning``: the file layout, fixed before any payload, cannot change the type
     any more)."""
     rows, cols = W.shape
-    k = 1 << bits
-    s = -(-cols // group_size)
+    k = codebook.n_centroids(bits)
+    s = codebook.n_sub_blocks(cols, group_size)
     cent = np.empty((rows, s, k), np.float64)
     tseed = (int(seed) * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)
     Ws = kmeans1d.sort_sub_blocks(W, group_size)
@@ -163,7 +163,7 @@ def plan_with_reasons(shapes, options: QuantOptions):
     ``shapes``: name → shape. Returns ``(plan, reasons)``: ``plan[name]`` is ("f32", None) for
     vectors (reason "vector"), names a rule keeps f32 (reason "GLOB=f32"), names matching a
     ``keep_fp32`` glob (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would
-    take at least the bytes of f32 (``ditto_core.modelfile.codebook_saves_space``; reason
+    take at least the bytes of f32 (``ditto_core.codebook.saves_space``; reason
     ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
     ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' = min(8, b + 2),
     G' = max(G, cols); else ("codebook", (b, G, codebook_type)) as a rule or the options say.

@@ -4,6 +4,7 @@ index of the nearest one. Planning, rules, streaming, checks and the report come
 
 import numpy as np
 
+from ditto_core.codebook import n_centroids
 from ditto_core.hookspecs import hookimpl
 from ditto_core.quantkit import CodebookQuantizer
 
@@ -16,7 +17,7 @@ class QuantileQuantizer(CodebookQuantizer):
     def quantize_matrix(self, weights, bits, group_size, options):
         """weights float32 [rows, cols] → (indices uint8 [rows, cols], codebooks
         [rows, S, 2^b]), S = ceil(cols / G)."""
-        k = 1 << bits
+        k = n_centroids(bits)
         levels = (np.arange(k) + 0.5) / k
         indices = np.empty(weights.shape, np.uint8)
         codebooks = []

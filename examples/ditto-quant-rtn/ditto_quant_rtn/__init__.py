@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ditto_core import codebook
 from ditto_core.errors import DittoError
 from ditto_core.hookspecs import hookimpl
-from ditto_core.quantkit import CodebookQuantizer
+from ditto_core.quantkit import CodebookQuantizer, round_codebooks
 from ditto_core.types import CodebookTensor
-
-_CB_NP = {"f16": np.float16, "f32": np.float32}
+from ditto_core.untrusted import check_finite
 
 
 def rtn_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
@@ -29,52 +29,41 @@ def rtn_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
     ``group_size`` weights of a row (the row's tail sub-block may be shorter).
 
     Returns a CodebookTensor: codebooks float32 [rows, S, 2^b] (the uniform grid, rounded to
-    ``codebook_type``), indices uint8 [rows, cols], ``rel_error`` = ‖W − Ŵ‖²/‖W‖² measured
-    against the stored (rounded) grid. Raises DittoError for b outside 1..8, G < 2, a bad
-    codebook type, or NaN/Inf (naming ``name`` and (row, col))."""
-    if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise DittoError(f"rtn: bit width b must be in 1..8, got {bits!r}")
-    if not isinstance(group_size, (int, np.integer)) or group_size < 2:
-        raise DittoError(f"rtn: group size G must be >= 2, got {group_size!r}")
-    if codebook_type not in _CB_NP:
-        raise DittoError(f"rtn: codebook type must be 'f16' or 'f32', got {codebook_type!r}")
+    ``codebook_type`` with ``quantkit.round_codebooks``; int8 also gives ``scales``), indices
+    uint8 [rows, cols], ``rel_error`` = ‖W − Ŵ‖²/‖W‖² measured against the stored (rounded)
+    grid. Raises DittoError for b, G or codebook type outside what the model file stores
+    (``codebook.check_params``), or NaN/Inf (naming ``name`` and (row, col))."""
+    try:
+        codebook.check_params(bits, group_size, codebook_type)
+    except DittoError as exc:
+        raise DittoError(f"rtn: {exc}") from None
     W = np.ascontiguousarray(W, dtype=np.float32)
     if W.ndim != 2:
         raise DittoError(f"tensor {name!r}: expected a 2-D matrix, got shape {W.shape}")
-    bad = ~np.isfinite(W)
-    if bad.any():
-        r, c = (int(i) for i in np.argwhere(bad)[0])
-        raise DittoError(f"tensor {name!r} has a non-finite value {W[r, c]} at (row, col) = "
-                         f"({r}, {c})")
+    check_finite(W, name)
     rows, cols = W.shape
-    k = 1 << bits
-    s_count = -(-cols // group_size)
+    k = codebook.n_centroids(bits)
+    s_count = codebook.n_sub_blocks(cols, group_size)
     grid = np.arange(k, dtype=np.float64)
-    codebooks = np.empty((rows, s_count, k), np.float32)
+    cent = np.empty((rows, s_count, k), np.float64)
     indices = np.empty((rows, cols), np.uint8)
-    sse = 0.0
     for s in range(s_count):
         a, b = s * group_size, min((s + 1) * group_size, cols)
         x = W[:, a:b].astype(np.float64)
         lo = x.min(axis=1, keepdims=True)
-        hi = x.max(axis=1, keepdims=True)
-        scale = (hi - lo) / (k - 1)
-        safe = np.where(scale > 0, scale, 1.0)
-        q = np.clip(np.rint((x - lo) / safe), 0, k - 1)
+        scale = (x.max(axis=1, keepdims=True) - lo) / (k - 1)
+        q = np.clip(np.rint((x - lo) / np.where(scale > 0, scale, 1.0)), 0, k - 1)
         q[(scale == 0)[:, 0]] = 0
-        with np.errstate(over="ignore"):
-            cb = (lo + scale * grid[None, :]).astype(_CB_NP[codebook_type]).astype(np.float32)
-        if not np.isfinite(cb).all():
-            raise DittoError(f"tensor {name!r}: the grid of sub-block {s} overflows "
-                             f"{codebook_type}; use --codebook-type f32")
-        codebooks[:, s] = cb
+        cent[:, s] = lo + scale * grid[None, :]
         indices[:, a:b] = q.astype(np.uint8)
-        rec = np.take_along_axis(cb.astype(np.float64), q.astype(np.intp), axis=1)
-        sse += float(((x - rec) ** 2).sum())
+    codebooks, scales = round_codebooks(cent, codebook_type, name)
+    sub = np.arange(cols) // group_size
+    rec = codebooks.astype(np.float64)[np.arange(rows)[:, None], sub[None, :], indices]
+    sse = float(((W.astype(np.float64) - rec) ** 2).sum())
     norm2 = float((W.astype(np.float64) ** 2).sum())
     return CodebookTensor(bits=bits, group_size=group_size, codebooks=codebooks,
                           indices=indices, codebook_type=codebook_type,
-                          rel_error=sse / norm2 if norm2 > 0 else 0.0)
+                          rel_error=sse / norm2 if norm2 > 0 else 0.0, scales=scales)
 
 
 class RTNQuantizer(CodebookQuantizer):
