@@ -12,7 +12,8 @@ dequantization through ``gguf.quants``), the NaN/Inf check, sorting the sub-bloc
 them to distinct values, the optimal DP (the centroid kernel minus the distinct pass), f16
 rounding of the codebooks, the nearest-centroid assignment, bit packing, and the Python
 overhead of ``quantize_matrix`` (its total minus the phases it runs). Run with
-``NUMBA_NUM_THREADS=1`` for per-core seconds.
+``NUMBA_NUM_THREADS=1`` for per-core seconds; ``DITTO_KMEANS_KERNEL=numba`` times the numba
+reference DP instead of the C kernel (the output records which one ran).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from synth_checkpoint import synth_matrix, to_bf16_bits  # noqa: E402
 from ditto_core import codebook  # noqa: E402
 from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.untrusted import check_finite  # noqa: E402
-from ditto_quant_kmeans import kmeans1d, quantize_matrix  # noqa: E402
+from ditto_quant_kmeans import kmeans1d, native, quantize_matrix  # noqa: E402
 
 
 @njit(cache=True, parallel=True)
@@ -138,6 +139,7 @@ def main(argv=None):
     n = rows * cols
     out = {"rows": rows, "cols": cols, "bits": b, "group_size": g, "method": "optimal",
            "data": args.data, "numba_threads": numba.get_num_threads(),
+           "dp_kernel": "numba" if native.load() is None else "c",
            "distinct_per_sub_block": round(float(nd.mean()), 1),
            "load_average": os.getloadavg(), "phases": phases,
            "quantize_s_per_1B_wall": round(dt_q / n * 1e9, 1),

@@ -30,6 +30,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import native
+
 METHOD_OPTIMAL = 0
 METHOD_LLOYD = 1
 
@@ -348,10 +350,17 @@ CHUNK_BLOCKS = 16
 def matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, cent):
     """Centroids of every sub-block of ``W`` (float32 [rows, cols], each sub-block already
     sorted ascending: ``sort_sub_blocks``) into ``cent`` (float64
-    [rows, S, k], S = ceil(cols / G)); parallel over sub-blocks. Returns the unrounded SSE per
-    sub-block, float64 [rows, S]. The Lloyd seed of sub-block (r, s) is derived from ``seed``
-    and (r, s) only, so the output does not depend on the thread count or on which thread
-    takes which sub-blocks."""
+    [rows, S, k], S = ceil(cols / G)); parallel over sub-blocks (``numba.get_num_threads()``
+    threads). Returns the unrounded SSE per sub-block, float64 [rows, S]. The ``optimal``
+    method runs the C kernel (``native.py``, ``optimal_dp.c``) when it is available and the
+    numba kernel ``_optimal_ws`` otherwise; both give the same bytes. The Lloyd seed of
+    sub-block (r, s) is derived from ``seed`` and (r, s) only, so the output does not depend
+    on the thread count or on which thread takes which sub-blocks."""
+    if method == METHOD_OPTIMAL:
+        fn = native.load()
+        if (fn is not None and W.dtype == np.float32 and W.flags.c_contiguous
+                and cent.dtype == np.float64 and cent.flags.c_contiguous):
+            return native.optimal_matrix(fn, W, group_size, k, cent, numba.get_num_threads())
     with numba.parallel_chunksize(1):
         return _matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, cent)
 

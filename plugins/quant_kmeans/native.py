@@ -1,0 +1,127 @@
+"""The C kernel of the ``optimal`` method (``optimal_dp.c``): compiled on first use, cached.
+
+``optimal_dp.c`` computes the same bytes as the numba reference ``kmeans1d._optimal_ws`` ~1.5×
+faster (docs/QUANT.md, "Speed"). It is compiled with clang-22 (Ditto's own compiler, which
+``ditto build`` needs anyway) at ``-O3 -march=native -ffp-contract=off`` — no fused
+multiply-add and no fast-math, so every value is rounded exactly as in the reference — into
+``$DITTO_CACHE_DIR/kernels/`` (default ``~/.cache/ditto``) under a name hashing the source,
+the flags, the compiler and the host CPU, and loaded with ``ctypes``.
+
+When it cannot be had (no clang-22, a failed compile, an unwritable cache, or
+``DITTO_KMEANS_KERNEL=numba``), ``load()`` returns None and the quantizer runs the numba
+reference instead, with the same output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ditto_core.cache import default_root
+
+SOURCE = Path(__file__).with_name("optimal_dp.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
+         "-fPIC", "-shared", "-pthread")
+ENV = "DITTO_KMEANS_KERNEL"  # "numba" forces the reference kernel
+
+_STATE: dict = {}
+
+
+def find_clang() -> str | None:
+    """clang-22 on PATH, else ``/usr/lib/llvm-22/bin/clang``, else None."""
+    found = shutil.which("clang-22")
+    if found:
+        return found
+    alt = Path("/usr/lib/llvm-22/bin/clang")
+    return str(alt) if alt.exists() else None
+
+
+def _host_id() -> str:
+    """The CPU model and feature flags (``-march=native`` code runs only on such a CPU)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keep = [ln for ln in text.splitlines()
+            if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return platform.machine() + "\n" + "\n".join(sorted(set(keep)))
+
+
+def _cache_dir() -> Path:
+    return default_root() / "kernels"
+
+
+def library_path(clang: str) -> Path:
+    """Where the compiled kernel for this source, these flags, ``clang`` and this CPU lives."""
+    h = hashlib.sha256()
+    h.update(SOURCE.read_bytes())
+    h.update("\0".join(FLAGS).encode())
+    h.update(str(Path(clang).resolve()).encode())
+    h.update(_host_id().encode())
+    return _cache_dir() / f"optimal_dp-{h.hexdigest()[:20]}.so"
+
+
+def compile_kernel(clang: str, out: Path) -> None:
+    """Compile ``optimal_dp.c`` to ``out`` (written to a temp file, then renamed). Raises
+    OSError or subprocess.CalledProcessError."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run([clang, *FLAGS, "-o", tmp, str(SOURCE)], check=True,
+                       capture_output=True, text=True)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load():
+    """The kernel's ``ditto_kmeans_optimal_matrix`` (a ctypes function), or None when the C
+    kernel is unavailable or disabled (``DITTO_KMEANS_KERNEL=numba``). Compiles it on the
+    first call of a process if the cache does not hold it."""
+    if os.environ.get(ENV, "").lower() == "numba":
+        return None
+    if "fn" in _STATE:
+        return _STATE["fn"]
+    fn = None
+    clang = find_clang()
+    if clang is not None:
+        try:
+            path = library_path(clang)
+            if not path.exists():
+                compile_kernel(clang, path)
+            lib = ctypes.CDLL(str(path))
+            fn = lib.ditto_kmeans_optimal_matrix
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        except (OSError, subprocess.CalledProcessError, AttributeError):
+            fn = None
+    _STATE["fn"] = fn
+    return fn
+
+
+def optimal_matrix(fn, Ws: np.ndarray, group_size: int, k: int, cent: np.ndarray,
+                   threads: int) -> np.ndarray:
+    """Run the C kernel ``fn`` (from ``load()``) on ``Ws`` (float32 [rows, cols], C order,
+    sub-blocks sorted) into ``cent`` (float64 [rows, S, k], C order); returns the SSE per
+    sub-block (float64 [rows, S]). Raises MemoryError when the kernel cannot allocate."""
+    rows, cols = Ws.shape
+    assert Ws.dtype == np.float32 and Ws.flags.c_contiguous
+    assert cent.dtype == np.float64 and cent.flags.c_contiguous
+    assert cent.shape == (rows, -(-cols // group_size), k)
+    sse = np.empty(cent.shape[:2], np.float64)
+    rc = fn(Ws.ctypes.data, rows, cols, group_size, k, cent.ctypes.data, sse.ctypes.data,
+            max(1, int(threads)))
+    if rc != 0:
+        raise MemoryError("kmeans optimal kernel: out of memory")
+    return sse

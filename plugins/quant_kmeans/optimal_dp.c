@@ -1,0 +1,353 @@
+/* Optimal 1-D k-means of every sub-block of a matrix: the ``optimal`` method of the kmeans
+ * quantizer in C (docs/QUANT.md, "Speed").
+ *
+ * The result is, byte for byte, that of the reference kernel ``kmeans1d._optimal_ws`` (numba):
+ * the dynamic programme of Ckmeans.1d.dp (Wang & Song 2011), ``D[q][i] = min_j D[q-1][j] +
+ * SSE(j, i)``, whose arg-minimum of cell (q, i) is the lowest j of the smallest value in the
+ * Knuth window ``W(q, i) = [J[q-1][i], min(i - 1, J[q][i+1])]`` (Grønlund et al. 2017, §2), the
+ * layer filled for i descending.  Every value is computed with the reference's operations in
+ * its order (build with -ffp-contract=off, no fast-math), so equal windows give equal bits.
+ *
+ * What differs is how the windows are scanned.  The reference scans one cell at a time, and
+ * the upper end of a cell's window is the arg-minimum just found for the cell above: a serial
+ * chain with a mispredicted loop exit per cell.  Here four cells i0 > i1 > i2 > i3 are
+ * scanned together, one SIMD lane each, over the union window [min_l J[q-1][i_l], J[q][i0+1]]
+ * (the Knuth upper bound of i0's window bounds all four in exact arithmetic).  Each lane's
+ * minimum over that window equals the reference's minimum over its own window W(q, i_l)
+ * whenever W(q, i_l) lies inside the union window and the lane's arg-minimum lies inside
+ * W(q, i_l): the lowest arg-minimum of a set that lies in a subset is that subset's lowest
+ * arg-minimum.  Both conditions are checked lane by lane, i descending, against the exact
+ * windows (which need the arg-minima accepted just before); a lane that fails — rounding can
+ * break the monotonicity the bound relies on — is rescanned over its exact window as the
+ * reference does.  So the output equals the reference's in every case, not only in exact
+ * arithmetic; tests/test_quant_dp_kernel.py checks it on many thousands of blocks.
+ *
+ * Entry point: ``ditto_kmeans_optimal_matrix`` (all sub-blocks, worker threads taking units
+ * of 16 sub-blocks from a shared counter; sub-blocks share nothing, so the bytes do not depend
+ * on the thread count).  Without AVX2 the lanes are plain C arrays the compiler may vectorise.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define UNIT_BLOCKS 16 /* sub-blocks per unit of work */
+#define PAD 8          /* slack before index 0 of the work rows (lanes below the layer) */
+
+/* per-thread work arrays for sub-blocks of up to n distinct values and k clusters */
+typedef struct {
+    int64_t n, k, ld;
+    double *u;            /* distinct values [n] */
+    int64_t *w;           /* their multiplicities [n] */
+    double *p0f, *p1, *p2; /* prefix sums of w, w·(u-mu), w·(u-mu)^2 [ld], p0f as double */
+    double *dprev, *dcur, *lorow;
+    int32_t *arg;         /* arg-minima [(k + 1) x ld] */
+    void *mem;
+} work_t;
+
+static int work_init(work_t *wk, int64_t n, int64_t k)
+{
+    int64_t ld = n + 1 + 2 * PAD;
+    size_t nd = (size_t)(n + 6 * ld), ni = (size_t)n, na = (size_t)((k + 1) * ld);
+    wk->mem = malloc(nd * sizeof(double) + ni * sizeof(int64_t) + na * sizeof(int32_t));
+    if (!wk->mem)
+        return -1;
+    wk->n = n;
+    wk->k = k;
+    wk->ld = ld;
+    double *d = (double *)wk->mem;
+    wk->u = d;
+    d += n;
+    wk->p0f = d + PAD;
+    wk->p1 = d + ld + PAD;
+    wk->p2 = d + 2 * ld + PAD;
+    wk->dprev = d + 3 * ld + PAD;
+    wk->dcur = d + 4 * ld + PAD;
+    wk->lorow = d + 5 * ld + PAD;
+    wk->w = (int64_t *)(d + 6 * ld);
+    wk->arg = (int32_t *)(wk->w + n);
+    memset(d, 0, 6 * (size_t)ld * sizeof(double));
+    return 0;
+}
+
+/* Exact scan of W = [jlo, jhi] for cell i, as the reference: lowest j of the smallest value
+ * (empty window: +inf at jlo). */
+static inline void scan_window(const work_t *wk, const double *inv, int64_t i, int64_t jlo,
+                               int64_t jhi, double *best_out, int64_t *bj_out)
+{
+    const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
+    int64_t s0 = (int64_t)p0f[i];
+    double s1 = p1[i], s2 = p2[i], best = INFINITY;
+    int64_t bj = jlo;
+    for (int64_t j = jlo; j <= jhi; j++) {
+        double a = s1 - p1[j];
+        double v = dprev[j] + (s2 - p2[j]) - a * a * inv[s0 - (int64_t)p0f[j]];
+        if (v < best) {
+            best = v;
+            bj = j;
+        }
+    }
+    *best_out = best;
+    *bj_out = bj;
+}
+
+/* Lane minima of four cells ibot..ibot+3 over [jmin, jmax] (j < ibot, so no lane needs a
+ * mask): best[l], bj[l] for cell ibot + l, ties to the lowest j. */
+static inline void scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64_t jmax,
+                              double best[4], double bj[4])
+{
+    const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
+#if defined(__AVX2__)
+    const __m256d one = _mm256_set1_pd(1.0);
+    __m256d S0 = _mm256_loadu_pd(p0f + ibot), S1 = _mm256_loadu_pd(p1 + ibot);
+    __m256d S2 = _mm256_loadu_pd(p2 + ibot);
+    __m256d B = _mm256_set1_pd(INFINITY), BJ = _mm256_set1_pd((double)jmin);
+    for (int64_t j = jmin; j <= jmax; j++) {
+        __m256d a = _mm256_sub_pd(S1, _mm256_set1_pd(p1[j]));
+        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */
+        __m256d iv = _mm256_div_pd(one, _mm256_sub_pd(S0, _mm256_set1_pd(p0f[j])));
+        __m256d v = _mm256_sub_pd(
+            _mm256_add_pd(_mm256_set1_pd(dprev[j]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[j]))),
+            _mm256_mul_pd(_mm256_mul_pd(a, a), iv));
+        __m256d lt = _mm256_cmp_pd(v, B, _CMP_LT_OQ);
+        B = _mm256_blendv_pd(B, v, lt);
+        BJ = _mm256_blendv_pd(BJ, _mm256_set1_pd((double)j), lt);
+    }
+    _mm256_storeu_pd(best, B);
+    _mm256_storeu_pd(bj, BJ);
+#else
+    double S0[4], S1[4], S2[4], B[4], BJ[4];
+    for (int l = 0; l < 4; l++) {
+        S0[l] = p0f[ibot + l];
+        S1[l] = p1[ibot + l];
+        S2[l] = p2[ibot + l];
+        B[l] = INFINITY;
+        BJ[l] = (double)jmin;
+    }
+    for (int64_t j = jmin; j <= jmax; j++) {
+        double pj0 = p0f[j], pj1 = p1[j], pj2 = p2[j], dj = dprev[j];
+        for (int l = 0; l < 4; l++) {
+            double a = S1[l] - pj1;
+            double iv = 1.0 / (S0[l] - pj0);
+            double v = dj + (S2[l] - pj2) - a * a * iv;
+            int lt = v < B[l];
+            B[l] = lt ? v : B[l];
+            BJ[l] = lt ? (double)j : BJ[l];
+        }
+    }
+    memcpy(best, B, sizeof B);
+    memcpy(bj, BJ, sizeof BJ);
+#endif
+}
+
+/* The optimal partition of the m distinct sorted values wk->u with multiplicities wk->w into
+ * k clusters (m > k); centroids ascending into cent, returns the SSE. */
+static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv, double *cent)
+{
+    const double *u = wk->u;
+    const int64_t *w = wk->w;
+    double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev, *dcur = wk->dcur;
+    double *lorow = wk->lorow;
+    int32_t *arg = wk->arg;
+    int64_t ld = wk->ld;
+
+    double tot = 0.0;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < m; i++) {
+        tot += w[i] * u[i];
+        cnt += w[i];
+    }
+    double mu = tot / cnt;
+    int64_t c0 = 0;
+    double a1 = 0.0, a2 = 0.0;
+    p0f[0] = 0.0;
+    p1[0] = 0.0;
+    p2[0] = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        double d = u[i] - mu;
+        c0 += w[i];
+        a1 += w[i] * d;
+        a2 += w[i] * d * d;
+        p0f[i + 1] = (double)c0;
+        p1[i + 1] = a1;
+        p2[i + 1] = a2;
+    }
+    int64_t width = m - k + 1; /* layer q < k is needed for i in [q, q + width - 1] */
+    for (int64_t i = 1; i <= width; i++) {
+        double s1 = p1[i];
+        dprev[i] = p2[i] - s1 * s1 * inv[(int64_t)p0f[i]];
+    }
+    for (int64_t q = 2; q <= k; q++) {
+        int64_t ihi = q + width - 1, ilo = q == k ? m : q;
+        int32_t *A = arg + q * ld;
+        const int32_t *Ap = arg + (q - 1) * ld;
+        /* lower ends of the windows: J[q-1][i] (layer q-1 stops at ihi - 1) */
+        for (int64_t i = ilo; i <= ihi; i++) {
+            int64_t jlo = q - 1;
+            if (q > 2) {
+                int64_t a = Ap[i < ihi - 1 ? i : ihi - 1];
+                jlo = a > jlo ? a : jlo;
+            }
+            lorow[i] = (double)jlo;
+        }
+        int64_t itop = ihi;
+        while (itop >= ilo) {
+            int64_t ub = itop == ihi ? itop - 1 : A[itop + 1]; /* Knuth bound of cell itop */
+            int64_t ibot = itop - 3;
+            if (itop == ihi || ibot < ilo || ub > ibot - 1) {
+                /* one cell on its own: the top one (its bound is i - 1), the last ones of the
+                 * layer, or a window reaching past the lowest lane's i */
+                double best;
+                int64_t bj;
+                scan_window(wk, inv, itop, (int64_t)lorow[itop], itop - 1 < ub ? itop - 1 : ub,
+                            &best, &bj);
+                dcur[itop] = best;
+                A[itop] = (int32_t)bj;
+                itop -= 1;
+                continue;
+            }
+            int64_t jmin = (int64_t)lorow[ibot];
+            for (int l = 1; l < 4; l++)
+                if ((int64_t)lorow[ibot + l] < jmin)
+                    jmin = (int64_t)lorow[ibot + l];
+            double best[4], bjd[4];
+            scan_lanes(wk, ibot, jmin, ub, best, bjd);
+            /* accept a lane when its exact window lies in [jmin, ub] and holds its
+             * arg-minimum; otherwise scan its exact window */
+            for (int64_t i = itop; i >= ibot; i--) {
+                int l = (int)(i - ibot);
+                int64_t jlo = (int64_t)lorow[i];
+                int64_t thi = i - 1;
+                if (A[i + 1] < thi)
+                    thi = A[i + 1];
+                int64_t bj = (int64_t)bjd[l];
+                if (thi <= ub && bj <= thi && bj >= jlo) {
+                    dcur[i] = best[l];
+                    A[i] = (int32_t)bj;
+                } else {
+                    double b;
+                    scan_window(wk, inv, i, jlo, thi, &b, &bj);
+                    dcur[i] = b;
+                    A[i] = (int32_t)bj;
+                }
+            }
+            itop = ibot - 1;
+        }
+        for (int64_t i = ilo; i <= ihi; i++)
+            dprev[i] = dcur[i];
+    }
+    /* backtrack the cluster boundaries; the SSE is then summed directly */
+    int64_t i = m;
+    double sse = 0.0;
+    for (int64_t q = k; q >= 1; q--) {
+        int64_t j = q > 1 ? arg[q * ld + i] : 0;
+        int64_t c = (int64_t)p0f[i] - (int64_t)p0f[j];
+        double a = p1[i] - p1[j];
+        cent[q - 1] = a * inv[c] + mu;
+        for (int64_t t = j; t < i; t++) {
+            double d = u[t] - cent[q - 1];
+            sse += w[t] * d * d;
+        }
+        i = j;
+    }
+    return sse;
+}
+
+typedef struct {
+    const float *W;
+    int64_t rows, cols, g, k;
+    double *cent, *sse;
+    const double *inv;
+    atomic_long next;
+    atomic_int failed;
+} job_t;
+
+static void *worker(void *arg)
+{
+    job_t *job = (job_t *)arg;
+    int64_t S = (job->cols + job->g - 1) / job->g, nb = job->rows * S;
+    int64_t n = job->g < job->cols ? job->g : job->cols;
+    work_t wk;
+    if (work_init(&wk, n, job->k) != 0) {
+        atomic_store(&job->failed, 1);
+        return NULL;
+    }
+    for (;;) {
+        int64_t unit = atomic_fetch_add(&job->next, 1);
+        int64_t t0 = unit * UNIT_BLOCKS;
+        if (t0 >= nb)
+            break;
+        int64_t t1 = t0 + UNIT_BLOCKS < nb ? t0 + UNIT_BLOCKS : nb;
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t r = t / S, s = t - r * S;
+            int64_t a = s * job->g, b = a + job->g < job->cols ? a + job->g : job->cols;
+            const float *xs = job->W + r * job->cols + a;
+            double *cb = job->cent + t * job->k;
+            /* distinct values with multiplicities (the sub-block is sorted) */
+            int64_t m = 0;
+            for (int64_t x = 0; x < b - a; x++) {
+                double v = (double)xs[x];
+                if (m > 0 && v == wk.u[m - 1]) {
+                    wk.w[m - 1] += 1;
+                } else {
+                    wk.u[m] = v;
+                    wk.w[m] = 1;
+                    m++;
+                }
+            }
+            if (m <= job->k) { /* at most k distinct values: exactly those */
+                for (int64_t c = 0; c < m; c++)
+                    cb[c] = wk.u[c];
+                for (int64_t c = m; c < job->k; c++)
+                    cb[c] = wk.u[m - 1];
+                job->sse[t] = 0.0;
+            } else {
+                job->sse[t] = optimal_block(&wk, m, job->k, job->inv, cb);
+            }
+        }
+    }
+    free(wk.mem);
+    return NULL;
+}
+
+/* Centroids of every sub-block of W (float32 [rows, cols], row-major, each sub-block of g
+ * consecutive weights of a row sorted ascending, the row's tail shorter) into cent (float64
+ * [rows, S, k], S = ceil(cols / g)) and the SSE of each into sse (float64 [rows, S]), on
+ * nthreads threads.  Returns 0, or -1 when memory or a thread could not be had. */
+int ditto_kmeans_optimal_matrix(const float *W, int64_t rows, int64_t cols, int64_t g,
+                                int64_t k, double *cent, double *sse, int64_t nthreads)
+{
+    int64_t n = g < cols ? g : cols;
+    double *inv = malloc((size_t)(n + 1) * sizeof(double));
+    if (!inv)
+        return -1;
+    inv[0] = 0.0;
+    for (int64_t c = 1; c <= n; c++)
+        inv[c] = 1.0 / c;
+    job_t job = {.W = W, .rows = rows, .cols = cols, .g = g, .k = k, .cent = cent, .sse = sse,
+                 .inv = inv};
+    atomic_init(&job.next, 0);
+    atomic_init(&job.failed, 0);
+    if (nthreads < 1)
+        nthreads = 1;
+    pthread_t tid[64];
+    if (nthreads > 64)
+        nthreads = 64;
+    int64_t started = 0;
+    for (int64_t t = 1; t < nthreads; t++) {
+        if (pthread_create(&tid[started], NULL, worker, &job) != 0)
+            break;
+        started++;
+    }
+    worker(&job);
+    for (int64_t t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+    free(inv);
+    return atomic_load(&job.failed) ? -1 : 0;
+}

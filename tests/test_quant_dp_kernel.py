@@ -1,0 +1,134 @@
+"""The C kernel of the ``optimal`` method (plugins/quant_kmeans/optimal_dp.c) against the numba
+reference kernel it replaces (``kmeans1d._matrix_centroids`` → ``_optimal_ws``, the
+implementation whose output tests/test_quant_pinned.py pins): the same centroid and SSE bytes
+on many thousands of sub-blocks of bf16-like, Q4_1-grid, few-valued and tie-heavy weights, at
+b = 1..8 and G from 3 to a whole row; independent of the thread count; compiled warning-free."""
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from ditto_quant_kmeans import kmeans1d, native
+from ditto_quant_kmeans.quantizer import METHODS
+
+OPT = METHODS["optimal"]
+
+
+def to_bf16(W):
+    """float32 → the nearest bfloat16 (round to nearest even), as float32."""
+    u = np.asarray(W, np.float32).view(np.uint32)
+    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
+def student_bf16(rng, rows, cols, nu=5.0):
+    """Student-t weights in bf16 with a few ×8..×20 outlier columns (the synthetic 7B's)."""
+    W = rng.standard_t(nu, size=(rows, cols)) / np.sqrt(cols)
+    W[:, rng.choice(cols, min(6, cols), replace=False)] *= rng.uniform(8, 20, min(6, cols))
+    return to_bf16(W)
+
+
+def q41_grid(rng, rows, cols):
+    """Every 32 weights on a 16-level grid with f16 scale and minimum (SmolLM2's GGUF)."""
+    c32 = -(-cols // 32)
+    lo = rng.normal(-0.5, 0.1, size=(rows, c32, 1)).astype(np.float16).astype(np.float32)
+    sc = rng.uniform(0.05, 0.08, size=(rows, c32, 1)).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, size=(rows, c32, 32))
+    return (lo + sc * q).reshape(rows, c32 * 32)[:, :cols].astype(np.float32)
+
+
+def small_ints(rng, rows, cols, levels):
+    """Evenly spaced values from ``levels`` levels: many exact SSE ties in the DP."""
+    return (rng.integers(-(levels // 2), levels - levels // 2, size=(rows, cols))
+            * 0.125).astype(np.float32)
+
+
+def both(W, group_size, k, threads=2):
+    """(C kernel, numba reference) centroids and SSE of every sub-block of W."""
+    fn = native.load()
+    assert fn is not None, "the C kernel did not compile (clang-22 missing?)"
+    Ws = kmeans1d.sort_sub_blocks(np.ascontiguousarray(W, np.float32), group_size)
+    S = -(-Ws.shape[1] // group_size)
+    c_c = np.empty((Ws.shape[0], S, k))
+    c_n = np.empty((Ws.shape[0], S, k))
+    s_c = native.optimal_matrix(fn, Ws, group_size, k, c_c, threads)
+    s_n = kmeans1d._matrix_centroids(Ws, group_size, k, OPT, np.uint64(0), 4, 100, 1e-6, c_n)
+    return (c_c, s_c), (c_n, s_n)
+
+
+def assert_same(a, b):
+    (c1, s1), (c2, s2) = a, b
+    bad = np.argwhere((c1.view(np.uint64) != c2.view(np.uint64)).any(axis=2))
+    assert bad.size == 0, f"centroids differ in {len(bad)} sub-blocks, first {bad[0]}"
+    assert np.array_equal(s1.view(np.uint64), s2.view(np.uint64))
+
+
+@pytest.mark.parametrize("kind,rows,cols,bits,g", [
+    ("bf16", 96, 4096, 4, 256),      # 1,536 sub-blocks like the synthetic 7B's matrices
+    ("bf16", 64, 1000, 3, 64),
+    ("bf16", 16, 4096, 6, 4096),     # the embedding policy: 64 centroids per row of 4096
+    ("q41", 96, 4096, 4, 256),       # 1,536 Q4_1-grid sub-blocks (~100 distinct values)
+    ("q41", 64, 576, 2, 128),
+    ("ints", 64, 1024, 4, 256),      # 41 levels: ties everywhere
+    ("ints", 64, 300, 5, 100),
+])
+def test_c_kernel_equals_reference(kind, rows, cols, bits, g):
+    rng = np.random.default_rng([rows, cols, bits, g])
+    W = {"bf16": student_bf16, "q41": q41_grid,
+         "ints": lambda r, a, b: small_ints(r, a, b, 41)}[kind](rng, rows, cols)
+    c, n = both(W, g, 1 << bits)
+    assert_same(c, n)
+
+
+def test_c_kernel_equals_reference_random_shapes():
+    """Many small random cases: every b, odd G, tails, duplicates, constant runs."""
+    rng = np.random.default_rng(2024)
+    for case in range(60):
+        bits = int(rng.integers(1, 9))
+        g = int(rng.integers(3, 300))
+        rows, cols = int(rng.integers(1, 12)), int(rng.integers(2, 700))
+        W = student_bf16(rng, rows, cols, nu=float(rng.uniform(2.5, 30)))
+        if case % 3 == 1:
+            W = small_ints(rng, rows, cols, int(rng.integers(2, 60)))
+        elif case % 3 == 2:
+            W[:, : cols // 2] = W[0, 0]  # half of each row one repeated value
+        c, n = both(W, g, 1 << bits)
+        assert_same(c, n)
+
+
+def test_c_kernel_thread_count_independent():
+    rng = np.random.default_rng(7)
+    W = student_bf16(rng, 64, 2048)
+    Ws = kmeans1d.sort_sub_blocks(W, 256)
+    fn = native.load()
+    out = []
+    for threads in (1, 2, 5):
+        cent = np.empty((64, 8, 16))
+        sse = native.optimal_matrix(fn, Ws, 256, 16, cent, threads)
+        out.append((cent.tobytes(), sse.tobytes()))
+    assert out[0] == out[1] == out[2]
+
+
+def test_kernel_choice(monkeypatch):
+    """``DITTO_KMEANS_KERNEL=numba`` selects the reference; matrix_centroids gives the same
+    bytes either way."""
+    rng = np.random.default_rng(3)
+    W = kmeans1d.sort_sub_blocks(student_bf16(rng, 8, 512), 256)
+    outs = []
+    for env in ("", "numba"):
+        monkeypatch.setenv(native.ENV, env)
+        assert (native.load() is None) == (env == "numba")
+        cent = np.empty((8, 2, 16))
+        sse = kmeans1d.matrix_centroids(W, 256, 16, OPT, np.uint64(0), 4, 100, 1e-6, cent)
+        outs.append((cent.tobytes(), sse.tobytes()))
+    assert outs[0] == outs[1]
+
+
+def test_kernel_compiles_warning_free(tmp_path):
+    clang = native.find_clang()
+    assert clang is not None
+    proc = subprocess.run([clang, *native.FLAGS, "-Wall", "-Wextra", "-Werror", "-o",
+                           str(tmp_path / "k.so"), str(native.SOURCE)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
