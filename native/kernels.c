@@ -28,6 +28,8 @@ void i8cb_b4_rows_avx512vnni(float *y, const QuantActs *qa, const I8Layout *L, i
                              int cols);
 void i8cb_b4_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                              int cols);
+void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
 
@@ -48,18 +50,22 @@ static int has_avx512vbmi(void) {
 
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
-     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_rows_avx2_any, 1, codebook_gemv_avx512},
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1,
+     codebook_gemv_avx512},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
-     i8cb_b4_rows_avx512vnni, 64, i8cb_rows_avx2_any, 1, codebook_gemv_avx512},
+     i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1,
+     codebook_gemv_avx512},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
-     i8cb_rows_avx2_any, 1, codebook_gemv_avx2},
-    {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_rows_avx2_any, 0,
-     codebook_gemv_avx2},
-    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
+     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1, codebook_gemv_avx2},
+    {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
+     i8cb_rows_avx2_any, 0, codebook_gemv_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
 };
 
 #elif defined(__aarch64__)
 void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
 void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
@@ -73,14 +79,15 @@ static int has_neon_dotprod(void) {
 }
 
 static const KernelTable TABLES[] = {
-    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_rows_neon_any, 0,
+    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
+     i8cb_rows_neon_any, 0,
      codebook_gemv_ref},
-    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
 };
 #endif
 
@@ -152,6 +159,7 @@ const KernelTable *kernels_active(void) {
 I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
     if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || has_vnni))
         return K->i8_b4;
+    if (K->i8_b6 && bits == 6 && G % 32 == 0) return K->i8_b6;
     if (K->i8_any && G % 32 == 0) return K->i8_any;
     return i8cb_rows_generic;
 }

@@ -3,6 +3,7 @@
  *
  * A table says, for each tensor format, which function computes it: int8 codebooks with b = 4
  * (the default build) through an integer kernel of that ISA when G is a multiple of its chunk,
+ * b = 6 (the default embedding/classifier rule) through its b = 6 kernel when G % 32 == 0,
  * other int8 codebooks with G % 32 == 0 through its any-b kernel (if it has one), the rest
  * through the scalar reference; f16/f32 codebooks through the float lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
  * by name, for tests and benchmarks.
@@ -28,6 +29,8 @@ typedef struct {
     int (*supported)(void);
     I8RowsFn i8_b4;       /* int8 codebooks, b = 4, G % i8_b4_chunk == 0; NULL: generic */
     int i8_b4_chunk;
+    I8RowsFn i8_b6;       /* int8 codebooks, b = 6 (the default classifier), G % 32 == 0; NULL:
+                             i8_any */
     I8RowsFn i8_any;      /* int8 codebooks, any b, G % 32 == 0 (when i8_b4 does not apply) */
     int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
     FloatCbFn float_cb;   /* f16/f32 codebooks */

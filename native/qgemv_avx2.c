@@ -1,5 +1,6 @@
-/* qgemv_avx2.c: integer GEMV for int8 codebook tensors with b = 4, AVX2 and AVX-VNNI (256-bit)
- * (definitions in qgemv.h; docs/KERNELS.md "Integer kernels").
+/* qgemv_avx2.c: integer GEMV for int8 codebook tensors, AVX2 and AVX-VNNI (256-bit): b = 4,
+ * b = 6 (the default classifier) and any b (definitions in qgemv.h; docs/KERNELS.md "Integer
+ * kernels").
  *
  * Per 32 columns of a row (one activation block, wholly inside one sub-block as G % 32 == 0):
  * the 16 index bytes are split into their low nibbles (even columns) and high nibbles (odd
@@ -13,7 +14,9 @@
  *             of |m q| (<= 32385), so T = sum(lo part) + 256 * sum(hi part).
  * The int32 lanes are moved to an int64 sum before they can overflow (AVX2: every 128 chunks,
  * a lane gains at most 2*32258*255 per chunk; VNNI: every 8192 chunks, at most 4*255*127).
- * The AVX2 kernel works on two rows at a time, sharing the activation loads.
+ * The AVX2 kernel works on two rows at a time, sharing the activation loads. The inner loops
+ * over whole chunks make no calls (a row's partial last chunk is handled after them), so the
+ * accumulators, tables and activations stay in registers.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -23,8 +26,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define AVX2_FN __attribute__((target("avx2")))
-#define AVXVNNI_FN __attribute__((target("avx2,avxvnni")))
+#define AVX2_FN __attribute__((target("avx2,f16c")))
+#define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
 
 /* 32 indices of b = 4 from 16 bytes: low nibbles in the low half, high nibbles in the high. */
 AVX2_FN static inline __m256i nibbles32(const uint8_t *p) {
@@ -41,6 +44,14 @@ AVX2_FN static int64_t hsum_epi32_wide(__m256i v) {
     return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
 }
 
+/* i8_combine() with the f16 scales converted by F16C (exact, as the scalar conversion). */
+AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t *T, float D) {
+    const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
+    double acc = 0.0;
+    for (int s = 0; s < L->n_sub; s++) acc = acc + (double)_cvtsh_ss(sc[s]) * (double)T[s];
+    return (float)(acc * (double)D);
+}
+
 /* 32 columns of one row: int32 lanes of m * sum(q * w) (perm32 order, G % 32 == 0). */
 AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q, __m256i a,
                                       __m256i m) {
@@ -48,21 +59,32 @@ AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q,
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w, q)), m);
 }
 
-/* The index bytes of the block at column c of a row: in place, or for the row's last,
- * partial block a zero-padded copy in tail. */
-static inline const uint8_t *block_indices(const uint8_t *row, int c, int cols, uint8_t *tail) {
-    if (c + 32 <= cols) return row + c / 2;
-    i8_tail_indices(tail, row, c, cols);
-    return tail;
+/* Full 32-column chunks [c, stop) of two rows (index bytes i0, i1 at column 0 of the rows):
+ * int32 lanes added to *acc0 and *acc1. No calls inside, so the accumulators, tables and
+ * activations stay in registers. */
+AVX2_FN static inline void b4_pair_chunks(const uint8_t *i0, const uint8_t *i1,
+                                          const QuantActs *qa, int c, int stop, __m256i tbl0,
+                                          __m256i tbl1, __m256i *acc0, __m256i *acc1) {
+    __m256i s0 = *acc0, s1 = *acc1;
+    for (; c < stop; c += 32) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+        __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+        __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+        s0 = _mm256_add_epi32(s0, block32(i0 + c / 2, tbl0, q, a, m));
+        s1 = _mm256_add_epi32(s1, block32(i1 + c / 2, tbl1, q, a, m));
+    }
+    *acc0 = s0;
+    *acc1 = s1;
 }
 
 /* Two rows at once (ra, rb; the same row twice for a run's odd last row): the activation
- * loads and the block multiplier are shared. */
+ * loads and the block multiplier are shared. A row's last, partial chunk reads a zero-padded
+ * copy of its index bytes. */
 AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L, int ra, int rb,
                                int cols, int64_t *T0, int64_t *T1) {
     const uint8_t *row0 = L->indices + (size_t)ra * L->row_bytes;
     const uint8_t *row1 = L->indices + (size_t)rb * L->row_bytes;
-    const __m256i zero = _mm256_setzero_si256();
+    const int full = cols & ~31; /* columns in whole chunks */
     for (int s = 0; s < L->n_sub; s++) {
         const int8_t *cb0 = L->cent + ((size_t)ra * (size_t)L->n_sub + (size_t)s) * 16u;
         const int8_t *cb1 = L->cent + ((size_t)rb * (size_t)L->n_sub + (size_t)s) * 16u;
@@ -75,25 +97,28 @@ AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L,
         int64_t t0 = 0, t1 = 0;
         for (int c = c0; c < c1;) {
             int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
-            __m256i acc0 = zero, acc1 = zero;
-            for (; c < stop; c += 32) {
+            int stop_full = stop < full ? stop : full;
+            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+            b4_pair_chunks(row0, row1, qa, c, stop_full, tbl0, tbl1, &acc0, &acc1);
+            if (stop_full < stop) { /* the row's partial last chunk */
                 uint8_t tail0[16], tail1[16];
-                __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
-                __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
-                __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
-                acc0 = _mm256_add_epi32(
-                    acc0, block32(block_indices(row0, c, cols, tail0), tbl0, q, a, m));
-                acc1 = _mm256_add_epi32(
-                    acc1, block32(block_indices(row1, c, cols, tail1), tbl1, q, a, m));
+                i8_tail_indices(tail0, row0, full, cols);
+                i8_tail_indices(tail1, row1, full, cols);
+                __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + full));
+                __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + full));
+                __m256i m = _mm256_set1_epi16(qa->m16[full / 32]);
+                acc0 = _mm256_add_epi32(acc0, block32(tail0, tbl0, q, a, m));
+                acc1 = _mm256_add_epi32(acc1, block32(tail1, tbl1, q, a, m));
             }
+            c = stop;
             t0 += hsum_epi32_wide(acc0);
             t1 += hsum_epi32_wide(acc1);
         }
         T0[s] = t0;
         T1[s] = t1;
     }
-    y[ra] = i8_combine(L, ra, T0, qa->D);
-    y[rb] = i8_combine(L, rb, T1, qa->D);
+    y[ra] = combine_f16c(L, ra, T0, qa->D);
+    y[rb] = combine_f16c(L, rb, T1, qa->D);
 }
 
 AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
@@ -102,10 +127,23 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     for (int r = r0; r < r1; r += 2) rows2_avx2(y, qa, L, r, r + 1 < r1 ? r + 1 : r, cols, T0, T1);
 }
 
+/* 32 columns at c (index bytes at ip): lo and hi gain the VNNI dot products. */
+AVXVNNI_FN static inline void vnni_step32(const uint8_t *ip, __m256i tbl, const QuantActs *qa,
+                                          int c, __m256i *lo, __m256i *hi) {
+    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
+    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+    __m256i ws = _mm256_sign_epi8(w, q);
+    *lo = _mm256_dpbusd_avx_epi32(
+        *lo, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_lo + c)), ws);
+    *hi = _mm256_dpbusd_avx_epi32(
+        *hi, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_hi + c)), ws);
+}
+
 AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                                      int r1, int cols) {
     int64_t T[L->n_sub];
     const __m256i zero = _mm256_setzero_si256();
+    const int full = cols & ~31; /* columns in whole chunks */
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
         for (int s = 0; s < L->n_sub; s++) {
@@ -117,27 +155,21 @@ AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layo
             int64_t t = 0;
             for (int c = c0; c < c1;) {
                 int stop = c + 8192 * 32 < c1 ? c + 8192 * 32 : c1;
+                int stop_full = stop < full ? stop : full;
                 __m256i lo = zero, hi = zero;
-                for (; c < stop; c += 32) {
+                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
+                    vnni_step32(row + c / 2, tbl, qa, c, &lo, &hi);
+                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
                     uint8_t tail[16];
-                    const uint8_t *ip = row + c / 2;
-                    if (c + 32 > cols) {
-                        i8_tail_indices(tail, row, c, cols);
-                        ip = tail;
-                    }
-                    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
-                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
-                    __m256i ws = _mm256_sign_epi8(w, q);
-                    lo = _mm256_dpbusd_avx_epi32(
-                        lo, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_lo + c)), ws);
-                    hi = _mm256_dpbusd_avx_epi32(
-                        hi, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_hi + c)), ws);
+                    i8_tail_indices(tail, row, c, cols);
+                    vnni_step32(tail, tbl, qa, c, &lo, &hi);
+                    c = stop;
                 }
                 t += hsum_epi32_wide(lo) + 256 * hsum_epi32_wide(hi);
             }
             T[s] = t;
         }
-        y[r] = i8_combine(L, r, T, qa->D);
+        y[r] = combine_f16c(L, r, T, qa->D);
     }
 }
 
@@ -148,7 +180,7 @@ AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layo
  * in the sub-block's K int8 centroids with K/16 vpshufb (16-entry tables) joined by vpblendvb
  * on index bits 4..7 (each moved to the byte's top bit by a shift); then as for b = 4, with
  * the activations in natural order (q and |q| = vpabsb q). */
-#define AVX2_BMI2_FN __attribute__((target("avx2,bmi2")))
+#define AVX2_BMI2_FN __attribute__((target("avx2,f16c,bmi2")))
 
 /* The 8 indices of the group at p (b bytes) as 8 bytes. Reads 8 bytes when they lie inside
  * the payload, else only the group's b bytes. */
@@ -179,6 +211,50 @@ __attribute__((always_inline)) AVX2_BMI2_FN static inline __m256i lookup_k(__m25
     return r[0];
 }
 
+/* The sub-block's K int8 centroids as k/16 tables of 16 (broadcast to both halves); a table of
+ * fewer than 16 (b < 4) is zero-padded. */
+__attribute__((always_inline)) AVX2_FN static inline void load_tables(__m256i *tbl,
+                                                                      const int8_t *cb, int K,
+                                                                      const int k) {
+    if (K >= 16) {
+        for (int i = 0; i < k / 16; i++)
+            tbl[i] = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(const void *)(cb + 16 * i)));
+    } else {
+        int8_t t16[16] = {0};
+        memcpy(t16, cb, (size_t)K);
+        tbl[0] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t16));
+    }
+}
+
+/* int32 lanes of m * sum(q * w) for 32 columns at c in natural order, w = the int8 weights. */
+AVX2_FN static inline __m256i dot32_natural(const QuantActs *qa, int c, __m256i w) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
+    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(w, q));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32]));
+}
+
+/* The 32 index bytes of the chunk at column c of a row: four groups of 8 b-bit indices, each
+ * one pdep away from 8 bytes. `whole` says the 8-byte reads of all four groups lie inside the
+ * payload and the chunk inside the row; otherwise only the groups' own bytes are read. */
+__attribute__((always_inline)) AVX2_BMI2_FN static inline __m256i
+chunk_indices(const uint8_t *row, int c, int cols, int b, uint64_t dep, const uint8_t *end,
+              int whole) {
+    const uint8_t *g0 = row + (size_t)(c / 8) * (size_t)b;
+    uint64_t g[4] = {0, 0, 0, 0};
+    if (whole) {
+        uint64_t v0, v1, v2, v3;
+        memcpy(&v0, g0, 8);
+        memcpy(&v1, g0 + b, 8);
+        memcpy(&v2, g0 + 2 * b, 8);
+        memcpy(&v3, g0 + 3 * b, 8);
+        return _mm256_set_epi64x((long long)_pdep_u64(v3, dep), (long long)_pdep_u64(v2, dep),
+                                 (long long)_pdep_u64(v1, dep), (long long)_pdep_u64(v0, dep));
+    }
+    for (int j = 0; j < 4 && c + 8 * j < cols; j++) g[j] = group_bytes(g0 + j * b, b, dep, end);
+    return _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
+}
+
 /* Rows [r0, r1) for a table of k (>= 16: b < 4 pads to 16) entries. */
 __attribute__((always_inline)) AVX2_BMI2_FN static inline void
 rows_any_k(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols,
@@ -190,51 +266,109 @@ rows_any_k(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int
     for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        /* columns whose chunk can be read with whole 8-byte group loads */
+        int fast = cols & ~31;
+        while (fast > 0 && L->end - (row + (size_t)((fast - 32) / 8) * (size_t)b) < 3 * b + 8)
+            fast -= 32;
         for (int s = 0; s < L->n_sub; s++) {
-            const int8_t *cb =
-                L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
-            if (L->k >= 16) {
-                for (int i = 0; i < k / 16; i++)
-                    tbl[i] = _mm256_broadcastsi128_si256(
-                        _mm_loadu_si128((const __m128i *)(const void *)(cb + 16 * i)));
-            } else {
-                int8_t t16[16] = {0};
-                memcpy(t16, cb, (size_t)L->k);
-                tbl[0] = _mm256_broadcastsi128_si256(
-                    _mm_loadu_si128((const __m128i *)(const void *)t16));
-            }
+            load_tables(tbl, L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k,
+                        L->k, k);
             int c0 = s * L->group_size;
             int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
             int64_t t = 0;
             for (int c = c0; c < c1;) {
                 int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
+                int stop_fast = stop < fast ? stop : fast;
                 __m256i acc = _mm256_setzero_si256();
+                for (; c < stop_fast; c += 32) {
+                    __m256i idx = chunk_indices(row, c, cols, b, dep, L->end, 1);
+                    acc = _mm256_add_epi32(acc, dot32_natural(qa, c, lookup_k(idx, tbl, k)));
+                }
                 for (; c < stop; c += 32) {
-                    const uint8_t *g0 = row + (size_t)(c / 8) * (size_t)b;
-                    uint64_t g[4] = {0, 0, 0, 0};
-                    if (c + 32 <= cols && L->end - g0 >= 3 * b + 8) { /* 4 whole groups */
-                        for (int j = 0; j < 4; j++) {
-                            uint64_t v;
-                            memcpy(&v, g0 + j * b, 8);
-                            g[j] = _pdep_u64(v, dep);
-                        }
-                    } else {
-                        for (int j = 0; j < 4 && c + 8 * j < cols; j++)
-                            g[j] = group_bytes(g0 + j * b, b, dep, L->end);
-                    }
-                    __m256i idx = _mm256_setr_epi64x((long long)g[0], (long long)g[1],
-                                                     (long long)g[2], (long long)g[3]);
-                    __m256i w = lookup_k(idx, tbl, k);
-                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
-                    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(w, q));
-                    acc = _mm256_add_epi32(
-                        acc, _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32])));
+                    __m256i idx = chunk_indices(row, c, cols, b, dep, L->end, 0);
+                    acc = _mm256_add_epi32(acc, dot32_natural(qa, c, lookup_k(idx, tbl, k)));
                 }
                 t += hsum_epi32_wide(acc);
             }
             T[s] = t;
         }
-        y[r] = i8_combine(L, r, T, qa->D);
+        y[r] = combine_f16c(L, r, T, qa->D);
+    }
+}
+
+/* ---- b = 6, AVX2 (natural column order) ----
+ * 32 indices are 24 bytes (4 indices per 3 bytes, FORMAT.md). Both 128-bit halves get 16 bytes
+ * (bytes 0..15 and 8..23, so nothing past the chunk is read); vpshufb places under each index
+ * the 16-bit word that holds it, vpmullw moves the index's 6 bits to the word's top and a shift
+ * by 10 brings them down (index k of a 3-byte group sits at bit 0, 6, 12 or 18, i.e. bit 0 or 6
+ * of the word at byte 0, bit 4 or 10 of the word at byte 1); vpackuswb joins the two word
+ * vectors in column order. The 64 centroids are four 16-entry vpshufb tables joined by
+ * vpblendvb on index bits 4 and 5. */
+AVX2_FN static inline __m256i b6_indices(const uint8_t *p) {
+    const __m256i lo_words = _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 1, 2, 3, 4, 3, 4, 4, 5, 4, 5,
+                                              4, 5, 4, 5, 5, 6, 5, 6, 7, 8, 7, 8, 8, 9, 8, 9);
+    const __m256i hi_words = _mm256_setr_epi8(6, 7, 6, 7, 7, 8, 7, 8, 9, 10, 9, 10, 10, 11, 10,
+                                              11, 10, 11, 10, 11, 11, 12, 11, 12, 13, 14, 13, 14,
+                                              14, 15, 14, 15);
+    const __m256i to_top = _mm256_setr_epi16(1024, 16, 64, 1, 1024, 16, 64, 1, 1024, 16, 64, 1,
+                                             1024, 16, 64, 1);
+    __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)),
+        _mm_loadu_si128((const __m128i *)(const void *)(p + 8)), 1);
+    __m256i a =
+        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, lo_words), to_top), 10);
+    __m256i b =
+        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, hi_words), to_top), 10);
+    return _mm256_packus_epi16(a, b);
+}
+
+/* 32 int8 centroids for 32 indices in 0..63 (vpshufb reads bits 0..3, bit 7 is clear). */
+AVX2_FN static inline __m256i b6_lookup(__m256i idx, __m256i t0, __m256i t1, __m256i t2,
+                                        __m256i t3) {
+    __m256i bit4 = _mm256_slli_epi16(idx, 3), bit5 = _mm256_slli_epi16(idx, 2);
+    __m256i lo =
+        _mm256_blendv_epi8(_mm256_shuffle_epi8(t0, idx), _mm256_shuffle_epi8(t1, idx), bit4);
+    __m256i hi =
+        _mm256_blendv_epi8(_mm256_shuffle_epi8(t2, idx), _mm256_shuffle_epi8(t3, idx), bit4);
+    return _mm256_blendv_epi8(lo, hi, bit5);
+}
+
+AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    int64_t T[L->n_sub];
+    const int full = cols & ~31;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u;
+            __m256i t[4];
+            for (int i = 0; i < 4; i++)
+                t[i] = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128((const __m128i *)(const void *)(cb + 16 * i)));
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t sum = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
+                int stop_full = stop < full ? stop : full;
+                __m256i acc = _mm256_setzero_si256();
+                for (; c < stop_full; c += 32) {
+                    __m256i w = b6_lookup(b6_indices(row + (size_t)c / 32 * 24u), t[0], t[1],
+                                          t[2], t[3]);
+                    acc = _mm256_add_epi32(acc, dot32_natural(qa, c, w));
+                }
+                if (c < stop) { /* the row's partial last chunk: a zero-padded copy */
+                    uint8_t tail[24] = {0};
+                    memcpy(tail, row + (size_t)c / 32 * 24u, (size_t)((cols - c + 7) / 8) * 6u);
+                    __m256i w = b6_lookup(b6_indices(tail), t[0], t[1], t[2], t[3]);
+                    acc = _mm256_add_epi32(acc, dot32_natural(qa, c, w));
+                    c = stop;
+                }
+                sum += hsum_epi32_wide(acc);
+            }
+            T[s] = sum;
+        }
+        y[r] = combine_f16c(L, r, T, qa->D);
     }
 }
 

@@ -39,9 +39,19 @@
         _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),                                      \
         _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))))
 
+/* 64 columns at c from the index bytes at ip: lo/hi gain the VNNI dot products. */
+#define STEP64(LOOKUP, ip)                                                                     \
+    do {                                                                                       \
+        __m512i w = LOOKUP(tbl, NIBBLES64((ip), shift, low4));                                 \
+        __m512i ws = _mm512_mask_sub_epi8(w, (__mmask64)qa->neg[c / 64], zero, w);             \
+        lo = _mm512_dpbusd_epi32(lo, _mm512_loadu_si512((const void *)(qa->mq_lo + c)), ws);   \
+        hi = _mm512_dpbusd_epi32(hi, _mm512_loadu_si512((const void *)(qa->mq_hi + c)), ws);   \
+    } while (0)
+
 /* The row loop, for a lookup LOOKUP(table, idx) of one ISA. */
 #define I8CB_B4_ROWS_512(LOOKUP)                                                               \
     int64_t T[L->n_sub];                                                                       \
+    const int full = cols & ~63; /* columns in whole 64-column steps */                       \
     const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,       \
                                            0x0004000400040004, 0x0004000400040004, 0, 0);      \
     const __m512i low4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();               \
@@ -56,21 +66,15 @@
             int64_t t = 0;                                                                     \
             for (int c = c0; c < c1;) {                                                        \
                 int stop = c + 4096 * 64 < c1 ? c + 4096 * 64 : c1;                            \
+                int stop_full = stop < full ? stop : full;                                     \
                 __m512i lo = zero, hi = zero;                                                  \
-                for (; c < stop; c += 64) {                                                    \
-                    uint8_t tail[32];                                                          \
-                    const uint8_t *ip = row + c / 2;                                           \
-                    if (c + 64 > cols) { /* the row's last, partial step */                    \
-                        memset(tail, 0, sizeof tail);                                          \
-                        memcpy(tail, ip, (size_t)((cols - c + 7) / 8) * 4u);                   \
-                        ip = tail;                                                             \
-                    }                                                                          \
-                    __m512i w = LOOKUP(tbl, NIBBLES64(ip, shift, low4));                       \
-                    __m512i ws = _mm512_mask_sub_epi8(w, (__mmask64)qa->neg[c / 64], zero, w); \
-                    lo = _mm512_dpbusd_epi32(                                                  \
-                        lo, _mm512_loadu_si512((const void *)(qa->mq_lo + c)), ws);            \
-                    hi = _mm512_dpbusd_epi32(                                                  \
-                        hi, _mm512_loadu_si512((const void *)(qa->mq_hi + c)), ws);            \
+                for (; c < stop_full; c += 64) /* no calls: everything stays in registers */   \
+                    STEP64(LOOKUP, row + c / 2);                                               \
+                if (c < stop) { /* the row's last, partial step: a zero-padded copy */         \
+                    uint8_t tail[32] = {0};                                                    \
+                    memcpy(tail, row + c / 2, (size_t)((cols - c + 7) / 8) * 4u);              \
+                    STEP64(LOOKUP, tail);                                                      \
+                    c = stop;                                                                  \
                 }                                                                              \
                 t += HSUM_WIDE(lo) + 256 * HSUM_WIDE(hi);                                      \
             }                                                                                  \

@@ -8,7 +8,8 @@
  * centroids, and two sdot (signed x signed, no sign trick needed) sum the block into 4 int32
  * lanes, which are multiplied by the block multiplier m and accumulated (vmla). A lane gains at
  * most 8*127*127*255 per block, so the lanes move to int64 every 64 blocks.
- * i8cb_rows_neon_any covers every other b (G % 32 == 0) with multi-register tbl lookups.
+ * i8cb_b6_rows_neon unpacks b = 6 with tbl and per-lane shifts; i8cb_rows_neon_any covers every
+ * other b (G % 32 == 0) with multi-register tbl lookups.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -20,10 +21,21 @@
 
 #define NEON_FN __attribute__((target("dotprod")))
 
+/* acc + m * (the 32 columns at c), index bytes at ip */
+NEON_FN static inline int32x4_t block32_neon(int32x4_t acc, const uint8_t *ip, int8x16_t tbl,
+                                             const QuantActs *qa, int c) {
+    uint8x16_t v = vld1q_u8(ip);
+    int8x16_t w_even = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0f)));
+    int8x16_t w_odd = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
+    int32x4_t d = vdotq_s32(vdupq_n_s32(0), w_even, vld1q_s8(qa->qp + c));
+    d = vdotq_s32(d, w_odd, vld1q_s8(qa->qp + c + 16));
+    return vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
+}
+
 NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
     int64_t T[L->n_sub];
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    const int full = cols & ~31; /* columns in whole chunks */
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
         for (int s = 0; s < L->n_sub; s++) {
@@ -34,20 +46,15 @@ NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L,
             int64_t t = 0;
             for (int c = c0; c < c1;) {
                 int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
+                int stop_full = stop < full ? stop : full;
                 int32x4_t acc = vdupq_n_s32(0);
-                for (; c < stop; c += 32) {
+                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
+                    acc = block32_neon(acc, row + c / 2, tbl, qa, c);
+                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
                     uint8_t tail[16];
-                    const uint8_t *ip = row + c / 2;
-                    if (c + 32 > cols) {
-                        i8_tail_indices(tail, row, c, cols);
-                        ip = tail;
-                    }
-                    uint8x16_t v = vld1q_u8(ip);
-                    int8x16_t w_even = vqtbl1q_s8(tbl, vandq_u8(v, low4));
-                    int8x16_t w_odd = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
-                    int32x4_t d = vdotq_s32(vdupq_n_s32(0), w_even, vld1q_s8(qa->qp + c));
-                    d = vdotq_s32(d, w_odd, vld1q_s8(qa->qp + c + 16));
-                    acc = vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
+                    i8_tail_indices(tail, row, c, cols);
+                    acc = block32_neon(acc, tail, tbl, qa, c);
+                    c = stop;
                 }
                 t += vaddlvq_s32(acc);
             }
@@ -57,6 +64,71 @@ NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L,
     }
 }
 
+
+/* b = 6 (G % 32 == 0): 32 indices are 24 bytes (4 per 3 bytes). tbl places under each index
+ * the 16-bit word holding it (from bytes 0..15 and 8..23 of the chunk, so nothing past it is
+ * read), a per-lane shift right by 0, 6, 4 or 10 and a mask bring its 6 bits down, and vmovn
+ * narrows the words to bytes in column order. The 64 centroids are one 4-register tbl. */
+NEON_FN static inline void b6_indices_neon(const uint8_t *p, uint8x16_t *lo, uint8x16_t *hi) {
+    static const uint8_t pick[4][16] = {
+        {0, 1, 0, 1, 1, 2, 1, 2, 3, 4, 3, 4, 4, 5, 4, 5},
+        {6, 7, 6, 7, 7, 8, 7, 8, 9, 10, 9, 10, 10, 11, 10, 11},
+        {4, 5, 4, 5, 5, 6, 5, 6, 7, 8, 7, 8, 8, 9, 8, 9},
+        {10, 11, 10, 11, 11, 12, 11, 12, 13, 14, 13, 14, 14, 15, 14, 15}};
+    static const int16_t shifts[8] = {0, -6, -4, -10, 0, -6, -4, -10};
+    const int16x8_t sh = vld1q_s16(shifts);
+    const uint16x8_t six = vdupq_n_u16(0x3f);
+    uint8x16_t v0 = vld1q_u8(p), v1 = vld1q_u8(p + 8);
+    uint16x8_t w[4];
+    for (int i = 0; i < 4; i++) {
+        uint8x16_t words = vqtbl1q_u8(i < 2 ? v0 : v1, vld1q_u8(pick[i]));
+        w[i] = vandq_u16(vshlq_u16(vreinterpretq_u16_u8(words), sh), six);
+    }
+    *lo = vcombine_u8(vmovn_u16(w[0]), vmovn_u16(w[1]));
+    *hi = vcombine_u8(vmovn_u16(w[2]), vmovn_u16(w[3]));
+}
+
+/* acc + m * (the 32 columns at c), index bytes at p */
+NEON_FN static inline int32x4_t b6_block32_neon(int32x4_t acc, const uint8_t *p,
+                                                int8x16x4_t tbl, const QuantActs *qa, int c) {
+    uint8x16_t lo, hi;
+    b6_indices_neon(p, &lo, &hi);
+    int32x4_t d = vdotq_s32(vdupq_n_s32(0), vqtbl4q_s8(tbl, lo), vld1q_s8(qa->q + c));
+    d = vdotq_s32(d, vqtbl4q_s8(tbl, hi), vld1q_s8(qa->q + c + 16));
+    return vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
+}
+
+NEON_FN void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    int64_t T[L->n_sub];
+    const int full = cols & ~31; /* columns in whole chunks */
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        for (int s = 0; s < L->n_sub; s++) {
+            const int8x16x4_t tbl =
+                vld1q_s8_x4(L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u);
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
+                int stop_full = stop < full ? stop : full;
+                int32x4_t acc = vdupq_n_s32(0);
+                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
+                    acc = b6_block32_neon(acc, row + (size_t)c / 32 * 24u, tbl, qa, c);
+                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
+                    uint8_t tail[24] = {0};
+                    memcpy(tail, row + (size_t)c / 32 * 24u, (size_t)((cols - c + 7) / 8) * 6u);
+                    acc = b6_block32_neon(acc, tail, tbl, qa, c);
+                    c = stop;
+                }
+                t += vaddlvq_s32(acc);
+            }
+            T[s] = t;
+        }
+        y[r] = i8_combine(L, r, T, qa->D);
+    }
+}
 
 /* Any b in 1..8 with G % 32 == 0: each group of 8 b-bit indices becomes 8 index bytes by
  * shifts, and the 32 bytes are looked up in the sub-block's K int8 centroids with tbl over up
