@@ -42,10 +42,10 @@ from ditto_core import format as F  # noqa: E402
 from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
 from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
+from native import KERNEL_SOURCES  # noqa: E402
 
 NATIVE = ROOT / "native"
-KERNEL_FILES = ("matmul.c", "kernels.c", "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c",
-                "qgemv_neon.c", "codebook_avx2.c", "codebook_avx512.c")
+KERNEL_FILES = KERNEL_SOURCES
 SHAPES = "576x576,1536x576,576x1536,49152x576,4096x4096,11008x4096,4096x11008"
 #: format name -> (encoding id, codebook type id) of the tensor table
 ENC = {"f32": F.ENC_F32, "int8": F.ENC_CODEBOOK, "f16": F.ENC_CODEBOOK}

@@ -37,11 +37,10 @@ sys.path.insert(0, str(ROOT))
 from ditto_core import codebook  # noqa: E402
 from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
+from native import KERNEL_SOURCES  # noqa: E402
 
 NATIVE = ROOT / "native"
-#: matmul.c's dispatcher needs the kernel tables (kernels.c) and the integer kernels
-KERNEL_FILES = ("codebook_avx2.c", "codebook_avx512.c", "matmul.c", "kernels.c",
-                "qgemv_generic.c", "qgemv_avx2.c", "qgemv_avx512.c", "qgemv_neon.c")
+KERNEL_FILES = KERNEL_SOURCES
 CB_F16 = codebook.TYPE_IDS["f16"]
 # SmolLM2-135M: q/o (576x576), gate/up (1536x576), down (576x1536), classifier (49152x576)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]

@@ -32,6 +32,8 @@ void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
+void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                    int rows, int cols);
 
 static int has_avx2(void) {
     __builtin_cpu_init();
@@ -50,16 +52,16 @@ static int has_avx512vbmi(void) {
 
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
-     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1,
-     codebook_gemv_avx512},
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any,
+     i8cb_gemm_avx2, 1, codebook_gemv_avx512},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
-     i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1,
+     i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1,
      codebook_gemv_avx512},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
-     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, 1, codebook_gemv_avx2},
+     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1, codebook_gemv_avx2},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
-     i8cb_rows_avx2_any, 0, codebook_gemv_avx2},
-    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
+     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
 };
 
 #elif defined(__aarch64__)
@@ -80,14 +82,13 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, 0,
-     codebook_gemv_ref},
-    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
+     i8cb_rows_neon_any, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, NULL, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
 };
 #endif
 
@@ -235,6 +236,7 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
     int vnni = 1;
     for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
     I8RowsFn fn = kernel_pick_i8(K, bits, G, vnni);
+    I8GemmFn gemm = K->i8_gemm && G % 32 == 0 ? K->i8_gemm : NULL;
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
@@ -243,10 +245,15 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
 #ifdef _OPENMP
         split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
 #endif
-        /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
-        for (int rb = r0; rb < r1; rb += 16) {
-            int re = rb + 16 < r1 ? rb + 16 : r1;
-            for (int t = 0; t < T; t++) fn(Y + (size_t)t * (size_t)rows, &qa[t], &L, rb, re, cols);
+        if (gemm) {
+            if (r0 < r1) gemm(Y, qa, T, &L, r0, r1, rows, cols);
+        } else {
+            /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
+            for (int rb = r0; rb < r1; rb += 16) {
+                int re = rb + 16 < r1 ? rb + 16 : r1;
+                for (int t = 0; t < T; t++)
+                    fn(Y + (size_t)t * (size_t)rows, &qa[t], &L, rb, re, cols);
+            }
         }
     }
 }

@@ -19,6 +19,10 @@
 /* rows [r0, r1) of y = W x for an int8 codebook tensor (qgemv.h) */
 typedef void (*I8RowsFn)(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                          int cols);
+/* Y[t][r] (row stride `rows`) for t < T and rows [r0, r1) of an int8 codebook tensor: a GEMM over
+ * T quantized inputs that decodes each row's weights once (bit-identical to the row kernels) */
+typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                         int rows, int cols);
 /* the whole y = W x for an f16/f32 codebook tensor (parameters of codebook_gemv_ref) */
 typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
@@ -32,6 +36,8 @@ typedef struct {
     I8RowsFn i8_b6;       /* int8 codebooks, b = 6 (the default classifier), G % 32 == 0; NULL:
                              i8_any */
     I8RowsFn i8_any;      /* int8 codebooks, any b, G % 32 == 0 (when i8_b4 does not apply) */
+    I8GemmFn i8_gemm;     /* int8 codebooks, any b, G % 32 == 0, T inputs (prefill); NULL: the
+                             row kernels once per input */
     int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
     FloatCbFn float_cb;   /* f16/f32 codebooks */
 } KernelTable;

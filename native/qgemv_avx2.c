@@ -26,31 +26,9 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define AVX2_FN __attribute__((target("avx2,f16c")))
+#include "simd_avx2.h"
+
 #define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
-
-/* 32 indices of b = 4 from 16 bytes: low nibbles in the low half, high nibbles in the high. */
-AVX2_FN static inline __m256i nibbles32(const uint8_t *p) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-AVX2_FN static int64_t hsum_epi32_wide(__m256i v) {
-    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
-    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
-    __m256i s = _mm256_add_epi64(lo, hi);
-    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
-}
-
-/* i8_combine() with the f16 scales converted by F16C (exact, as the scalar conversion). */
-AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t *T, float D) {
-    const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
-    double acc = 0.0;
-    for (int s = 0; s < L->n_sub; s++) acc = acc + (double)_cvtsh_ss(sc[s]) * (double)T[s];
-    return (float)(acc * (double)D);
-}
 
 /* 32 columns of one row: int32 lanes of m * sum(q * w) (perm32 order, G % 32 == 0). */
 AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q, __m256i a,
@@ -180,79 +158,12 @@ AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layo
  * in the sub-block's K int8 centroids with K/16 vpshufb (16-entry tables) joined by vpblendvb
  * on index bits 4..7 (each moved to the byte's top bit by a shift); then as for b = 4, with
  * the activations in natural order (q and |q| = vpabsb q). */
-#define AVX2_BMI2_FN __attribute__((target("avx2,f16c,bmi2")))
-
-/* The 8 indices of the group at p (b bytes) as 8 bytes. Reads 8 bytes when they lie inside
- * the payload, else only the group's b bytes. */
-AVX2_BMI2_FN static inline uint64_t group_bytes(const uint8_t *p, int bits, uint64_t dep_mask,
-                                                const uint8_t *end) {
-    uint64_t v = 0;
-    if (end - p >= 8) memcpy(&v, p, 8);
-    else memcpy(&v, p, (size_t)bits);
-    return _pdep_u64(v, dep_mask);
-}
-
-/* 32 int8 centroids for 32 index bytes: tables tbl[0..K/16) of 16 entries each (k a
- * constant after inlining, so the loops unroll). */
-__attribute__((always_inline)) AVX2_BMI2_FN static inline __m256i lookup_k(__m256i idx,
-                                                                           const __m256i *tbl,
-                                                                           const int k) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256i lo = _mm256_and_si256(idx, low4); /* vpshufb zeroes a lane whose bit 7 is set */
-    if (k <= 16) return _mm256_shuffle_epi8(tbl[0], lo);
-    __m256i r[16];
-    const int n = k / 16;
-    for (int i = 0; i < n; i++) r[i] = _mm256_shuffle_epi8(tbl[i], lo);
-    for (int bit = 4, step = 1; step < n; bit++, step *= 2) { /* bit 4 picks pairs, ... */
-        __m256i sel = _mm256_slli_epi16(idx, 7 - bit); /* index bit -> the byte's top bit */
-        for (int i = 0; i + step < n; i += 2 * step)
-            r[i] = _mm256_blendv_epi8(r[i], r[i + step], sel);
-    }
-    return r[0];
-}
-
-/* The sub-block's K int8 centroids as k/16 tables of 16 (broadcast to both halves); a table of
- * fewer than 16 (b < 4) is zero-padded. */
-__attribute__((always_inline)) AVX2_FN static inline void load_tables(__m256i *tbl,
-                                                                      const int8_t *cb, int K,
-                                                                      const int k) {
-    if (K >= 16) {
-        for (int i = 0; i < k / 16; i++)
-            tbl[i] = _mm256_broadcastsi128_si256(
-                _mm_loadu_si128((const __m128i *)(const void *)(cb + 16 * i)));
-    } else {
-        int8_t t16[16] = {0};
-        memcpy(t16, cb, (size_t)K);
-        tbl[0] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t16));
-    }
-}
 
 /* int32 lanes of m * sum(q * w) for 32 columns at c in natural order, w = the int8 weights. */
 AVX2_FN static inline __m256i dot32_natural(const QuantActs *qa, int c, __m256i w) {
     __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
     __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(w, q));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32]));
-}
-
-/* The 32 index bytes of the chunk at column c of a row: four groups of 8 b-bit indices, each
- * one pdep away from 8 bytes. `whole` says the 8-byte reads of all four groups lie inside the
- * payload and the chunk inside the row; otherwise only the groups' own bytes are read. */
-__attribute__((always_inline)) AVX2_BMI2_FN static inline __m256i
-chunk_indices(const uint8_t *row, int c, int cols, int b, uint64_t dep, const uint8_t *end,
-              int whole) {
-    const uint8_t *g0 = row + (size_t)(c / 8) * (size_t)b;
-    uint64_t g[4] = {0, 0, 0, 0};
-    if (whole) {
-        uint64_t v0, v1, v2, v3;
-        memcpy(&v0, g0, 8);
-        memcpy(&v1, g0 + b, 8);
-        memcpy(&v2, g0 + 2 * b, 8);
-        memcpy(&v3, g0 + 3 * b, 8);
-        return _mm256_set_epi64x((long long)_pdep_u64(v3, dep), (long long)_pdep_u64(v2, dep),
-                                 (long long)_pdep_u64(v1, dep), (long long)_pdep_u64(v0, dep));
-    }
-    for (int j = 0; j < 4 && c + 8 * j < cols; j++) g[j] = group_bytes(g0 + j * b, b, dep, end);
-    return _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
 }
 
 /* Rows [r0, r1) for a table of k (>= 16: b < 4 pads to 16) entries. */
@@ -304,35 +215,6 @@ rows_any_k(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int
  * of the word at byte 0, bit 4 or 10 of the word at byte 1); vpackuswb joins the two word
  * vectors in column order. The 64 centroids are four 16-entry vpshufb tables joined by
  * vpblendvb on index bits 4 and 5. */
-AVX2_FN static inline __m256i b6_indices(const uint8_t *p) {
-    const __m256i lo_words = _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 1, 2, 3, 4, 3, 4, 4, 5, 4, 5,
-                                              4, 5, 4, 5, 5, 6, 5, 6, 7, 8, 7, 8, 8, 9, 8, 9);
-    const __m256i hi_words = _mm256_setr_epi8(6, 7, 6, 7, 7, 8, 7, 8, 9, 10, 9, 10, 10, 11, 10,
-                                              11, 10, 11, 10, 11, 11, 12, 11, 12, 13, 14, 13, 14,
-                                              14, 15, 14, 15);
-    const __m256i to_top = _mm256_setr_epi16(1024, 16, 64, 1, 1024, 16, 64, 1, 1024, 16, 64, 1,
-                                             1024, 16, 64, 1);
-    __m256i v = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)),
-        _mm_loadu_si128((const __m128i *)(const void *)(p + 8)), 1);
-    __m256i a =
-        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, lo_words), to_top), 10);
-    __m256i b =
-        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, hi_words), to_top), 10);
-    return _mm256_packus_epi16(a, b);
-}
-
-/* 32 int8 centroids for 32 indices in 0..63 (vpshufb reads bits 0..3, bit 7 is clear). */
-AVX2_FN static inline __m256i b6_lookup(__m256i idx, __m256i t0, __m256i t1, __m256i t2,
-                                        __m256i t3) {
-    __m256i bit4 = _mm256_slli_epi16(idx, 3), bit5 = _mm256_slli_epi16(idx, 2);
-    __m256i lo =
-        _mm256_blendv_epi8(_mm256_shuffle_epi8(t0, idx), _mm256_shuffle_epi8(t1, idx), bit4);
-    __m256i hi =
-        _mm256_blendv_epi8(_mm256_shuffle_epi8(t2, idx), _mm256_shuffle_epi8(t3, idx), bit4);
-    return _mm256_blendv_epi8(lo, hi, bit5);
-}
-
 AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
     int64_t T[L->n_sub];

@@ -16,14 +16,13 @@ import pytest
 
 from ditto_core.types import CodebookTensor
 from ditto_pack_bits import codebook_payload
+from native import KERNEL_SOURCES
 from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
 DRIVER = ROOT / "tests" / "codebook_simd_driver.c"
-KERNEL_SRC = [NATIVE / "codebook_avx2.c", NATIVE / "codebook_avx512.c", NATIVE / "matmul.c",
-              *(NATIVE / f for f in ("kernels.c", "qgemv_generic.c", "qgemv_avx2.c",
-                                     "qgemv_avx512.c", "qgemv_neon.c"))]
+KERNEL_SRC = [NATIVE / f for f in KERNEL_SOURCES]
 SIMD = ["codebook_gemv_avx2", "codebook_gemv_avx512"]
 STD = ["-std=c11", "-D_POSIX_C_SOURCE=200809L"]
 WARN = ["-Wall", "-Wextra", "-Werror"]
