@@ -41,8 +41,8 @@ from ditto_core import codebook  # noqa: E402
 from ditto_core import format as F  # noqa: E402
 from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
+from ditto_native import KERNEL_SOURCES  # noqa: E402
 from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
-from native import KERNEL_SOURCES  # noqa: E402
 
 NATIVE = ROOT / "native"
 KERNEL_FILES = KERNEL_SOURCES

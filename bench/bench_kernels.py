@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from ditto_core import codebook  # noqa: E402
 from ditto_core.codebook import codebook_payload  # noqa: E402
 from ditto_core.types import CodebookTensor  # noqa: E402
-from native import KERNEL_SOURCES  # noqa: E402
+from ditto_native import KERNEL_SOURCES  # noqa: E402
 
 NATIVE = ROOT / "native"
 KERNEL_FILES = KERNEL_SOURCES

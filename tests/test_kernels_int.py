@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from ditto_core.types import CodebookTensor
+from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
 from ditto_quant_kmeans.quantizer import int8_codebooks
-from native import KERNEL_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"

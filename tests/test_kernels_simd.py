@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from ditto_core.types import CodebookTensor
+from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
-from native import KERNEL_SOURCES
 from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
