@@ -27,8 +27,8 @@ import attrs
 
 from . import affine as P
 from .match import INT32_MAX, IV_I, IV_K, Gemv, NestMatcher, PURE_CALLS, Reject, SIDE_EFFECT_OPS
-from .rewrite import (NO_TRANS, ROW_MAJOR, TRANS, Emitter, call_blocks, last_block_of,
-                      nonzero_scalars)
+from .rewrite import (NO_TRANS, ROW_MAJOR, TRANS, Emitter, call_blocks, disjoint_guard,
+                      last_block_of, nonzero_scalars, scalar_load_ranges)
 
 IV_J = "@j"
 
@@ -113,42 +113,10 @@ class GemmLift:
     # ---- J's own body ---------------------------------------------------------------------
     def walk(self) -> list:
         """Blocks of J outside I on the path through I; forced branch conditions."""
-        m1, J, I, fn = self.m1, self.J, self.I, self.fn
-        i_exits = I.exits(self.cfg)
+        i_exits = self.I.exits(self.cfg)
         if len(i_exits) != 1:
-            raise Reject(f"loop {I.header} has {len(i_exits)} exits")
-        latch = J.latches[0]
-        path, forced = [], []
-        cur, prev, passed = J.header, None, False
-        while True:
-            if cur in path:
-                raise Reject(f"control flow in the outer loop cycles through {cur}")
-            path.append(cur)
-            if prev is not None:
-                m1.path_pred[cur] = prev
-            if cur == I.header:
-                passed = True
-                prev, cur = i_exits[0]
-                continue
-            if cur == latch and passed:
-                return path, forced
-            term = fn.blocks[cur].term
-            succs = term.extra.get("succs", [])
-            if term.op != "br" or not succs:
-                raise Reject(f"block {cur} ends with {term.op}")
-            if len(succs) == 1 or succs[0] == succs[1]:
-                prev, cur = cur, succs[0]
-                continue
-            cond = term.extra["cond"]
-            if self.in_j(cond):
-                raise Reject(f"branch in {cur} depends on the outer loop ({cond})")
-            target = I.header if not passed else latch
-            ok = [s for s in succs if m1.reaches(s, target, {J.header})]
-            if len(ok) != 1:
-                raise Reject(f"branch in {cur}: both sides reach the "
-                             f"{'inner loops' if not passed else 'latch'}")
-            forced.append((cond, ok[0] == succs[0]))
-            prev, cur = cur, ok[0]
+            raise Reject(f"loop {self.I.header} has {len(i_exits)} exits")
+        return self.m1.walk_path(self.J.latches[0], exit_edge=i_exits[0], inner="inner loops")
 
     def check_body(self, path: list) -> None:
         fn = self.fn
@@ -375,22 +343,12 @@ def build(g: Gemm, tag: str, symbol: str, thread: dict | None) -> tuple[list[str
         nbytes = e.emit(f"mul i64 {count}, {g.elt}")
         ranges.append((p_lo, e.emit(f"add i64 {p_lo}, {nbytes}")))
     c_lo, c_hi = ranges.pop()
-    scalar_ptrs = {}
-    for v, (b, off) in g.scalar_loads.items():
-        sp = ptr(b, off)
-        scalar_ptrs[v] = sp
-        s_lo = e.emit(f"ptrtoint ptr {sp} to i64")
-        ranges.append((s_lo, e.emit(f"add i64 {s_lo}, {g.elt}")))
+    scalar_ptrs, scalar_ranges = scalar_load_ranges(e, g.scalar_loads, ptr, g.elt)
+    ranges += scalar_ranges
     for v, (_, addr, size) in g.ptr_loads.items():
         s_lo = e.emit(f"ptrtoint ptr {addr} to i64")
         ranges.append((s_lo, e.emit(f"add i64 {s_lo}, {size}")))
-    for r_lo, r_hi in ranges:
-        before = e.emit(f"icmp ule i64 {c_hi}, {r_lo}")
-        after = e.emit(f"icmp ule i64 {r_hi}, {c_lo}")
-        conds.append(e.emit(f"or i1 {before}, {after}"))
-    ok = conds[0]
-    for c_ in conds[1:]:
-        ok = e.emit(f"and i1 {ok}, {c_}")
+    ok = disjoint_guard(e, c_lo, c_hi, ranges, conds)
     guard = [f"{tag}.guard:", *lines_pre, *e.lines,
              f"  br i1 {ok}, label %{tag}.call, label {g.outer.header}"]
     e.lines = []

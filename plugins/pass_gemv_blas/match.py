@@ -325,9 +325,17 @@ class NestMatcher:
             work.extend(self.cfg.succs[b])
         return False
 
-    def walk_path(self, latch: str) -> tuple[list, list]:
+    def walk_path(self, latch: str, exit_edge: tuple[str, str] | None = None,
+                  inner: str = "inner loop") -> tuple[list, list]:
         """Blocks executed by one outer iteration when every loop-invariant branch takes the
-        side that leads through the inner loop; returns (path, forced conditions)."""
+        side that leads through the inner loop; returns (path, forced conditions).
+
+        The walk goes from the outer header to ``latch``; at the inner loop's header it
+        continues after the inner loop: along ``exit_edge`` (the (from, to) edge leaving a
+        multi-block inner loop, e.g. the middle loop of a GEMM nest), else to the header's
+        successor other than itself (an innermost single-block loop). ``inner`` names the
+        inner loop(s) in messages. Raises Reject for a cycle, a block not ending in ``br``,
+        a branch on a value of the loop, or a branch both of whose sides reach the target."""
         path, forced = [], []
         cur, prev, passed = self.O.header, None, False
         ih = self.I.header
@@ -339,12 +347,14 @@ class NestMatcher:
                 self.path_pred[cur] = prev
             if cur == latch:
                 if not passed:
-                    raise Reject("inner loop not on the outer loop's path")
+                    raise Reject(f"{inner} not on the outer loop's path")
                 return path, forced
             if cur == ih:
-                outs = [s for s in self.cfg.succs[cur] if s != ih]
                 passed = True
-                prev, cur = cur, outs[0]
+                if exit_edge is not None:
+                    prev, cur = exit_edge
+                else:
+                    prev, cur = cur, [s for s in self.cfg.succs[cur] if s != ih][0]
                 continue
             term = self.fn.blocks[cur].term
             succs = term.extra.get("succs", [])
@@ -360,7 +370,7 @@ class NestMatcher:
             ok = [s for s in succs if self.reaches(s, target, {self.O.header})]
             if len(ok) != 1:
                 raise Reject(f"branch in {cur}: both sides reach the "
-                             f"{'inner loop' if not passed else 'latch'}")
+                             f"{inner if not passed else 'latch'}")
             forced.append((cond, ok[0] == succs[0]))
             prev, cur = cur, ok[0]
 

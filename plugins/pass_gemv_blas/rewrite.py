@@ -132,6 +132,34 @@ def last_block_of(tag: str, thread: dict | None) -> str:
     return f"%{tag}.blas" if thread is not None else f"%{tag}.go"
 
 
+def scalar_load_ranges(e: Emitter, scalar_loads: dict, ptr, elt: int
+                       ) -> tuple[dict, list[tuple[str, str]]]:
+    """For each loop-invariant scalar load of the nest (value → (base, byte offset)): its
+    address (``ptr(base, offset)``) and the byte range ``[lo, lo + elt)`` it reads, as i64
+    values emitted into ``e``. Returns ({value: address}, [(lo, hi), ...])."""
+    addrs, ranges = {}, []
+    for v, (base, off) in scalar_loads.items():
+        sp = ptr(base, off)
+        addrs[v] = sp
+        lo = e.emit(f"ptrtoint ptr {sp} to i64")
+        ranges.append((lo, e.emit(f"add i64 {lo}, {elt}")))
+    return addrs, ranges
+
+
+def disjoint_guard(e: Emitter, out_lo: str, out_hi: str, ranges, conds: list[str]) -> str:
+    """The i1 value that is true when every condition of ``conds`` holds and no byte range
+    ``[lo, hi)`` of ``ranges`` overlaps the output's ``[out_lo, out_hi)`` (the BLAS call may
+    then write the output while reading the others: docs/PASS.md "Why the rewrite is legal")."""
+    for lo, hi in ranges:
+        before = e.emit(f"icmp ule i64 {out_hi}, {lo}")
+        after = e.emit(f"icmp ule i64 {hi}, {out_lo}")
+        conds.append(e.emit(f"or i1 {before}, {after}"))
+    ok = conds[0]
+    for c in conds[1:]:
+        ok = e.emit(f"and i1 {ok}, {c}")
+    return ok
+
+
 def _at(p: dict, i: dict, k: dict) -> dict:
     return P.subst(P.subst(p, IV_I, i), IV_K, k)
 
@@ -186,20 +214,8 @@ def build(g: Gemv, tag: str, symbol: str, thread: dict | None,
     a_hi = e.emit(f"add i64 {a_lo}, {e.emit(f'mul i64 {a_n}, {g.elt}')}")
     x_hi = e.emit(f"add i64 {x_lo}, {e.emit(f'mul i64 {n}, {g.elt}')}")
     y_hi = e.emit(f"add i64 {y_lo}, {e.emit(f'mul i64 {m}, {g.elt}')}")
-    ranges = [(a_lo, a_hi), (x_lo, x_hi)]
-    scalar_ptrs = {}
-    for v, (base, off) in g.scalar_loads.items():
-        sp = ptr(base, off)
-        scalar_ptrs[v] = sp
-        s_lo = e.emit(f"ptrtoint ptr {sp} to i64")
-        ranges.append((s_lo, e.emit(f"add i64 {s_lo}, {g.elt}")))
-    for lo, hi in ranges:
-        before = e.emit(f"icmp ule i64 {y_hi}, {lo}")
-        after = e.emit(f"icmp ule i64 {hi}, {y_lo}")
-        conds.append(e.emit(f"or i1 {before}, {after}"))
-    ok = conds[0]
-    for c in conds[1:]:
-        ok = e.emit(f"and i1 {ok}, {c}")
+    scalar_ptrs, scalar_ranges = scalar_load_ranges(e, g.scalar_loads, ptr, g.elt)
+    ok = disjoint_guard(e, y_lo, y_hi, [(a_lo, a_hi), (x_lo, x_hi), *scalar_ranges], conds)
     guard = [f"{tag}.guard:", *e.lines,
              f"  br i1 {ok}, label %{tag}.call, label {g.outer.header}"]
     e.lines = []
