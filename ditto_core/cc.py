@@ -265,9 +265,10 @@ def compile_c(sources, *, blas, out, include_dirs=(), defines=(), openmp: bool =
 
     Stages (``compile_program``): the IR emitter ``emitter`` (default clang-22 -O1;
     ``include_dirs`` as -I, ``defines`` as -D, ``-fopenmp`` when ``openmp``, extra clang
-    ``flags``) → the IR passes named in ``passes``, in that order (default ``gemv-blas``;
-    none when ``rewrite`` is false) → the linker ``linker`` (default O3 for the host CPU),
-    linked against the BLAS target ``blas`` (a name such as ``"openblas"``, or None).
+    ``flags``) → the IR passes named in ``passes``, in that order (default: the registry's
+    default passes, ``selection.default_passes``; none when ``rewrite`` is false) → the
+    linker ``linker`` (default O3 for the host CPU), linked against the BLAS target ``blas``
+    (a name such as ``"openblas"``, or None).
     ``options``: component options, ``{"gemv-blas": {"omp_threads": "region"}}``. Every
     component comes from ``registry`` (default: the installed plugins).
 

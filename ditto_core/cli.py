@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, signals
+from . import __version__, codebook, signals
 from . import format as F
 from .errors import DittoError
 from .options import parse_assignments
@@ -205,8 +205,10 @@ def plugins_cmd(as_json, with_options):
     and the components each registers per stage; BLAS targets say whether they are usable."""
     from . import options as opt
     from .plugins import STAGES, get_registry
+    from .selection import default_passes
 
     reg = get_registry()
+    defaults = default_passes(reg)
     rows = []
     for ep, dist, version in reg.plugins:
         comps = {}
@@ -220,6 +222,8 @@ def plugins_cmd(as_json, with_options):
                         except Exception as exc:  # a plugin bug must not hide the others
                             ok, why = False, f"available() raised {exc!r}"
                         entry.update(available=ok, reason=why)
+                    if stage == "pass" and name in defaults:
+                        entry["default_order"] = r.component.default_order
                     if with_options:
                         entry["options"] = opt.describe(r.component)
                     comps.setdefault(stage, []).append(entry)
@@ -238,6 +242,8 @@ def plugins_cmd(as_json, with_options):
             for c in comps:
                 if "available" in c:
                     names.append(f"{c['name']} ({'available' if c['available'] else 'unavailable: ' + c['reason']})")
+                elif "default_order" in c:
+                    names.append(f"{c['name']} (default, order {c['default_order']})")
                 else:
                     names.append(c["name"])
             parts.append(f"{STAGES[stage][1]}: {', '.join(names)}")
@@ -265,8 +271,9 @@ def compile_stage_options(func):
     for decl in reversed([
         click.option("--emitter", default=None, help="IR emitter (default: clang)."),
         click.option("--pass", "passes", multiple=True, metavar="NAME",
-                     help="IR pass to run (repeatable, run in the given order; default: "
-                          "gemv-blas)."),
+                     help="IR pass to run (repeatable, run in the given order; default: the "
+                          "passes that declare themselves default-on, `ditto plugins` marks "
+                          "them: gemv-blas)."),
         click.option("--linker", default=None, help="Linker (default: llvm)."),
         click.option("-O", "--option", "component_options", multiple=True,
                      metavar="COMPONENT.KEY=VALUE",
@@ -295,7 +302,7 @@ def compile_stage_options(func):
               help="Rule for the tensors matching GLOB (repeatable, first match wins): f32, "
                    "or bN,GN,cb:TYPE, e.g. '*.ffn_down.weight=b5', 'blk.0.*=f32'.")
 @click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
-@click.option("--codebook-type", type=click.Choice(["f16", "f32", "int8"]), default=None,
+@click.option("--codebook-type", type=click.Choice(list(codebook.TYPES)), default=None,
               help="Storage type of codebook centroids: int8 (int8 centroids and one f16 "
                    "scale per sub-block, run by the integer GEMV kernels; the default with "
                    "kmeans), f16 (the default with other quantizers) or f32.")

@@ -39,7 +39,8 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
     """Compile C SOURCES to an executable: clang-22 -O1 → IR passes → O3 host + BLAS."""
     from .cc import compile_c, split_report, summary_lines
     from .options import parse_assignments
-    from .selection import DEFAULT_PASSES
+    from .plugins import get_registry
+    from .selection import default_passes
 
     try:
         exe, merged = compile_c(list(sources), blas=blas, out=out, include_dirs=include_dirs,
@@ -53,7 +54,7 @@ def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrit
     except KeyboardInterrupt as exc:  # like `ditto build`: nothing written, exit 128 + N
         click.echo(signals.stop_message(exc), err=True)
         raise SystemExit(signals.exit_code(exc)) from None
-    ran = (list(passes) or list(DEFAULT_PASSES)) if rewrite else []
+    ran = (list(passes) or list(default_passes(get_registry()))) if rewrite else []
     for line in summary_lines(split_report(merged, ran), rewrite):
         click.echo(line, err=True)
     click.echo(str(exe))

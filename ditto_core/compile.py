@@ -117,9 +117,9 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     """Compile the C runtime into the executable ``out`` with ``cc.compile_program``.
 
     ``stages``: the chosen emitter, passes, linker and BLAS target (``selection``); default:
-    ``choose_compile(registry, blas=blas, rewrite=rewrite)`` (clang, gemv-blas, llvm). Stages
-    (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the passes; 0 when
-    there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
+    ``choose_compile(registry, blas=blas, rewrite=rewrite)`` (clang, the default passes,
+    llvm). Stages (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the
+    passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
     reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
     is called as each stage starts (progress display). Raises DittoError (compile/link
     failure, unknown or unavailable component); nothing is written at ``out`` then.

@@ -119,6 +119,11 @@ class BlasTarget(Protocol):
 
 @runtime_checkable
 class IRPass(Protocol):
+    """An IR pass. It runs when named with ``--pass``, or, when no ``--pass`` is given, if it
+    declares ``default_order`` (an int; optional attribute): the default pass list is every
+    such pass of the registry in increasing ``default_order``, then name
+    (``selection.default_passes``)."""
+
     name: str
 
     def run(self, module: IRModule, blas: BlasTarget | None) -> tuple[IRModule, PassReport]:

@@ -159,7 +159,8 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
             plan[name] = ("f32", None)
             reasons[name] = {"rule": why, "reason": REASON_CODEBOOK_LARGER,
                              "codebook_bytes": CB.payload_bytes(rows, cols, *params),
-                             "f32_bytes": CB.f32_bytes(rows, cols), "bits": bits, "group_size": group}
+                             "f32_bytes": CB.f32_bytes(rows, cols), "bits": bits,
+                             "group_size": group}
             continue
         plan[name], reasons[name] = ("codebook", params), {"rule": why}
     return plan, reasons

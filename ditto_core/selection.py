@@ -16,11 +16,24 @@ from . import options as opt
 from .errors import DittoError
 from .plugins import STAGES, Registry
 
-#: Components used when a stage is not named (the exporter is detected from the model).
+#: Components used when a stage is not named (the exporter is detected from the model; the
+#: passes are those that declare themselves default-on: ``default_passes``).
 DEFAULT_PACKER = "bits"
 DEFAULT_EMITTER = "clang"
-DEFAULT_PASSES: tuple[str, ...] = ("gemv-blas",)
 DEFAULT_LINKER = "llvm"
+
+
+def default_passes(registry: Registry) -> tuple[str, ...]:
+    """The passes run when no ``--pass`` is given: every registered pass whose component has
+    an integer ``default_order`` attribute, in increasing ``default_order``, ties by name
+    (Ditto's ``gemv-blas``, which rewrites GEMV and GEMM nests, has 0). A third-party pass
+    joins the default list by declaring one; any pass runs when named with ``--pass``."""
+    found = []
+    for comp in registry.all("pass"):
+        order = getattr(comp, "default_order", None)
+        if isinstance(order, int) and not isinstance(order, bool):
+            found.append((order, comp.name))
+    return tuple(name for _, name in sorted(found))
 
 
 @attrs.frozen
@@ -102,11 +115,11 @@ def choose_compile(registry: Registry, *, blas: str | None, emitter: str | None 
                    passes: Sequence[str] | None = None, linker: str | None = None,
                    rewrite: bool = True,
                    options: Mapping[str, Mapping[str, Any]] | None = None) -> CompileStages:
-    """Resolve the compile half: ``passes`` None → ``DEFAULT_PASSES``; ``rewrite`` False → no
-    pass at all. The BLAS target's availability is checked here, once. Raises PluginError,
+    """Resolve the compile half: ``passes`` None → ``default_passes(registry)``; ``rewrite``
+    False → no pass at all. The BLAS target's availability is checked here, once. Raises PluginError,
     OptionError, DittoError (BLAS target not usable)."""
     given = options or {}
-    names = list(DEFAULT_PASSES if passes is None else passes) if rewrite else []
+    names = list(default_passes(registry) if passes is None else passes) if rewrite else []
     stages = CompileStages(
         emitter=choose(registry, "emitter", emitter or DEFAULT_EMITTER, given),
         passes=tuple(choose(registry, "pass", n, given) for n in names),

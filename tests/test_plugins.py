@@ -4,6 +4,7 @@ and can be used; duplicate component names and broken plugins are reported clear
 import json
 import subprocess
 import types
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -97,3 +98,45 @@ def test_broken_plugin_warns_and_others_work():
     assert [p[0] for p in reg.plugins] == ["good"]
     with pytest.raises(PluginError, match="unknown quantizer 'nope'; available: fine"):
         reg.get("quantizer", "nope")
+
+
+def pass_plugin(modname, passes):
+    """A plugin module registering one IR pass per (name, default_order or None)."""
+    mod = types.ModuleType(modname)
+
+    def make(pname, order):
+        class P:
+            name = pname
+
+            def run(self, module, blas):
+                return module, None
+        if order is not None:
+            P.default_order = order
+        return P()
+
+    @hookimpl
+    def register_passes(register):
+        for pname, order in passes:
+            register(make(pname, order))
+
+    mod.register_passes = register_passes
+    return mod
+
+
+def test_default_passes_are_what_the_registry_declares():
+    from ditto_core.selection import choose_compile, default_passes
+
+    default = build_registry()
+    assert default_passes(default) == ("gemv-blas",)
+    eps = [FakeEP(ep.name, ep.load(), "ditto-llm") for ep in metadata.entry_points(group="ditto")
+           if ep.name in ("pass_gemv_blas", "emit_clang", "link_llvm")]
+    eps.append(FakeEP("third", pass_plugin("third_mod", [("before", -1), ("after", 1),
+                                                         ("named-only", None)]), "dist-third"))
+    reg = build_registry(eps)
+    assert default_passes(reg) == ("before", "gemv-blas", "after")
+    stages = choose_compile(reg, blas=None)
+    assert [p.name for p in stages.passes] == ["before", "gemv-blas", "after"]
+    # naming passes replaces the default list; --no-rewrite runs none
+    assert [p.name for p in choose_compile(reg, blas=None, passes=["named-only"]).passes] == \
+        ["named-only"]
+    assert choose_compile(reg, blas=None, rewrite=False).passes == ()

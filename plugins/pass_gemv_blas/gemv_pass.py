@@ -76,6 +76,8 @@ class GemvBlasPass:
     """
 
     name = "gemv-blas"
+    #: on by default (``selection.default_passes``): the only default pass
+    default_order = 0
 
     @attrs.frozen
     class Options:
