@@ -13,12 +13,19 @@
 3. The built executable generates ``--tokens`` tokens (greedy, ``--ignore-eos``) after a code
    prompt of ~70 tokens, twice: decode tok/s and prompt (prefill) tok/s from its ``stats`` line
    (native/README.md), and its peak RSS.
+With ``--rate-only`` none of that runs: one tensor of each kind of the model (q/k/v/o,
+gate/up, down at b = 4, G = 256; the embedding and classifier at b = 6, one codebook per row)
+is drawn as the checkpoint would hold it and quantized with ``quantize_matrix`` (the build's
+default int8 codebooks), timed in wall and CPU seconds, and the whole model's quantization time
+extrapolated from the per-kind rates.
+
 4. The RQ3 ablation on a ``--ablation-layers`` variant (same dims; fp32 fits in memory there):
    fp32 naive (``--quantizer none --no-rewrite``), BLAS only (``--quantizer none``),
    quantization only (``--quantizer kmeans --no-rewrite``) and full Ditto, each built and run
    the same way.
 
-The machine's load average is recorded before and after: on a shared machine the seconds are
+The machine's load average is recorded before and after the whole run and around every build
+and run, with each build's CPU seconds (all threads): on a shared machine the wall seconds are
 upper bounds.
 """
 
@@ -75,9 +82,12 @@ def build(model: Path, out: Path, extra: list[str], log) -> dict:
     cmd = [sys.executable, "-m", "ditto_core.cli", "build", str(model), "-o", str(out),
            "--blas", "openblas", "--no-cache", "-q", *extra]
     log(" ".join(cmd[2:]))
+    load0 = os.getloadavg()
     t0 = time.perf_counter()
+    c0 = os.times()
     proc = subprocess.run(cmd)
     wall = time.perf_counter() - t0
+    c1 = os.times()
     if proc.returncode != 0:
         raise SystemExit(f"ditto build failed ({proc.returncode}): {' '.join(cmd)}")
     rec = json.loads((out / "build.json").read_text())
@@ -86,6 +96,9 @@ def build(model: Path, out: Path, extra: list[str], log) -> dict:
                    if t.get("encoding") == "codebook")
     file_bytes = (out / "model.ditto").stat().st_size
     res = {"command": "ditto " + " ".join(cmd[3:]), "wall_s": wall,
+           "cpu_s": (c1.children_user - c0.children_user) + (c1.children_system
+                                                             - c0.children_system),
+           "load_average_before": load0, "load_average_after": os.getloadavg(),
            "stages_s": rec["stages"], "total_s": rec.get("total_seconds"),
            "peak_rss": rec.get("peak_rss"),
            "file_bytes": file_bytes, "bpw": rec.get("bpw"), "n_weights": quantized,
@@ -95,9 +108,51 @@ def build(model: Path, out: Path, extra: list[str], log) -> dict:
     return res
 
 
+def quant_rate(layers: int, dim: int, ffn: int, vocab: int, log) -> dict:
+    """Quantize one tensor of each kind of the synthetic model; per-kind and extrapolated
+    whole-model seconds (wall and CPU of all threads)."""
+    import numba
+
+    from ditto_quant_kmeans import native, quantize_matrix
+
+    hidden = S.HiddenOutliers(0, dim)
+    kinds = [  # (a tensor of the kind, shape, how many the model has, b, G)
+        ("model.layers.0.self_attn.q_proj.weight", (dim, dim), 4 * layers, 4, 256),
+        ("model.layers.0.mlp.gate_proj.weight", (ffn, dim), 2 * layers, 4, 256),
+        ("model.layers.0.mlp.down_proj.weight", (dim, ffn), layers, 4, 256),
+        ("model.embed_tokens.weight", (vocab, dim), 2, 6, max(256, dim)),
+    ]
+    out = {"dp_kernel": "numba" if native.load() is None else "c",
+           "threads": numba.get_num_threads(), "kinds": {}}
+    tot_w = tot_c = n_all = 0.0
+    for name, shape, count, bits, g in kinds:
+        W = S.synth_tensor(name, shape, 0, hidden)
+        load0 = os.getloadavg()
+        t0, c0 = time.perf_counter(), time.process_time()
+        quantize_matrix(W, bits, g, "optimal", "int8", 0, name)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        n = W.size
+        out["kinds"][name] = {"shape": list(shape), "count": count, "bits": bits,
+                              "group_size": g, "wall_s": wall, "cpu_s": cpu,
+                              "s_per_1B_wall": wall / n * 1e9, "cpu_s_per_1B": cpu / n * 1e9,
+                              "load_average_before": load0,
+                              "load_average_after": os.getloadavg()}
+        log(f"{name} {shape}: {wall:.1f} s wall, {cpu:.1f} s CPU, load {load0[0]:.1f}")
+        tot_w += wall * count
+        tot_c += cpu * count
+        n_all += n * count
+        del W
+    out.update({"model_weights_quantized": n_all, "model_wall_s": tot_w, "model_cpu_s": tot_c,
+                "model_s_per_1B_wall": tot_w / n_all * 1e9,
+                "model_cpu_s_per_1B": tot_c / n_all * 1e9,
+                "model_s_per_1B_two_free_cores": tot_c / 2 / n_all * 1e9})
+    return out
+
+
 def run(build_dir: Path, tokens: int, threads: int, rounds: int = 2) -> dict:
     """Decode and prompt tok/s (median of ``rounds``) and peak RSS of the built executable."""
     samples = []
+    load0 = os.getloadavg()
     for _ in range(rounds):
         st = run_stats(build_dir, ["-p", PROMPT, "-n", str(tokens), "--temp", "0",
                                    "--ignore-eos", "--threads", str(threads)], timeout=7200)
@@ -108,6 +163,7 @@ def run(build_dir: Path, tokens: int, threads: int, rounds: int = 2) -> dict:
             "prompt_tok_per_s": 1000.0 * mid["prompt_tokens"] / mid["prompt_ms"],
             "prompt_tokens": mid["prompt_tokens"], "load_ms": mid["load_ms"],
             "peak_rss_bytes": mid["peak_rss_kib"] * 1024, "threads": threads,
+            "load_average_before": load0, "load_average_after": os.getloadavg(),
             "samples": samples}
 
 
@@ -120,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ablation-layers", type=int, default=4)
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--no-main", action="store_true", help="only the ablation")
+    ap.add_argument("--rate-only", action="store_true",
+                    help="only the per-tensor quantization rate and its whole-model estimate")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ditto-bench-scale"))
@@ -133,6 +191,9 @@ def main(argv=None) -> int:
     result = {"bench": "bench_scale", "load_average_before": os.getloadavg(),
               "cpu_count": os.cpu_count(), "tokens": args.tokens, "threads": args.threads,
               "prompt": PROMPT}
+    if args.rate_only:
+        args.no_main = args.no_ablation = True
+        result["quant_rate"] = quant_rate(args.layers, args.dim, args.ffn, c["vocab"], log)
     if not args.no_main:
         model = synth(args.workdir, args.layers, args.dim, args.ffn, log)
         out = args.workdir / f"build-L{args.layers}"
