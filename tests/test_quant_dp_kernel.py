@@ -44,9 +44,10 @@ def small_ints(rng, rows, cols, levels):
             * 0.125).astype(np.float32)
 
 
-def both(W, group_size, k, threads=2):
-    """(C kernel, numba reference) centroids and SSE of every sub-block of W."""
-    fn = native.load()
+def both(W, group_size, k, threads=2, fn=None):
+    """(C kernel ``fn`` — default: the one the quantizer loads —, numba reference) centroids
+    and SSE of every sub-block of W."""
+    fn = fn or native.load()
     assert fn is not None, "the C kernel did not compile (clang-22 missing?)"
     Ws = kmeans1d.sort_sub_blocks(np.ascontiguousarray(W, np.float32), group_size)
     S = -(-Ws.shape[1] // group_size)
@@ -95,6 +96,25 @@ def test_c_kernel_equals_reference_random_shapes():
             W[:, : cols // 2] = W[0, 0]  # half of each row one repeated value
         c, n = both(W, g, 1 << bits)
         assert_same(c, n)
+
+
+@pytest.fixture(scope="module")
+def portable_kernel(tmp_path_factory):
+    """The kernel built without -march=native: the plain-C lanes (no AVX2), as on a CPU
+    without AVX2 or another architecture."""
+    out = tmp_path_factory.mktemp("kernel") / "portable.so"
+    native.compile_kernel(native.find_clang(), out,
+                          tuple(f for f in native.FLAGS if not f.startswith("-march")))
+    return native.load_library(out)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "q41", "ints"])
+def test_portable_kernel_equals_reference(portable_kernel, kind):
+    rng = np.random.default_rng(11)
+    W = {"bf16": student_bf16, "q41": q41_grid,
+         "ints": lambda r, a, b: small_ints(r, a, b, 41)}[kind](rng, 48, 2048)
+    c, n = both(W, 256, 16, fn=portable_kernel)
+    assert_same(c, n)
 
 
 def test_c_kernel_thread_count_independent():

@@ -69,19 +69,29 @@ def library_path(clang: str) -> Path:
     return _cache_dir() / f"optimal_dp-{h.hexdigest()[:20]}.so"
 
 
-def compile_kernel(clang: str, out: Path) -> None:
-    """Compile ``optimal_dp.c`` to ``out`` (written to a temp file, then renamed). Raises
-    OSError or subprocess.CalledProcessError."""
+def compile_kernel(clang: str, out: Path, flags=FLAGS) -> None:
+    """Compile ``optimal_dp.c`` with ``flags`` to ``out`` (written to a temp file, then
+    renamed). Raises OSError or subprocess.CalledProcessError."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([clang, *FLAGS, "-o", tmp, str(SOURCE)], check=True,
+        subprocess.run([clang, *flags, "-o", tmp, str(SOURCE)], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_library(path: Path):
+    """``ditto_kmeans_optimal_matrix`` of the compiled kernel at ``path`` (ctypes). Raises
+    OSError when it cannot be loaded."""
+    fn = ctypes.CDLL(str(path)).ditto_kmeans_optimal_matrix
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn
 
 
 def load():
@@ -99,11 +109,7 @@ def load():
             path = library_path(clang)
             if not path.exists():
                 compile_kernel(clang, path)
-            lib = ctypes.CDLL(str(path))
-            fn = lib.ditto_kmeans_optimal_matrix
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+            fn = load_library(path)
         except (OSError, subprocess.CalledProcessError, AttributeError):
             fn = None
     _STATE["fn"] = fn

@@ -17,9 +17,9 @@
  * whenever W(q, i_l) lies inside the union window and the lane's arg-minimum lies inside
  * W(q, i_l): the lowest arg-minimum of a set that lies in a subset is that subset's lowest
  * arg-minimum.  Both conditions are checked lane by lane, i descending, against the exact
- * windows (which need the arg-minima accepted just before); a lane that fails — rounding can
- * break the monotonicity the bound relies on — is rescanned over its exact window as the
- * reference does.  So the output equals the reference's in every case, not only in exact
+ * windows (which need the arg-minima accepted just before: all four lanes at once when they all
+ * pass, lane by lane otherwise); a lane that fails — rounding can break the monotonicity the
+ * bound relies on — is rescanned over its exact window as the reference does.  So the output equals the reference's in every case, not only in exact
  * arithmetic; tests/test_quant_dp_kernel.py checks it on many thousands of blocks.
  *
  * Entry point: ``ditto_kmeans_optimal_matrix`` (all sub-blocks, worker threads taking units
@@ -98,9 +98,13 @@ static inline void scan_window(const work_t *wk, const double *inv, int64_t i, i
 }
 
 /* Lane minima of four cells ibot..ibot+3 over [jmin, jmax] (j < ibot, so no lane needs a
- * mask): best[l], bj[l] for cell ibot + l, ties to the lowest j. */
-static inline void scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64_t jmax,
-                              double best[4], double bj[4])
+ * mask): best[l], bj[l] for cell ibot + l, ties to the lowest j.  Returns 1 when every lane
+ * passes the check of optimal_block against its exact window (the window of cell ibot + l
+ * ends at min(ibot + l - 1, bj[l + 1]), that of ibot + 3 at min(ibot + 2, jmax)) and then
+ * stores the four cells' values and arg-minima itself; returns 0 to leave the check to the
+ * caller. */
+static inline int scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64_t jmax,
+                             int32_t *A, double best[4], double bj[4])
 {
     const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
 #if defined(__AVX2__)
@@ -108,19 +112,50 @@ static inline void scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int6
     __m256d S0 = _mm256_loadu_pd(p0f + ibot), S1 = _mm256_loadu_pd(p1 + ibot);
     __m256d S2 = _mm256_loadu_pd(p2 + ibot);
     __m256d B = _mm256_set1_pd(INFINITY), BJ = _mm256_set1_pd((double)jmin);
-    for (int64_t j = jmin; j <= jmax; j++) {
-        __m256d a = _mm256_sub_pd(S1, _mm256_set1_pd(p1[j]));
-        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */
-        __m256d iv = _mm256_div_pd(one, _mm256_sub_pd(S0, _mm256_set1_pd(p0f[j])));
-        __m256d v = _mm256_sub_pd(
-            _mm256_add_pd(_mm256_set1_pd(dprev[j]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[j]))),
-            _mm256_mul_pd(_mm256_mul_pd(a, a), iv));
-        __m256d lt = _mm256_cmp_pd(v, B, _CMP_LT_OQ);
-        B = _mm256_blendv_pd(B, v, lt);
-        BJ = _mm256_blendv_pd(BJ, _mm256_set1_pd((double)j), lt);
+    /* two running minima (even and odd offsets from jmin) halve the compare-and-blend chain */
+    __m256d B2 = B, BJ2 = BJ;
+#define CAND(Bx, BJx, jj)                                                                        \
+    do {                                                                                         \
+        __m256d a_ = _mm256_sub_pd(S1, _mm256_set1_pd(p1[jj]));                                   \
+        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */               \
+        __m256d iv_ = _mm256_div_pd(one, _mm256_sub_pd(S0, _mm256_set1_pd(p0f[jj])));            \
+        __m256d v_ = _mm256_sub_pd(                                                              \
+            _mm256_add_pd(_mm256_set1_pd(dprev[jj]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[jj]))), \
+            _mm256_mul_pd(_mm256_mul_pd(a_, a_), iv_));                                           \
+        __m256d lt_ = _mm256_cmp_pd(v_, Bx, _CMP_LT_OQ);                                          \
+        Bx = _mm256_blendv_pd(Bx, v_, lt_);                                                      \
+        BJx = _mm256_blendv_pd(BJx, _mm256_set1_pd((double)(jj)), lt_);                          \
+    } while (0)
+    int64_t j = jmin;
+    for (; j + 1 <= jmax; j += 2) {
+        CAND(B, BJ, j);
+        CAND(B2, BJ2, j + 1);
+    }
+    if (j <= jmax)
+        CAND(B, BJ, j);
+#undef CAND
+    /* merge: the smaller value, on equal values the lower j */
+    __m256d take2 = _mm256_or_pd(_mm256_cmp_pd(B2, B, _CMP_LT_OQ),
+                                 _mm256_and_pd(_mm256_cmp_pd(B2, B, _CMP_EQ_OQ),
+                                               _mm256_cmp_pd(BJ2, BJ, _CMP_LT_OQ)));
+    B = _mm256_blendv_pd(B, B2, take2);
+    BJ = _mm256_blendv_pd(BJ, BJ2, take2);
+    /* the exact upper ends if the lanes above are accepted: lane l takes lane l + 1's
+     * arg-minimum, lane 3 the bound jmax (= J[q][ibot + 4]) */
+    __m256d next = _mm256_blend_pd(_mm256_permute4x64_pd(BJ, 0xF9), _mm256_set1_pd((double)jmax),
+                                   0x8);
+    __m256d ilim = _mm256_add_pd(_mm256_set1_pd((double)(ibot - 1)), _mm256_setr_pd(0, 1, 2, 3));
+    __m256d thi = _mm256_min_pd(ilim, next);
+    __m256d ok = _mm256_and_pd(_mm256_cmp_pd(BJ, thi, _CMP_LE_OQ),
+                               _mm256_cmp_pd(BJ, _mm256_loadu_pd(wk->lorow + ibot), _CMP_GE_OQ));
+    if (_mm256_movemask_pd(ok) == 0xF) {
+        _mm256_storeu_pd(wk->dcur + ibot, B);
+        _mm_storeu_si128((__m128i *)(A + ibot), _mm256_cvttpd_epi32(BJ));
+        return 1;
     }
     _mm256_storeu_pd(best, B);
     _mm256_storeu_pd(bj, BJ);
+    return 0;
 #else
     double S0[4], S1[4], S2[4], B[4], BJ[4];
     for (int l = 0; l < 4; l++) {
@@ -143,6 +178,8 @@ static inline void scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int6
     }
     memcpy(best, B, sizeof B);
     memcpy(bj, BJ, sizeof BJ);
+    (void)A;
+    return 0;
 #endif
 }
 
@@ -217,7 +254,10 @@ static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv,
                 if ((int64_t)lorow[ibot + l] < jmin)
                     jmin = (int64_t)lorow[ibot + l];
             double best[4], bjd[4];
-            scan_lanes(wk, ibot, jmin, ub, best, bjd);
+            if (scan_lanes(wk, ibot, jmin, ub, A, best, bjd)) {
+                itop = ibot - 1;
+                continue;
+            }
             /* accept a lane when its exact window lies in [jmin, ub] and holds its
              * arg-minimum; otherwise scan its exact window */
             for (int64_t i = itop; i >= ibot; i--) {
