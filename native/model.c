@@ -90,8 +90,10 @@ static int fail(const Model *m, char *err, size_t errlen, const char *fmt, ...) 
 /* The integer kernels rely on every int8 centroid being in -127..127 (|c| fits their sign
  * trick, docs/KERNELS.md) and on finite, non-negative f16 scales (FORMAT.md). */
 static int check_int8_codebooks(const Model *m, const Tensor *t, char *err, size_t errlen) {
-    uint64_t n_sub = (t->cols + t->group_size - 1) / t->group_size, k = 1ull << t->bits;
-    uint64_t n_cent = t->rows * n_sub * k;
+    uint64_t n_sub = ditto_cb_n_sub(t->cols, t->group_size), k = UINT64_C(1) << t->bits;
+    /* the scales follow the int8 centroids (1 byte each) */
+    uint64_t n_cent =
+        ditto_cb_centroid_bytes(t->rows, t->cols, t->bits, t->group_size, DITTO_CB_I8);
     const int8_t *c = (const int8_t *)(const void *)t->data;
     for (uint64_t i = 0; i < n_cent; i++)
         if (c[i] == -128)

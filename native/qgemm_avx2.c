@@ -48,7 +48,7 @@ AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int 
                 uint8_t tail[24] = {0};
                 const uint8_t *ip = row + (size_t)c / 32 * 24u;
                 if (c >= full) {
-                    memcpy(tail, ip, (size_t)((cols - c + 7) / 8) * 6u);
+                    memcpy(tail, ip, (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u));
                     ip = tail;
                 }
                 if (c == c0) load_tables(tbl, cb, L->k, 64);

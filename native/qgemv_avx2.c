@@ -241,7 +241,8 @@ AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                 }
                 if (c < stop) { /* the row's partial last chunk: a zero-padded copy */
                     uint8_t tail[24] = {0};
-                    memcpy(tail, row + (size_t)c / 32 * 24u, (size_t)((cols - c + 7) / 8) * 6u);
+                    memcpy(tail, row + (size_t)c / 32 * 24u,
+                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u));
                     __m256i w = b6_lookup(b6_indices(tail), t[0], t[1], t[2], t[3]);
                     acc = _mm256_add_epi32(acc, dot32_natural(qa, c, w));
                     c = stop;

@@ -72,7 +72,8 @@
                     STEP64(LOOKUP, row + c / 2);                                               \
                 if (c < stop) { /* the row's last, partial step: a zero-padded copy */         \
                     uint8_t tail[32] = {0};                                                    \
-                    memcpy(tail, row + c / 2, (size_t)((cols - c + 7) / 8) * 4u);              \
+                    memcpy(tail, row + c / 2,                                                  \
+                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u));              \
                     STEP64(LOOKUP, tail);                                                      \
                     c = stop;                                                                  \
                 }                                                                              \

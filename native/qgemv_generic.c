@@ -138,7 +138,7 @@ float i8_combine(const I8Layout *L, int r, const int64_t *T, float D) {
 
 void i8_tail_indices(uint8_t out[16], const uint8_t *row, int c, int cols) {
     memset(out, 0, 16);
-    size_t nbytes = (size_t)((cols - c + 7) / 8) * 4u;
+    size_t nbytes = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u);
     memcpy(out, row + (size_t)c / 2, nbytes);
 }
 

@@ -118,7 +118,8 @@ NEON_FN void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L,
                     acc = b6_block32_neon(acc, row + (size_t)c / 32 * 24u, tbl, qa, c);
                 if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
                     uint8_t tail[24] = {0};
-                    memcpy(tail, row + (size_t)c / 32 * 24u, (size_t)((cols - c + 7) / 8) * 6u);
+                    memcpy(tail, row + (size_t)c / 32 * 24u,
+                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u));
                     acc = b6_block32_neon(acc, tail, tbl, qa, c);
                     c = stop;
                 }
