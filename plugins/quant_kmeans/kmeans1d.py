@@ -88,8 +88,10 @@ def _optimal_ws(u, w, m, k, inv, cent, p0, p1, p2, dprev, dcur, arg):
     each layer is filled for i descending scanning only that window (Knuth's speed-up, Yao
     1980); within a window the first (lowest) j of the smallest value wins.
 
-    The scan is ~90 % of the quantizer's time (docs/QUANT.md, "Where the time goes"), so it is
-    written for the machine: array indices are unsigned (numba then emits no negative-index
+    This is the reference implementation of the ``optimal`` method: ``matrix_centroids`` runs
+    the C kernel ``optimal_dp.c`` when it can, which reproduces these bytes
+    (tests/test_quant_dp_kernel.py; docs/QUANT.md, "Speed"). The scan is written for the
+    machine: array indices are unsigned (numba then emits no negative-index
     wrap-around test per load) and the running minimum is branch-free (min + conditional move;
     the comparison is unpredictable). The arithmetic, its order and the tie rule are exactly
     those of the plain loop, so the result is bit-identical (tests/test_quant_pinned.py)."""
