@@ -88,6 +88,45 @@ def test_kit_checks_quantize_matrix_results(result, message, tiny_checkpoint_8x8
         list(q.tensors())
 
 
+def _stored(W, b, g, scales=None, **kw):
+    """A StoredCodebooks for W [8, 8] at G = 8: centroids 0.25·k (exact in f16), every index 1."""
+    cb = np.tile(0.25 * np.arange(1 << b, dtype=np.float32), (W.shape[0], 1, 1))
+    return quantkit.StoredCodebooks(np.ones(W.shape, np.uint8), cb, scales, **kw)
+
+
+def test_kit_takes_stored_codebooks_as_they_are(tiny_checkpoint_8x8):
+    """A quantize_matrix that rounded its codebooks itself: the kit keeps them (no second
+    rounding), uses the error the quantizer measured and adds its report fields."""
+    q = Broken(lambda W, b, g: _stored(W, b, g, sse=3.0, norm2=4.0,
+                                       report={"note": "mine"})).quantize(
+        tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=8))
+    (name, t), = list(q.tensors())
+    np.testing.assert_array_equal(t.codebooks[:, 0], [[0.0, 0.25, 0.5, 0.75]] * 8)
+    assert t.codebooks.dtype == np.float32 and t.codebooks.shape == (8, 1, 4)
+    assert t.rel_error == 0.75 and t.scales is None
+    rep = q.report["tensors"][name]
+    assert (rep["sse"], rep["norm2"], rep["rel_error"], rep["note"]) == (3.0, 4.0, 0.75, "mine")
+    # without sse / norm2 the kit measures them: W - 0.25 everywhere
+    q = Broken(_stored).quantize(tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=8))
+    (_, t), = list(q.tensors())
+    W = tiny_checkpoint_8x8.tensors[name]().astype(np.float64)
+    assert t.rel_error == pytest.approx(((W - 0.25) ** 2).sum() / (W ** 2).sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("cb_type,scales,message", [
+    ("int8", None, r"scales None for int8 codebooks, expected \[8, 1\]"),
+    ("f16", np.ones((8, 1), np.float32), r"scales \(8, 1\) for f16 codebooks, expected None"),
+    ("int8", np.ones((8, 2), np.float32), r"scales \(8, 2\) for int8 codebooks, expected "
+                                           r"\[8, 1\]"),
+])
+def test_kit_checks_stored_scales(tiny_checkpoint_8x8, cb_type, scales, message):
+    q = Broken(lambda W, b, g: _stored(W, b, g, scales)).quantize(
+        tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=8, codebook_type=cb_type))
+    with pytest.raises(DittoError, match="broken: tensor 'blk.0.attn_q.weight': quantize_matrix "
+                                         "returned " + message):
+        list(q.tensors())
+
+
 def test_kit_refuses_non_finite_weights(tiny_checkpoint_8x8):
     import attrs
 
