@@ -29,6 +29,8 @@ def test_ditto_plugins_lists_defaults_and_installed_plugin(test_plugin_installed
         "linker": [{"name": "test-clang"}]}
     assert rows["export_gguf"]["components"] == {"exporter": [{"name": "gguf"}]}
     assert rows["export_hf"]["components"] == {"exporter": [{"name": "hf"}]}
+    assert rows["pass_gemv_blas"]["components"] == {  # the default pass says so
+        "pass": [{"name": "gemv-blas", "default_order": 0}]}
     assert rows["quant_none"]["distribution"] == "ditto-llm"
     table = subprocess.run(["ditto", "plugins"], check=True, capture_output=True,
                            text=True).stdout
