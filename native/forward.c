@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "matmul.h"
 
 static size_t kv_floats(const DittoConfig *c, int ctx) {
@@ -92,38 +93,20 @@ void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) 
 static const float *f32_data(const Tensor *t) { return (const float *)(const void *)t->data; }
 
 /* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
- * positions 0..pos, then the weighted sum of values. */
+ * positions 0..pos, then the weighted sum of values (attention.h). */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
     int group = (int)(c->n_heads / c->n_kv_heads);
     size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
+    AttendFn attend = attend_for(d);
     int h;
 #pragma omp parallel for private(h)
     for (h = 0; h < (int)c->n_heads; h++) {
-        const float *q = s->q + h * d;
-        float *att = s->att + (size_t)h * s->ctx;
         int kvh = h / group;
-        float max = -INFINITY;
-        for (int t = 0; t <= pos; t++) {
-            const float *k = s->key_cache + layer_off + (size_t)t * kv_dim + kvh * d;
-            float score = 0.0f;
-            for (int i = 0; i < d; i++) score += q[i] * k[i];
-            att[t] = score * inv_sqrt_d;
-            if (att[t] > max) max = att[t];
-        }
-        float sum = 0.0f;
-        for (int t = 0; t <= pos; t++) {
-            att[t] = expf(att[t] - max);
-            sum += att[t];
-        }
-        float *out = s->att_out + h * d;
-        for (int i = 0; i < d; i++) out[i] = 0.0f;
-        for (int t = 0; t <= pos; t++) {
-            const float *v = s->value_cache + layer_off + (size_t)t * kv_dim + kvh * d;
-            float a = att[t] / sum;
-            for (int i = 0; i < d; i++) out[i] += a * v[i];
-        }
+        attend(s->att_out + h * d, s->q + h * d, s->key_cache + layer_off + kvh * d,
+               s->value_cache + layer_off + kvh * d, (size_t)kv_dim, pos + 1, d, inv_sqrt_d,
+               s->att + (size_t)h * s->ctx);
     }
 }
 

@@ -32,6 +32,7 @@ void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
+int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                     int rows, int cols);
 
@@ -53,15 +54,16 @@ static int has_avx512vbmi(void) {
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any,
-     i8cb_gemm_avx2, 1, codebook_gemv_avx512},
+     i8cb_gemm_avx2, 1, codebook_gemv_avx512, act_quantize_avx2},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1,
-     codebook_gemv_avx512},
+     codebook_gemv_avx512, act_quantize_avx2},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
-     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1, codebook_gemv_avx2},
+     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1, codebook_gemv_avx2,
+     act_quantize_avx2},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
-     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
+     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
 };
 
 #elif defined(__aarch64__)
@@ -82,13 +84,13 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, NULL, 0, codebook_gemv_ref},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
+     i8cb_rows_neon_any, NULL, 0, codebook_gemv_ref, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
 };
 #endif
 
@@ -157,6 +159,15 @@ const KernelTable *kernels_active(void) {
     return active;
 }
 
+static int act_quantize_by(const KernelTable *K, QuantActs *qa, const float *x, int n,
+                           int with_vnni) {
+    return (K->act_quant ? K->act_quant : act_quantize_generic)(qa, x, n, with_vnni);
+}
+
+int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
+    return act_quantize_by(kernels_active(), qa, x, n, with_vnni);
+}
+
 I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
     if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || has_vnni))
         return K->i8_b4;
@@ -197,7 +208,7 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
     if (!K || !K->supported()) return -1;
     QuantActs qa;
     memset(&qa, 0, sizeof qa);
-    if (act_quantize(&qa, x, cols, 1)) return -1;
+    if (act_quantize_by(K, &qa, x, cols, 1)) return -1;
     if (group_size > cols) group_size = cols; /* as gemv() sees it */
     I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
     I8RowsFn fn = kernel_pick_i8(K, bits, group_size, 1);
@@ -216,16 +227,25 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
     return fast;
 }
 
-int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
+int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
+                           int8_t *q, int8_t *qp, uint8_t *aqp) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
     QuantActs qa;
     memset(&qa, 0, sizeof qa);
-    if (act_quantize(&qa, x, n, 0)) return -1;
+    if (act_quantize_by(K, &qa, x, n, 0)) return -1;
+    size_t n_pad = (size_t)qa.n_pad;
     *D = qa.D;
-    memcpy(m, qa.m, (size_t)qa.n_pad / QA_BLOCK);
-    memcpy(q, qa.q, (size_t)qa.n_pad);
-    int n_pad = qa.n_pad;
+    memcpy(m, qa.m, n_pad / QA_BLOCK);
+    memcpy(q, qa.q, n_pad);
+    if (qp) memcpy(qp, qa.qp, n_pad);
+    if (aqp) memcpy(aqp, qa.aqp, n_pad);
     act_free(&qa);
-    return n_pad;
+    return (int)n_pad;
+}
+
+int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
+    return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL);
 }
 
 void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {

@@ -27,6 +27,9 @@ typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L
 typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
 
+/* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
+typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int with_vnni);
+
 typedef struct {
     const char *name;     /* "generic", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "neon" */
     const char *features; /* what the CPU needs, as named in /proc/cpuinfo (x86) or HWCAP */
@@ -40,6 +43,7 @@ typedef struct {
                              row kernels once per input */
     int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
     FloatCbFn float_cb;   /* f16/f32 codebooks */
+    ActQuantFn act_quant; /* activation quantization; NULL: act_quantize_generic */
 } KernelTable;
 
 /* Every table compiled into this program, best first; *n gets their number. */
@@ -95,5 +99,9 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
 /* For tests: act_quantize(x, n) copied out: *D, m[n_pad / 32], q[n_pad] (n_pad =
  * roundup(n, 64), the caller's arrays that large). Returns n_pad, or -1 (no memory). */
 int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);
+/* The same through the table named `kernel` (-1 if it is unknown or unsupported here), also
+ * copying the perm32 arrays qp[n_pad] and aqp[n_pad] when those are not NULL. */
+int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
+                           int8_t *q, int8_t *qp, uint8_t *aqp);
 
 #endif

@@ -8,7 +8,7 @@
 #include <omp.h>
 #endif
 
-#include "gemm_avx2.h"
+#include "attention.h"
 #include "matmul.h"
 
 static int max_threads(void) {
@@ -62,45 +62,10 @@ void prefill_free(Prefill *p) {
 
 static const float *f32_data(const Tensor *t) { return (const float *)(const void *)t->data; }
 
-/* Σ a[i]·b[i], i < n, in order (float32). */
-static float dot_scalar(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HAVE_DOT_AVX2 1
-
-/* Σ a[i]·b[i], i < n, in 4 x 8 FMA lanes summed at the end (AVX2 + FMA CPUs). */
-__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float s = _mm_cvtss_f32(h);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-#endif
-
 /* Causal attention of the tile: for query head h of token t (position pos0 + t), softmax(q·k /
- * sqrt(d)) over positions 0..pos0+t, then the weighted sum of values; the same arithmetic, in
- * the same order, as forward()'s attention of one position, except that the q·k dot products
- * run in SIMD lanes on AVX2 CPUs (the prompt's attention is quadratic in its length). OpenMP
- * over (head, token) pairs, each thread with its own row of scores. */
+ * sqrt(d)) over positions 0..pos0+t, then the weighted sum of values (attention.h, as forward()
+ * does for one position). OpenMP over (head, token) pairs, each thread with its own row of
+ * scores. */
 static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, int layer,
                            int n, int pos0) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
@@ -108,39 +73,18 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
     int group = (int)(c->n_heads / c->n_kv_heads);
     size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
-    float (*dot)(const float *, const float *, int) = dot_scalar;
-#ifdef HAVE_DOT_AVX2
-    if (gemm_avx2_supported()) dot = dot_avx2;
-#endif
+    AttendFn attend = attend_for(d);
     int ht;
 #pragma omp parallel for schedule(static) private(ht)
     for (ht = 0; ht < n_heads * n; ht++) {
-        int h = ht % n_heads, t = ht / n_heads, pos = pos0 + t;
+        int h = ht % n_heads, t = ht / n_heads, kvh = h / group;
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        const float *q = p->q + (size_t)t * q_dim + h * d;
-        float *att = p->att + (size_t)tid * s->ctx;
-        int kvh = h / group;
-        float max = -INFINITY;
-        for (int u = 0; u <= pos; u++) {
-            const float *k = s->key_cache + layer_off + (size_t)u * kv_dim + kvh * d;
-            att[u] = dot(q, k, d) * inv_sqrt_d;
-            if (att[u] > max) max = att[u];
-        }
-        float sum = 0.0f;
-        for (int u = 0; u <= pos; u++) {
-            att[u] = expf(att[u] - max);
-            sum += att[u];
-        }
-        float *out = p->att_out + (size_t)t * q_dim + h * d;
-        for (int i = 0; i < d; i++) out[i] = 0.0f;
-        for (int u = 0; u <= pos; u++) {
-            const float *v = s->value_cache + layer_off + (size_t)u * kv_dim + kvh * d;
-            float a = att[u] / sum;
-            for (int i = 0; i < d; i++) out[i] += a * v[i];
-        }
+        attend(p->att_out + (size_t)t * q_dim + h * d, p->q + (size_t)t * q_dim + h * d,
+               s->key_cache + layer_off + kvh * d, s->value_cache + layer_off + kvh * d,
+               (size_t)kv_dim, pos0 + t + 1, d, inv_sqrt_d, p->att + (size_t)tid * s->ctx);
     }
 }
 

@@ -27,6 +27,7 @@ AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int 
     const int b = L->bits, full = cols & ~31;
     const uint64_t dep = ((UINT64_C(1) << b) - 1u) * UINT64_C(0x0101010101010101);
     __m256i tbl[16];
+    for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
     for (int s = 0; s < L->n_sub; s++) {
         const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
         int c0 = s * L->group_size;

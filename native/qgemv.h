@@ -55,6 +55,18 @@ typedef struct {
  * fills the perm32 arrays; with_vnni also the VNNI ones. Returns 0, or -1 when out of memory
  * (qa unchanged). */
 int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni);
+
+/* act_quantize() runs the active kernel table's form (kernels.h); this scalar one defines the
+ * result, and every SIMD form gives the same bytes. */
+int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni);
+
+/* Shared by the act_quantize forms: grow qa's arrays to n_pad entries (0, or -1 when out of
+ * memory, qa unchanged); block j's multiplier m from a = max |x| of the block (0 when a = 0
+ * or x is not finite), with *inv = 1 / (D * m); the VNNI arrays from qp and m. */
+int act_reserve(QuantActs *qa, size_t n_pad);
+int act_block_m(float a, float D, int finite, float *inv);
+void act_fill_vnni(QuantActs *qa);
+
 void act_free(QuantActs *qa);
 
 /* Where things are in an int8 codebook payload (FORMAT.md): centroids int8 [rows][S][K], then

@@ -23,7 +23,7 @@ void act_free(QuantActs *qa) {
     memset(qa, 0, sizeof *qa);
 }
 
-static int act_reserve(QuantActs *qa, size_t n_pad) {
+int act_reserve(QuantActs *qa, size_t n_pad) {
     if (n_pad <= qa->cap && qa->q) return 0;
     QuantActs t;
     memset(&t, 0, sizeof t);
@@ -46,7 +46,29 @@ static int act_reserve(QuantActs *qa, size_t n_pad) {
     return 0;
 }
 
-int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
+int act_block_m(float a, float D, int finite, float *inv) {
+    if (!finite || !(a > 0.0f)) return 0;
+    float t = a / ((float)QA_QMAX * D);
+    int m = t >= (float)QA_MMAX ? QA_MMAX : (int)ceilf(t);
+    if (m < 1) m = 1;
+    *inv = 1.0f / (D * (float)m);
+    return m;
+}
+
+void act_fill_vnni(QuantActs *qa) {
+    size_t n_pad = (size_t)qa->n_pad;
+    memset(qa->neg, 0, n_pad / 64 * sizeof *qa->neg);
+    for (size_t c = 0; c < n_pad; c++) {
+        int v = qa->qp[c];
+        unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
+        qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
+        qa->mq_hi[c] = (uint8_t)(mq >> 8);
+        if (v < 0) qa->neg[c / 64] |= UINT64_C(1) << (c % 64);
+    }
+    qa->has_vnni = 1;
+}
+
+int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
     qa->n = n;
@@ -64,17 +86,13 @@ int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
     memset(qa->q, 0, n_pad);
     for (int j = 0; j < nb; j++) {
         int c0 = j * QA_BLOCK, c1 = c0 + QA_BLOCK < n ? c0 + QA_BLOCK : n;
-        float a = 0.0f;
+        float a = 0.0f, inv = 0.0f;
         for (int c = c0; c < c1; c++) {
             float v = fabsf(x[c]);
             if (v > a) a = v;
         }
-        int m = 0;
-        if (finite && a > 0.0f) {
-            float t = a / ((float)QA_QMAX * D);
-            m = t >= (float)QA_MMAX ? QA_MMAX : (int)ceilf(t);
-            if (m < 1) m = 1;
-            float inv = 1.0f / (D * (float)m);
+        int m = act_block_m(a, D, finite, &inv);
+        if (m) {
             for (int c = c0; c < c1; c++) {
                 float r = rintf(x[c] * inv);
                 r = r > (float)QA_QMAX ? (float)QA_QMAX : r < -(float)QA_QMAX ? -(float)QA_QMAX : r;
@@ -94,17 +112,8 @@ int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
         int v = qa->qp[c];
         qa->aqp[c] = (uint8_t)(v < 0 ? -v : v);
     }
-    qa->has_vnni = with_vnni;
-    if (with_vnni) {
-        memset(qa->neg, 0, n_pad / 64 * sizeof *qa->neg);
-        for (size_t c = 0; c < n_pad; c++) {
-            int v = qa->qp[c];
-            unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
-            qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
-            qa->mq_hi[c] = (uint8_t)(mq >> 8);
-            if (v < 0) qa->neg[c / 64] |= UINT64_C(1) << (c % 64);
-        }
-    }
+    qa->has_vnni = 0;
+    if (with_vnni) act_fill_vnni(qa);
     return 0;
 }
 

@@ -57,6 +57,7 @@ def lib(tmp_path_factory):
     L = ctypes.CDLL(str(out))
     L.i8cb_gemv_with.argtypes = [ctypes.c_char_p, P, P, P] + [ctypes.c_int] * 4
     L.act_quantize_copy.argtypes = [P, ctypes.c_int, P, P, P]
+    L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int, P, P, P, P, P]
     L.kernel_name_at.restype = ctypes.c_char_p
     L.kernel_active_name.restype = ctypes.c_char_p
     L.omp_set_num_threads.argtypes = [ctypes.c_int]
@@ -125,27 +126,72 @@ def run_kernel(lib, kernel, ct, x, payload=None):
     return y, rc
 
 
-def test_activation_quantization_equals_numpy(lib):
+def _act_inputs():
     rng = np.random.default_rng(5)
-    for n in [1, 31, 32, 33, 100, 576, 1537]:
+    for n in [1, 7, 8, 31, 32, 33, 100, 576, 1537]:
         x = (rng.normal(size=n) * rng.choice([1e-3, 1, 50], size=n)).astype(np.float32)
         if n > 64:
             x[32:64] = 0  # a zero block (m = 0)
             x[70] = 1e4  # an outlier: most blocks get small multipliers
-        n_pad = -(-n // 64) * 64
-        D = ctypes.c_float()
-        m = np.zeros(n_pad // 32, np.uint8)
-        q = np.zeros(n_pad, np.int8)
-        assert lib.act_quantize_copy(x.ctypes.data, n, ctypes.addressof(D), m.ctypes.data,
-                                     q.ctypes.data) == n_pad
+        yield x
+    yield np.zeros(96, np.float32)  # A = 0: D = 0, every q = 0
+    ties = np.arange(-300, 300, dtype=np.float32) * np.float32(0.5)  # x * inv at .5 steps
+    yield ties
+
+
+def _act_quantize(lib, kernel, x):
+    n = x.size
+    n_pad = -(-n // 64) * 64
+    D = ctypes.c_float()
+    m = np.zeros(n_pad // 32, np.uint8)
+    q, qp = np.zeros(n_pad, np.int8), np.zeros(n_pad, np.int8)
+    aqp = np.zeros(n_pad, np.uint8)
+    assert lib.act_quantize_copy_with(kernel.encode(), x.ctypes.data, n, ctypes.addressof(D),
+                                      m.ctypes.data, q.ctypes.data, qp.ctypes.data,
+                                      aqp.ctypes.data) == n_pad
+    return np.float32(D.value), m, q, qp, aqp
+
+
+@pytest.mark.parametrize("kernel", list(X86_TABLES))
+def test_activation_quantization_equals_numpy(lib, kernel):
+    """Every table's act_quantize (the scalar one and the AVX2 one) gives the definition's bytes,
+    and the perm32 copies the SIMD kernels read."""
+    if not X86_TABLES[kernel] <= cpu_flags():
+        pytest.skip(f"this CPU lacks {' '.join(sorted(X86_TABLES[kernel] - cpu_flags()))}")
+    for x in _act_inputs():
+        n = x.size
+        D, m, q, qp, aqp = _act_quantize(lib, kernel, x)
         D_np, m_np, q_np = act_quantize_np(x)
-        assert np.float32(D.value) == D_np
+        assert D == D_np
         assert m.tolist() == m_np.tolist()
         assert q.tolist() == q_np.tolist()
-        assert (np.abs(q.astype(int)) <= 127).all() and m.max() == 255
-        # x ~ D m q: the error of each entry is at most half a step of its block
-        step = D_np * m_np[np.arange(n) // 32]
-        assert np.all(np.abs(D_np * m_np[np.arange(n) // 32] * q_np[:n] - x) <= 0.5 * step + 1e-12)
+        perm = q.reshape(-1, 32)
+        assert qp.tolist() == np.concatenate([perm[:, 0::2], perm[:, 1::2]], axis=1).ravel().tolist()
+        assert aqp.tolist() == np.abs(qp.astype(int)).tolist()
+        assert (np.abs(q.astype(int)) <= 127).all()
+        if D_np > 0:
+            # x ~ D m q: the error of each entry is at most half a step of its block
+            step = D_np * m_np[np.arange(n) // 32]
+            err = np.abs(D_np * m_np[np.arange(n) // 32] * q_np[:n].astype(np.float64) - x)
+            assert np.all(err <= 0.5 * step * (1 + 1e-5))
+    assert lib.act_quantize_copy(np.ones(4, np.float32).ctypes.data, 4,
+                                 ctypes.addressof(ctypes.c_float()),
+                                 np.zeros(2, np.uint8).ctypes.data,
+                                 np.zeros(64, np.int8).ctypes.data) == 64
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_activation_quantization_of_non_finite_input(lib, bad):
+    """A NaN or infinity anywhere (in the SIMD part or the scalar tail): D is NaN, every m and q
+    is 0, in every table this CPU runs."""
+    for kernel, need in X86_TABLES.items():
+        if not need <= cpu_flags():
+            continue
+        for pos in (3, 37, 99):
+            x = np.ones(100, np.float32)
+            x[pos] = bad
+            D, m, q, _, _ = _act_quantize(lib, kernel, x)
+            assert np.isnan(D) and not m.any() and not q.any(), (kernel, pos)
 
 
 def test_non_finite_input_gives_nan(lib):

@@ -1,0 +1,24 @@
+/* attention.h: causal attention of one query head over the KV cache (decode: forward.c;
+ * batched prefill: prefill.c). */
+#ifndef DITTO_ATTENTION_H
+#define DITTO_ATTENTION_H
+
+#include <stddef.h>
+
+/* One query head's attention: out[0..d) = sum over u < n_keys of softmax_u(scale * q·k_u) * v_u,
+ * with k_u = K + u * stride and v_u = V + u * stride (float32 rows of the KV cache) and
+ * att[0..n_keys) scratch. The softmax subtracts the largest score and divides each exp by the
+ * sum (Vaswani et al. 2017, eq. 1). */
+typedef void (*AttendFn)(float *out, const float *q, const float *K, const float *V,
+                         size_t stride, int n_keys, int d, float scale, float *att);
+
+/* The scalar form, loops in index order (any d; the reference of the tests). */
+void attend_scalar(float *out, const float *q, const float *K, const float *V, size_t stride,
+                   int n_keys, int d, float scale, float *att);
+
+/* The form for head size d on this CPU, chosen once before a parallel loop: on AVX2 + FMA CPUs
+ * with d % 8 == 0 and d <= 256, q·k four keys at a time and the weighted sum in SIMD lanes
+ * (the same arithmetic up to float rounding); else attend_scalar. */
+AttendFn attend_for(int d);
+
+#endif

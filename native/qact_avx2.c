@@ -1,0 +1,105 @@
+/* qact_avx2.c: activation quantization (qgemv.h act_quantize) with AVX2, the same bytes as
+ * act_quantize_generic: the float steps per element (x * inv, round half to even, clamp) are
+ * the generic ones in eight lanes, the block maxima are exact whatever their order, and the
+ * per-block scalars come from the shared act_block_m(). A row's partial last block takes the
+ * scalar path. */
+#include "qgemv.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AVX2_FN __attribute__((target("avx2")))
+
+AVX2_FN static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 32 int8 values of round(x * inv) clamped to +-127, in column order. */
+AVX2_FN static inline __m256i quantize32(const float *x, __m256 inv) {
+    const __m256 hi = _mm256_set1_ps((float)QA_QMAX), lo = _mm256_set1_ps(-(float)QA_QMAX);
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v[i] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo));
+    }
+    /* packs work per 128-bit half: dwords end up as 0,2,4,6 | 1,3,5,7 of the eight groups */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni) {
+    size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
+    if (act_reserve(qa, n_pad)) return -1;
+    qa->n = n;
+    qa->n_pad = (int)n_pad;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.402823466e38f);
+    __m256 vA = _mm256_setzero_ps(), vfin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    int c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + c), abs_mask);
+        vfin = _mm256_and_ps(vfin, _mm256_cmp_ps(a, fmax, _CMP_LE_OQ)); /* false: NaN, inf */
+        vA = _mm256_max_ps(vA, a);
+    }
+    int finite = _mm256_movemask_ps(vfin) == 0xff;
+    float A = finite ? hmax8(vA) : 0.0f;
+    for (; c < n; c++) {
+        float a = fabsf(x[c]);
+        if (!(a <= 3.402823466e38f)) finite = 0;
+        else if (a > A) A = a;
+    }
+    float D = A / (float)(QA_QMAX * QA_MMAX);
+    qa->D = finite ? D : NAN;
+    memset(qa->q, 0, n_pad);
+    int nb = (int)(n_pad / QA_BLOCK);
+    for (int j = 0; j < nb; j++) {
+        int c0 = j * QA_BLOCK, c1 = c0 + QA_BLOCK < n ? c0 + QA_BLOCK : n;
+        float a = 0.0f, inv = 0.0f;
+        int whole = c1 - c0 == QA_BLOCK;
+        if (whole) {
+            __m256 m4 = _mm256_and_ps(_mm256_loadu_ps(x + c0), abs_mask);
+            for (int i = 1; i < 4; i++)
+                m4 = _mm256_max_ps(m4, _mm256_and_ps(_mm256_loadu_ps(x + c0 + 8 * i), abs_mask));
+            a = hmax8(m4);
+        } else {
+            for (int k = c0; k < c1; k++) {
+                float v = fabsf(x[k]);
+                if (v > a) a = v;
+            }
+        }
+        int m = act_block_m(a, D, finite, &inv);
+        if (m && whole) {
+            __m256i q = quantize32(x + c0, _mm256_set1_ps(inv));
+            _mm256_storeu_si256((__m256i *)(void *)(qa->q + c0), q);
+        } else if (m) {
+            for (int k = c0; k < c1; k++) {
+                float r = rintf(x[k] * inv);
+                r = r > (float)QA_QMAX ? (float)QA_QMAX : r < -(float)QA_QMAX ? -(float)QA_QMAX : r;
+                qa->q[k] = (int8_t)r;
+            }
+        }
+        qa->m[j] = (uint8_t)m;
+        qa->m16[j] = (int16_t)m;
+    }
+    /* perm32 (the block's evens, then its odds) and |qp| */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (size_t base = 0; base < n_pad; base += 32) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + base));
+        __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), 0xd8); /* 0,2,1,3 */
+        _mm256_storeu_si256((__m256i *)(void *)(qa->qp + base), p);
+        _mm256_storeu_si256((__m256i *)(void *)(qa->aqp + base), _mm256_abs_epi8(p));
+    }
+    qa->has_vnni = 0;
+    if (with_vnni) act_fill_vnni(qa);
+    return 0;
+}
+
+#endif
