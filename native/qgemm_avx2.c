@@ -89,14 +89,6 @@ static void scale_acts(int16_t *mq, const QuantActs *qa) {
     for (int c = 0; c < qa->n_pad; c++) mq[c] = (int16_t)(qa->m16[c / 32] * qa->q[c]);
 }
 
-/* Four inputs' int32 lane sums to their four totals (exact: each is a sub-block sum that fits
- * int32, see i8cb_gemm_avx2). */
-AVX2_FN static inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
-    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
-    __m256i abcd = _mm256_hadd_epi32(ab, cd); /* per half: a, b, c, d */
-    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
-}
-
 /* Row r against inputs mq[0..4) (their D in D4): y4 = the four results, each exactly
  * i8_combine's: acc = sum over sub-blocks of (double)scale * (double)T in sub-block order, then
  * (float)(acc * D). Whole sub-block sums are formed in int32 lanes (runs of at most 128 chunks

@@ -99,10 +99,71 @@ AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     y[rb] = combine_f16c(L, rb, T1, qa->D);
 }
 
+/* Four rows at once (G <= 512, so every sub-block sum fits int32): four streams of index
+ * bytes in flight, one activation load per four rows, the four sub-block sums reduced together
+ * (vphaddd) and combined with their scales in four double lanes (the definition's multiply,
+ * then add, in sub-block order). */
+AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
+                               int cols) {
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
+    const int full = cols & ~31;
+    /* the index bytes and centroids of the rows 8 ahead, into L2 */
+    const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
+    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
+                   (size_t)(L->end - L->indices));
+    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
+                   cent_bytes);
+    __m256d acc = _mm256_setzero_pd();
+    for (int s = 0; s < L->n_sub; s++) {
+        __m256i tbl[4];
+        for (int i = 0; i < 4; i++)
+            tbl[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                (const __m128i *)(const void *)(L->cent +
+                                                ((size_t)(r + i) * (size_t)L->n_sub + (size_t)s) *
+                                                    16u)));
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        int stop = c1 < full ? c1 : full;
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        int c = c0;
+        for (; c < stop; c += 32) { /* no calls: everything stays in registers */
+            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+            __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+            __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+            a0 = _mm256_add_epi32(a0, block32(row[0] + c / 2, tbl[0], q, a, m));
+            a1 = _mm256_add_epi32(a1, block32(row[1] + c / 2, tbl[1], q, a, m));
+            a2 = _mm256_add_epi32(a2, block32(row[2] + c / 2, tbl[2], q, a, m));
+            a3 = _mm256_add_epi32(a3, block32(row[3] + c / 2, tbl[3], q, a, m));
+        }
+        if (c < c1) { /* the rows' partial last chunk: zero-padded copies */
+            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
+            __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
+            __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+            uint8_t t[4][16];
+            for (int i = 0; i < 4; i++) i8_tail_indices(t[i], row[i], c, cols);
+            a0 = _mm256_add_epi32(a0, block32(t[0], tbl[0], q, a, m));
+            a1 = _mm256_add_epi32(a1, block32(t[1], tbl[1], q, a, m));
+            a2 = _mm256_add_epi32(a2, block32(t[2], tbl[2], q, a, m));
+            a3 = _mm256_add_epi32(a3, block32(t[3], tbl[3], q, a, m));
+        }
+        const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
+        __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub], (short)sc[2 * L->n_sub],
+                                    (short)sc[3 * L->n_sub], 0, 0, 0, 0);
+        __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));
+        __m256d T = _mm256_cvtepi32_pd(hsum4_epi32(a0, a1, a2, a3));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, T));
+    }
+    _mm_storeu_ps(y + r, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));
+}
+
 AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
     int64_t T0[L->n_sub], T1[L->n_sub];
-    for (int r = r0; r < r1; r += 2) rows2_avx2(y, qa, L, r, r + 1 < r1 ? r + 1 : r, cols, T0, T1);
+    int r = r0;
+    if (L->group_size <= 512)
+        for (; r + 4 <= r1; r += 4) rows4_avx2(y, qa, L, r, cols);
+    for (; r < r1; r += 2) rows2_avx2(y, qa, L, r, r + 1 < r1 ? r + 1 : r, cols, T0, T1);
 }
 
 /* 32 columns at c (index bytes at ip): lo and hi gain the VNNI dot products. */
@@ -221,6 +282,11 @@ AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     const int full = cols & ~31;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        /* the index bytes and centroids of the row 4 ahead, into L2 */
+        prefetch_bytes(L->indices, (size_t)(r + 4) * L->row_bytes, L->row_bytes,
+                       (size_t)(L->end - L->indices));
+        prefetch_bytes(L->cent, (size_t)(r + 4) * (size_t)L->n_sub * 64u, (size_t)L->n_sub * 64u,
+                       (size_t)((const int8_t *)(const void *)L->scale - L->cent));
         for (int s = 0; s < L->n_sub; s++) {
             const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u;
             __m256i t[4];

@@ -28,6 +28,23 @@ AVX2_FN static inline int64_t hsum_epi32_wide(__m256i v) {
     return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
 }
 
+/* The totals of four int32 lane vectors (exact when each total and partial sum fits int32:
+ * a sub-block sum with G <= 512, |T| <= G * 127 * 32385 < 2^31). */
+AVX2_FN static inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    __m256i abcd = _mm256_hadd_epi32(ab, cd); /* per half: a, b, c, d */
+    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+/* Software prefetch of bytes [off, off + n) of base[size] into L2, one line per 64 bytes: the
+ * weights of the rows a kernel reaches next. Decode streams every weight once per token; on
+ * the machine measured, the hardware prefetcher alone left the b = 4 kernel waiting on its
+ * index loads (docs/KERNELS.md "Where decode time goes"). */
+static inline void prefetch_bytes(const void *base, size_t off, size_t n, size_t size) {
+    for (size_t o = off; o < off + n && o < size; o += 64)
+        _mm_prefetch((const char *)base + o, _MM_HINT_T1);
+}
+
 /* i8_combine() with the f16 scales converted by F16C (exact, as the scalar conversion). */
 AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t *T, float D) {
     const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
