@@ -118,7 +118,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
           passes: Sequence[str] | None = None, linker: str | None = None,
           options: Mapping[str, Any] | None = None, rewrite: bool = True,
           openmp: bool = True, cache: bool = True, progress: bool = False,
-          registry: Registry | None = None) -> Build:
+          registry: Registry | None = None, calibration: str | os.PathLike | None = None,
+          importance: str | os.PathLike | None = None) -> Build:
     """Build ``model`` (an HF directory, a .gguf file, or ``"smollm2"`` / ``"tinycoder"``)
     into the directory ``out`` (default: a new temporary directory) and return the Build.
 
@@ -129,7 +130,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     component per stage by name (None: the default), ``passes`` in run order, ``options`` of
     components as ``{"COMPONENT": {"KEY": value}}`` or ``{"COMPONENT.KEY": value}``
     (docs/PLUGINS.md), ``rewrite`` False for no pass, ``registry`` the plugins to use
-    (default: the installed ones). Raises DittoError (PluginError, OptionError) before any
+    (default: the installed ones). ``calibration``: a calibration text (path, or ``"stdlib"``
+    for the shipped one) or ``importance``: an importance file (``ditto calibrate``) whose
+    per-channel activation statistics weight the quantizer's error (docs/QUANT.md). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
     from .pipeline import BuildOptions
@@ -142,9 +145,10 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     opts = BuildOptions(
         quantizer=quantizer, blas=blas, exporter=exporter, packer=packer, emitter=emitter,
         passes=passes, linker=linker, options=options or {}, rewrite=rewrite, openmp=openmp,
-        cache=cache,
+        cache=cache, calibration=None if calibration is None else str(calibration),
         quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
                            tensor_types=tuple(tensor_types), method=method,
-                           codebook_type=codebook_type, seed=seed))
+                           codebook_type=codebook_type, seed=seed,
+                           importance=None if importance is None else str(importance)))
     record = run_pipeline(model, Path(out), opts, registry, show_progress=progress)
     return Build(Path(out), record)

@@ -307,6 +307,13 @@ def compile_stage_options(func):
                    "scale per sub-block, run by the integer GEMV kernels; the default with "
                    "kmeans), f16 (the default with other quantizers) or f32.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--calibration", default=None, metavar="FILE",
+              help="Calibration text (or 'stdlib': the shipped CPython modules): the fp32 model "
+                   "runs over it and the mean squared activation of each input channel weights "
+                   "the k-means error (docs/QUANT.md); the importance file is cached.")
+@click.option("--importance", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE.npz", help="A saved importance file (`ditto calibrate`) instead of "
+                                       "--calibration.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")
 @click.option("--exporter", default=None, help="Exporter (default: the one that reads MODEL).")
@@ -319,7 +326,7 @@ def compile_stage_options(func):
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
 def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tensor_types, method,
-              codebook_type, seed, rewrite, exporter, packer, emitter, passes, linker,
+              codebook_type, seed, calibration, importance, rewrite, exporter, packer, emitter, passes, linker,
               component_options, openmp, cache, quiet):
     """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
 
@@ -329,11 +336,13 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
         ctx = click.get_current_context()
         given = [f"--{n.replace('_', '-')}".replace("--tensor-types", "--tensor-type")
                  for n in ("bits", "group_size", "keep_fp32", "tensor_types", "method",
-                           "codebook_type", "seed")
+                           "codebook_type", "seed", "calibration", "importance")
                  if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
         if given:
             click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
                        "(every tensor stays fp32)", err=True)
+    if calibration is not None and importance is not None:
+        raise click.UsageError("give --calibration or --importance, not both")
     from .api import build
 
     record = build(model, quantizer=quantizer, blas=blas, out=out_dir, bits=bits,
@@ -342,7 +351,8 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
                    codebook_type=codebook_type, seed=seed, exporter=exporter, packer=packer,
                    emitter=emitter, passes=passes or None, linker=linker,
                    options=parse_assignments(component_options), rewrite=rewrite,
-                   openmp=openmp, cache=cache, progress=not quiet).record
+                   openmp=openmp, cache=cache, progress=not quiet,
+                   calibration=calibration, importance=importance).record
     if not quiet:
         cached = [k for k, v in record["cached"].items() if v]
         for stage, sec in record["stages"].items():

@@ -304,8 +304,42 @@ def print_compare(rows: list[dict], out_dir: Path) -> None:
               soft_wrap=True)
 
 
+@click.command("calibrate")
+@click.argument("model")
+@click.option("--calibration", default="stdlib", show_default=True, metavar="FILE",
+              help="Calibration text ('stdlib': the shipped CPython 3.11.7 modules that are not "
+                   "in the evaluation corpus).")
+@click.option("-o", "--output", "out", required=True,
+              type=click.Path(path_type=Path, dir_okay=False), help="Importance file (.npz).")
+@click.option("--blas", default="openblas", show_default=True,
+              help="BLAS of the fp32 build that tokenizes the text.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="PyTorch threads (default: all cores).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@reports_errors
+def calibrate_cmd(model, calibration, out, blas, threads, quiet):
+    """Run MODEL's fp32 model over a calibration text and save, per linear layer, the mean
+    squared activation of each input channel (llama.cpp's imatrix statistic) as an importance
+    file for `ditto build --importance FILE.npz` (docs/QUANT.md)."""
+    from . import calibration as cal
+
+    update, stop = _progress("calibration", quiet)
+    try:
+        imp = cal.calibrate(model, calibration, blas=blas, threads=threads, progress=update)
+    finally:
+        stop()
+    cal.save_importance(imp, out)
+    m = imp.meta
+    click.echo(f"{out}: {len(imp.vectors)} tensors, {m['chunks']} chunks of {m['n_ctx']} tokens "
+               f"of {m['calibration']['name']} (sha256 {m['calibration']['sha256'][:16]}…)",
+               err=True)
+    click.echo(str(out))
+
+
 def register(group: click.Group) -> None:
-    """Add ``ditto eval``, ``ditto bench`` and ``ditto compare`` to ``group``."""
+    """Add ``ditto eval``, ``ditto bench``, ``ditto compare`` and ``ditto calibrate`` to
+    ``group``."""
+    group.add_command(calibrate_cmd)
     group.add_command(eval_cmd)
     group.add_command(bench_cmd)
     group.add_command(compare_cmd)

@@ -48,7 +48,10 @@ class QuantOptions:
     glob patterns over tensor names kept in fp32 (norms always are), ``method`` a quantizer
     specific name (kmeans: "optimal" | "lloyd"), ``codebook_type`` "f16" | "f32" | "int8";
     ``tensor_types``: ``GLOB=SPEC`` rules (``--tensor-type``, ``ditto_core.quantkit``), the
-    first matching one decides a tensor's encoding, b, G or codebook type."""
+    first matching one decides a tensor's encoding, b, G or codebook type. ``importance``: path
+    of an importance file (``ditto_core.calibration``: per tensor, the mean squared activation
+    of each input channel) that quantizers may weight their error with (kmeans does; None:
+    unweighted)."""
 
     bits: int = 4
     group_size: int = 256
@@ -57,6 +60,7 @@ class QuantOptions:
     codebook_type: str = "f16"
     seed: int = 0
     tensor_types: tuple[str, ...] = ()
+    importance: str | None = None
 
 
 @runtime_checkable

@@ -191,7 +191,9 @@ class BuildOptions:
     naive GEMV loops, the RQ3 ablation). ``options``: component options, ``{"gemv-blas":
     {"omp_threads": "region"}}`` or ``{"gemv-blas.omp_threads": "region"}``
     (``ditto_core.options``). ``openmp``: compile the runtime with OpenMP; ``cache``: reuse
-    cached stage outputs (docs/BUILD.md, "Cache")."""
+    cached stage outputs (docs/BUILD.md, "Cache"). ``calibration``: a calibration text (path,
+    or ``"stdlib"``) whose importance file (``ditto_core.calibration``, cached) becomes
+    ``quant.importance``; give either this or ``quant.importance``."""
 
     quantizer: str
     blas: str
@@ -206,6 +208,7 @@ class BuildOptions:
     rewrite: bool = True
     openmp: bool = True
     cache: bool = True
+    calibration: str | None = None
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -261,13 +264,15 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
     the model-file writer."""
     from . import format as fmt
     from . import modelfile
-    from .cache import make_key, tree_hash
+    from .cache import file_hash, make_key, tree_hash
     from .compile import plugin_fingerprint
 
     return make_key({
         "model": model_fingerprint(path, exporter.component), "exporter": exporter.record(),
         "quantizer": quantizer.record(), "packer": packer.record(),
         "options": attrs.asdict(options),
+        **({"importance_sha256": file_hash(Path(options.importance))}
+           if options.importance else {}),
         "code": [plugin_fingerprint(c.component) for c in (exporter, quantizer, packer)]
                 + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
     })
@@ -506,12 +511,24 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                     "blas": options.blas, "rewrite": options.rewrite,
                     "openmp": options.openmp, "options": attrs.asdict(options.quant),
                     "components": components, "stages": timings.seconds, "cached": {}}
+    quant = options.quant
+    if options.calibration is not None:
+        if quant.importance:
+            raise DittoError("give either a calibration text or an importance file, not both")
+        from .calibration import cached_importance
+        quant = attrs.evolve(quant, importance=str(cached_importance(
+            model, path, exporter.component, options.calibration, options.blas, cache,
+            show_progress=show_progress)))
+    if quant.importance:
+        from .calibration import importance_record
+        record["importance"] = importance_record(quant.importance)
+        record["calibration"] = record["importance"]["calibration"]
     tmp = _prepare_out_dir(out_dir)
     log = _StageLog(show_progress, 6)
     peaks = StagePeaks()
     try:
         # ---- stages 1-3: export, quantize, pack (cached as one unit) ---------------------
-        key = model_key(path, exporter, quantizer, packer, options.quant)
+        key = model_key(path, exporter, quantizer, packer, quant)
         record["model_sha256"] = model_fingerprint(path, exporter.component)
         hit = cache.fetch("model", key, {MODEL_FILE: tmp / MODEL_FILE},
                           validate=pack_summary_problem)
@@ -529,7 +546,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
             log("quantize", quantizer.name)
             peaks.start("quantize")
             with timings.stage("quantize"):
-                qmodel = quantizer.component.quantize(checkpoint, options.quant)
+                qmodel = quantizer.component.quantize(checkpoint, quant)
             # the plan fixes the model file's size: check disk and memory before any tensor
             record["resources"] = check_resources(
                 out_dir, planned_model_bytes(qmodel), largest_tensor(qmodel),

@@ -51,14 +51,21 @@ def hf_name(name: str) -> str:
 def fp32_model(model: str):
     """transformers LlamaForCausalLM (fp32, eval mode) with the weights of Ditto's export of
     MODEL (path or bundled name). Raises DittoError if torch/transformers are missing."""
+    from .. import pipeline
+
+    return fp32_model_from_checkpoint(pipeline.export(model))
+
+
+def fp32_model_from_checkpoint(ck):
+    """transformers LlamaForCausalLM (fp32, eval mode) holding the weights of the Ditto
+    Checkpoint ``ck`` (names mapped with ``hf_name``). Raises DittoError if torch/transformers
+    are missing."""
     try:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
-        raise DittoError("the torch-int8 baseline needs torch and transformers") from None
-    from .. import pipeline
+        raise DittoError("the fp32 PyTorch model needs torch and transformers") from None
 
-    ck = pipeline.export(model)
     c = ck.config
     cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim,
                       num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,

@@ -29,7 +29,7 @@ from ditto_core.untrusted import check_finite
 from ditto_core.options import option
 from ditto_core.types import CodebookTensor
 
-from . import kmeans1d
+from . import kmeans1d, kmeans1d_weighted
 
 METHODS = {"optimal": kmeans1d.METHOD_OPTIMAL, "lloyd": kmeans1d.METHOD_LLOYD}
 DEFAULT_METHOD = "optimal"
@@ -84,7 +84,8 @@ def check_options(options: QuantOptions) -> str:
 def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
                     method: str = "optimal", codebook_type: str = "f16", seed: int = 0,
                     name: str = "tensor", restarts: int = LLOYD_RESTARTS,
-                    max_iter: int = LLOYD_MAX_ITER, tol: float = LLOYD_TOL) -> CodebookTensor:
+                    max_iter: int = LLOYD_MAX_ITER, tol: float = LLOYD_TOL,
+                    importance: np.ndarray | None = None) -> CodebookTensor:
     """Quantize one matrix with sub-block codebooks.
 
     ``W``: float32 [rows, cols] (any float dtype is converted). Returns a CodebookTensor with
@@ -94,27 +95,37 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
     the centroids with ``int8_codebooks`` and also returns ``scales`` [rows, S]. Deterministic
     for any thread count.
 
+    ``importance``: float [cols], the per-input-channel importance (mean squared activation,
+    ``ditto_core.calibration``): the codebooks then minimise Σ importance[c]·(W[r,c] − Ŵ[r,c])²
+    per sub-block (``kmeans1d_weighted``; ``quantkit.importance_weights`` normalises it).
+    None: the unweighted k-means, byte for byte.
+
     Raises DittoError for b/G out of range, a non-2-D W, NaN/Inf (naming ``name`` and (row,
-    col)), or a centroid (int8: a scale) that overflows f16 (use ``codebook_type="f32"``)."""
+    col)), a bad importance vector, or a centroid (int8: a scale) that overflows f16 (use
+    ``codebook_type="f32"``)."""
     check_options(QuantOptions(bits=bits, group_size=group_size, method=method,
                                codebook_type=codebook_type, seed=seed))
     W = np.ascontiguousarray(W, dtype=np.float32)
     if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
         raise DittoError(f"tensor {name!r}: expected a non-empty 2-D matrix, got shape {W.shape}")
     check_finite(W, name)
+    imp = None if importance is None else quantkit.importance_weights(importance, W.shape[1],
+                                                                     name)
     r = sub_block_codebooks(W, bits, group_size, METHODS[method], codebook_type, seed, name,
-                            restarts, max_iter, tol)
+                            restarts, max_iter, tol, imp)
     return CodebookTensor(bits=bits, group_size=group_size, codebooks=r.codebooks,
                           indices=r.indices, codebook_type=codebook_type,
                           rel_error=r.sse / r.norm2 if r.norm2 > 0 else 0.0, scales=r.scales)
 
 
 def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
-                        restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL
-                        ) -> quantkit.StoredCodebooks:
+                        restarts=LLOYD_RESTARTS, max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL,
+                        importance=None) -> quantkit.StoredCodebooks:
     """The k-means codebooks of checked, finite float32 ``W`` [rows, cols]: centroids of every
     sub-block (``kmeans1d.matrix_centroids``, method id ``method``, Lloyd seed from ``seed`` and
-    ``name``), rounded to ``codebook_type`` (``quantkit.round_codebooks``), then each weight's
+    ``name``; with ``importance`` — float64 [cols] > 0 from ``quantkit.importance_weights`` —
+    the weighted ones of ``kmeans1d_weighted.matrix_centroids_weighted``), rounded to
+    ``codebook_type`` (``quantkit.round_codebooks``), then each weight's
     nearest stored centroid (``kmeans1d.assign_nearest``). Returns ``StoredCodebooks`` with
     ‖W − Ŵ‖², ‖W‖² and, when centroids lost precision to the codebook type,
     ``report["codebook_underflow"]`` (``underflow_report``), also printed on stderr
@@ -125,10 +136,15 @@ def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
     s = codebook.n_sub_blocks(cols, group_size)
     cent = np.empty((rows, s, k), np.float64)
     tseed = (int(seed) * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)
-    Ws = kmeans1d.sort_sub_blocks(W, group_size)
-    kmeans1d.matrix_centroids(Ws, group_size, k, method, np.uint64(tseed), restarts, max_iter,
-                              tol, cent)
-    del Ws
+    if importance is None:
+        Ws = kmeans1d.sort_sub_blocks(W, group_size)
+        kmeans1d.matrix_centroids(Ws, group_size, k, method, np.uint64(tseed), restarts,
+                                  max_iter, tol, cent)
+        del Ws
+    else:
+        kmeans1d_weighted.matrix_centroids_weighted(W, importance, group_size, k, method,
+                                                    np.uint64(tseed), restarts, max_iter, tol,
+                                                    cent)
     cb, scales = quantkit.round_codebooks(cent, codebook_type, name)  # before assignment
     if scales is None:
         under = underflow_report(cent, cb)
@@ -203,9 +219,10 @@ class KMeansQuantizer(quantkit.CodebookQuantizer):
 
     def quantize_matrix(self, weights, bits, group_size, options: quantkit.MatrixOptions
                         ) -> quantkit.StoredCodebooks:
-        """The kit's matrix hook: ``sub_block_codebooks`` with the method of ``options`` and
-        the lloyd settings of this component's options."""
+        """The kit's matrix hook: ``sub_block_codebooks`` with the method and importance of
+        ``options`` and the lloyd settings of this component's options."""
         o = self.options
         return sub_block_codebooks(weights, bits, group_size, METHODS[options.method],
                                    options.codebook_type, options.seed, options.tensor,
-                                   o.lloyd_restarts, o.lloyd_max_iter, o.lloyd_tol)
+                                   o.lloyd_restarts, o.lloyd_max_iter, o.lloyd_tol,
+                                   options.importance)

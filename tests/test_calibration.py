@@ -1,0 +1,118 @@
+"""Calibration (ditto_core/calibration.py): the importance statistic against the NumPy
+reference forward pass, the importance file, and `ditto build --calibration/--importance` on
+tinycoder (importance and calibration identity in build.json and the cache key)."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from ditto_core import calibration as cal
+from ditto_core import pipeline
+from ditto_core.errors import DittoError
+from ditto_core.modelfile import ModelFile
+
+from .native_reference import reference_logits
+
+
+def test_shipped_text_identity():
+    data, ident = cal.calibration_text("stdlib")
+    assert ident == {"name": "stdlib:contextlib,string,copy,queue,json/decoder,json/encoder",
+                     "bytes": 87935, "sha256": cal.CALIBRATION_SHA256}
+    assert hashlib.sha256(data).hexdigest() == cal.CALIBRATION_SHA256
+    # none of it is in the evaluation corpus
+    from ditto_core.eval.corpus import CORPUS_MODULES
+    assert not set(cal.CALIBRATION_MODULES) & set(CORPUS_MODULES)
+
+
+def test_bad_calibration_text(tmp_path):
+    with pytest.raises(DittoError, match=r"nope.txt: cannot read the calibration text"):
+        cal.calibration_text(tmp_path / "nope.txt")
+    (tmp_path / "e.txt").write_text("  \n")
+    with pytest.raises(DittoError, match=r"e.txt: the calibration text is empty"):
+        cal.calibration_text(tmp_path / "e.txt")
+
+
+def test_importance_equals_the_reference_forward(tiny_gguf):
+    """The hooks' mean x² per input channel equals the same statistic taken inside the NumPy
+    float64 reference forward pass (tests/native_reference.py), for every matrix."""
+    ck = pipeline.export(tiny_gguf)
+    rng = np.random.default_rng(0)
+    chunks = [list(rng.integers(0, ck.config.vocab_size, 40)) for _ in range(2)]
+    got = cal.collect_importance(ck, chunks, threads=1)
+    w = {n: np.asarray(ck.tensors[n](), np.float64) for n in ck.shapes}
+    w.setdefault("output.weight", w["token_embd.weight"])
+    sums, n_tok = {}, 0
+
+    def linear(h, name):
+        sums[name] = sums.get(name, 0.0) + (h * h).sum(axis=0)
+        return h @ w[name].T
+
+    for c in chunks:
+        reference_logits(ck.config, w, c, linear)
+        n_tok += len(c)
+    out_name = "token_embd.weight" if ck.config.tied_embeddings else "output.weight"
+    want = {(out_name if n == "output.weight" else n): s / n_tok for n, s in sums.items()}
+    assert set(got) == set(want)
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=2e-4, err_msg=n)
+
+
+def test_importance_file_round_trip_and_errors(tmp_path):
+    imp = cal.Importance({"blk.0.attn_q.weight": np.array([1.0, 2.0])},
+                         {"format": cal.FORMAT, "version": cal.VERSION, "tokens": 512})
+    p = tmp_path / "imp.npz"
+    cal.save_importance(imp, p)
+    back = cal.load_importance(p)
+    np.testing.assert_array_equal(back.vectors["blk.0.attn_q.weight"], [1.0, 2.0])
+    assert back.meta == imp.meta
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(DittoError, match=r"bad.npz: not an importance file"):
+        cal.load_importance(bad)
+    np.savez(tmp_path / "other.npz", x=np.ones(2))
+    with pytest.raises(DittoError, match=r"other.npz: not a Ditto importance file"):
+        cal.load_importance(tmp_path / "other.npz")
+    cal.save_importance(cal.Importance({"t": np.array([-1.0])}, imp.meta), tmp_path / "neg.npz")
+    with pytest.raises(DittoError, match=r"neg.npz: importance of 't' must be a finite, "
+                                         r"non-negative 1-D float array"):
+        cal.load_importance(tmp_path / "neg.npz")
+    with pytest.raises(DittoError, match=r"missing.npz: cannot read the importance file"):
+        cal.load_importance(tmp_path / "missing.npz")
+
+
+def _build(tmp_path, name, **kw):
+    from ditto_core import build
+    return build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / name,
+                 bits=2, group_size=8, **kw)
+
+
+def test_build_with_calibration_and_importance_file(tmp_path):
+    """`--calibration stdlib` records the text's identity and the importance file's hash in
+    build.json; the same importance given as a file builds the same bytes; without it the
+    unweighted file; the calibrated model file differs from the unweighted one."""
+    plain = _build(tmp_path, "plain")
+    calib = _build(tmp_path, "calib", calibration="stdlib")
+    rec = calib.record
+    assert rec["calibration"]["sha256"] == cal.CALIBRATION_SHA256
+    assert rec["importance"]["chunks"] >= 2
+    path = rec["importance"]["path"]
+    assert rec["importance"]["sha256"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert "importance" not in plain.record
+    again = _build(tmp_path, "again", importance=path)
+    a, b = (tmp_path / "calib" / "model.ditto").read_bytes(), \
+        (tmp_path / "again" / "model.ditto").read_bytes()
+    assert a == b
+    assert a != (tmp_path / "plain" / "model.ditto").read_bytes()
+    meta = json.loads((tmp_path / "again" / "build.json").read_text())
+    assert meta["importance"]["sha256"] == rec["importance"]["sha256"]
+    with ModelFile.open(tmp_path / "calib" / "model.ditto") as mf:
+        assert mf.tensors["blk.0.attn_q.weight"].encoding == "codebook"
+
+
+def test_build_refuses_both(tmp_path):
+    from ditto_core import build
+    with pytest.raises(DittoError, match="either a calibration text or an importance file"):
+        build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "x",
+              calibration="stdlib", importance=tmp_path / "i.npz")
