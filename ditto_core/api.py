@@ -119,7 +119,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
           options: Mapping[str, Any] | None = None, rewrite: bool = True,
           openmp: bool = True, cache: bool = True, progress: bool = False,
           registry: Registry | None = None, calibration: str | os.PathLike | None = None,
-          importance: str | os.PathLike | None = None) -> Build:
+          importance: str | os.PathLike | None = None, target_bpw: float | None = None,
+          max_size_of: str | os.PathLike | None = None) -> Build:
     """Build ``model`` (an HF directory, a .gguf file, or ``"smollm2"`` / ``"tinycoder"``)
     into the directory ``out`` (default: a new temporary directory) and return the Build.
 
@@ -132,7 +133,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     (docs/PLUGINS.md), ``rewrite`` False for no pass, ``registry`` the plugins to use
     (default: the installed ones). ``calibration``: a calibration text (path, or ``"stdlib"``
     for the shipped one) or ``importance``: an importance file (``ditto calibrate``) whose
-    per-channel activation statistics weight the quantizer's error (docs/QUANT.md). Raises DittoError (PluginError, OptionError) before any
+    per-channel activation statistics weight the quantizer's error (docs/QUANT.md);
+    ``target_bpw`` or ``max_size_of`` (a file whose size is the budget): per-tensor b and G
+    chosen under that file-size budget (``ditto_core.allocate``). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
     from .pipeline import BuildOptions
@@ -149,6 +152,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
         quant=QuantOptions(bits=bits, group_size=group_size, keep_fp32=tuple(keep_fp32),
                            tensor_types=tuple(tensor_types), method=method,
                            codebook_type=codebook_type, seed=seed,
-                           importance=None if importance is None else str(importance)))
+                           importance=None if importance is None else str(importance),
+                           target_bpw=target_bpw,
+                           max_size_of=None if max_size_of is None else str(max_size_of)))
     record = run_pipeline(model, Path(out), opts, registry, show_progress=progress)
     return Build(Path(out), record)

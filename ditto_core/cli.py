@@ -314,6 +314,14 @@ def compile_stage_options(func):
 @click.option("--importance", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE.npz", help="A saved importance file (`ditto calibrate`) instead of "
                                        "--calibration.")
+@click.option("--target-bpw", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Choose each tensor's bit width and group size from its measured "
+                   "sensitivity so that the whole model file is at most B bits per weight "
+                   "(explicit --tensor-type rules and --keep-fp32 win; docs/QUANT.md).")
+@click.option("--max-size-of", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              default=None, metavar="FILE",
+              help="As --target-bpw, with the byte size of FILE (e.g. a llama.cpp GGUF) as "
+                   "the budget.")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")
 @click.option("--exporter", default=None, help="Exporter (default: the one that reads MODEL).")
@@ -326,7 +334,7 @@ def compile_stage_options(func):
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
 def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tensor_types, method,
-              codebook_type, seed, calibration, importance, rewrite, exporter, packer, emitter, passes, linker,
+              codebook_type, seed, calibration, importance, target_bpw, max_size_of, rewrite, exporter, packer, emitter, passes, linker,
               component_options, openmp, cache, quiet):
     """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
 
@@ -336,13 +344,16 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
         ctx = click.get_current_context()
         given = [f"--{n.replace('_', '-')}".replace("--tensor-types", "--tensor-type")
                  for n in ("bits", "group_size", "keep_fp32", "tensor_types", "method",
-                           "codebook_type", "seed", "calibration", "importance")
+                           "codebook_type", "seed", "calibration", "importance",
+                           "target_bpw", "max_size_of")
                  if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
         if given:
             click.echo(f"warning: {', '.join(given)} ignored with --quantizer none "
                        "(every tensor stays fp32)", err=True)
     if calibration is not None and importance is not None:
         raise click.UsageError("give --calibration or --importance, not both")
+    if target_bpw is not None and max_size_of is not None:
+        raise click.UsageError("give --target-bpw or --max-size-of, not both")
     from .api import build
 
     record = build(model, quantizer=quantizer, blas=blas, out=out_dir, bits=bits,
@@ -352,7 +363,8 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
                    emitter=emitter, passes=passes or None, linker=linker,
                    options=parse_assignments(component_options), rewrite=rewrite,
                    openmp=openmp, cache=cache, progress=not quiet,
-                   calibration=calibration, importance=importance).record
+                   calibration=calibration, importance=importance, target_bpw=target_bpw,
+                   max_size_of=max_size_of).record
     if not quiet:
         cached = [k for k, v in record["cached"].items() if v]
         for stage, sec in record["stages"].items():

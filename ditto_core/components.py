@@ -51,7 +51,9 @@ class QuantOptions:
     first matching one decides a tensor's encoding, b, G or codebook type. ``importance``: path
     of an importance file (``ditto_core.calibration``: per tensor, the mean squared activation
     of each input channel) that quantizers may weight their error with (kmeans does; None:
-    unweighted)."""
+    unweighted). ``target_bpw`` / ``max_size_of`` (a file whose byte size is the budget): the
+    file-size budget under which quantizers that support it choose each tensor's b and G
+    (``ditto_core.allocate``; explicit ``tensor_types`` rules and ``keep_fp32`` win)."""
 
     bits: int = 4
     group_size: int = 256
@@ -61,6 +63,8 @@ class QuantOptions:
     seed: int = 0
     tensor_types: tuple[str, ...] = ()
     importance: str | None = None
+    target_bpw: float | None = None
+    max_size_of: str | None = None
 
 
 @runtime_checkable

@@ -273,6 +273,8 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
         "options": attrs.asdict(options),
         **({"importance_sha256": file_hash(Path(options.importance))}
            if options.importance else {}),
+        **({"max_size_bytes": os.stat(options.max_size_of).st_size}
+           if options.max_size_of else {}),
         "code": [plugin_fingerprint(c.component) for c in (exporter, quantizer, packer)]
                 + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
     })
@@ -564,6 +566,9 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
             record["cached"]["model"] = False
         record["pack"] = {k: v for k, v in summary.items() if k not in ("tensors", "report")}
         record["bpw"] = summary.get("bpw")
+        allocation = (summary.get("report") or {}).get("allocation")
+        if allocation:
+            record["allocation"] = {k: v for k, v in allocation.items() if k != "candidates"}
         record["tensors"] = summary.get("tensors", {})
 
         # ---- stages 4-6: emit IR, rewrite, link (cached as one unit) ---------------------

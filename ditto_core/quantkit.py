@@ -331,15 +331,30 @@ class CodebookQuantizer:
         ``codebook_type``, ``rules``, per tensor ``{encoding, rule, ...}`` (f32 ones at once,
         quantized ones with ``bits``, ``group_size``, ``rel_error``, ``sse``, ``norm2``,
         ``seconds`` as produced) and running totals ``total_rel_error``,
-        ``quantized_weights``, ``seconds``. Raises DittoError for bad options (now), a
-        non-finite weight or a bad ``quantize_matrix`` result (when the tensor is reached)."""
+        ``quantized_weights``, ``seconds``; ``importance`` (the importance file or None) and
+        ``allocation`` (``ditto_core.allocate``: with ``target_bpw`` / ``max_size_of`` the
+        default-rule tensors' b and G are chosen under that size budget, each such tensor's
+        rule ``"allocated bB,GG"``; else None). Raises DittoError for bad options or a budget
+        below the smallest plan (now), a non-finite weight or a bad ``quantize_matrix``
+        result (when the tensor is reached)."""
+        from . import allocate
+
         method = self.check_options(options)
         rules = parse_rules(options.tensor_types)
         plan, reasons = plan_tensors(checkpoint.shapes, options, rules,
                                      self.embedding_extra_bits)
+
+        def sample_quantize(S, b, g, name, imp):  # Ŵ of sampled rows, for the allocator
+            q = self._quantize_tensor(np.ascontiguousarray(S, np.float32), name,
+                                      (b, g, options.codebook_type), options, imp)[0]
+            return _dequantize(q.indices, q.codebooks, g)
+
+        plan, reasons, allocation = allocate.apply_budget(checkpoint, options, plan, reasons,
+                                                          sample_quantize, EMBEDDING_NAMES)
         report = {"quantizer": self.name, "method": method, "bits": options.bits,
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
                   "rules": [str(r) for r in rules],
+                  "importance": options.importance, "allocation": allocation,
                   **({} if self.embedding_extra_bits is None else
                      {"embedding_bits": min(8, options.bits + self.embedding_extra_bits)}),
                   "tensors": {n: {"encoding": "f32", **r} for n, r in reasons.items()
@@ -355,7 +370,9 @@ class CodebookQuantizer:
                     yield name, W
                     continue
                 t0 = time.perf_counter()
-                q, sse, norm2, extra = self._quantize_tensor(W, name, params, options)
+                imp = tensor_importance(options, name, W.shape[1])
+                imp_used = imp is not None
+                q, sse, norm2, extra = self._quantize_tensor(W, name, params, options, imp)
                 del W  # not held while the packer encodes q and the next tensor loads
                 dt = time.perf_counter() - t0
                 totals["sse"] += sse
@@ -364,7 +381,8 @@ class CodebookQuantizer:
                                            "bits": q.bits, "group_size": q.group_size,
                                            "codebook_type": q.codebook_type,
                                            "rel_error": q.rel_error, "sse": sse,
-                                           "norm2": norm2, "seconds": dt, **extra}
+                                           "norm2": norm2, "seconds": dt,
+                                           "importance": imp_used, **extra}
                 report["quantized_weights"] += q.indices.size
                 report["seconds"] += dt
                 report["total_rel_error"] = (totals["sse"] / totals["norm2"]
@@ -375,15 +393,16 @@ class CodebookQuantizer:
                               plan=plan, shapes=dict(checkpoint.shapes), tensors=tensors,
                               report=report)
 
-    def _quantize_tensor(self, W, name, params, options):
-        """``quantize_matrix`` on one tensor, its result checked and rounded: returns
-        (CodebookTensor, ‖W − Ŵ‖², ‖W‖², extra report fields)."""
+    def _quantize_tensor(self, W, name, params, options, importance=None):
+        """``quantize_matrix`` on one tensor (``importance``: its k-means weights or None),
+        its result checked and rounded: returns (CodebookTensor, ‖W − Ŵ‖², ‖W‖², extra
+        report fields)."""
         bits, group, cb_type = params
         rows, cols = W.shape
         s, k = CB.n_sub_blocks(cols, group), CB.n_centroids(bits)
         mopts = MatrixOptions(name, cb_type, options.seed,
                               options.method or (self.methods[0] if self.methods else None),
-                              self.options, tensor_importance(options, name, cols))
+                              self.options, importance)
         with deferred():  # native kernels run here: stop signals wait for the tensor
             result = self.quantize_matrix(W, bits, group, mopts)
         stored = isinstance(result, StoredCodebooks)
