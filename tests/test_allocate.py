@@ -1,0 +1,112 @@
+"""Bit allocation (ditto_core/allocate.py): the hull and the greedy choice on hand-checked
+cases, the budget from --target-bpw / --max-size-of, and a tinycoder build that respects it
+with explicit rules winning."""
+
+import json
+
+import pytest
+
+from ditto_core import allocate as A
+from ditto_core.errors import DittoError
+
+
+def C(bits, nbytes, error, g=256):
+    return A.Choice(bits, g, nbytes, error)
+
+
+def test_hull_drops_dominated_and_concave_points():
+    pts = [C(3, 100, 10.0), C(4, 200, 4.0), C(5, 300, 3.5), C(6, 400, 1.0), C(7, 500, 1.0),
+           C(8, 250, 9.0)]
+    # (250, 9) is above the segment (100,10)-(200,4)... and costs more than (200,4): dominated;
+    # (300, 3.5) lies above the segment (200,4)-(400,1) (3.5 > 2.5): concave; (500,1) no gain
+    assert [c.bits for c in A.hull(pts)] == [3, 4, 6]
+
+
+def test_greedy_hand_checked():
+    """Two tensors. a: 100 B err 10 | 200 B err 4 | 300 B err 3 (slopes 0.06, 0.01);
+    b: 100 B err 5 | 150 B err 2 (slope 0.06) | 400 B err 1.9 (slope 0.0004).
+    Budget 350: start 200 B; a's first step (0.06/B, 100 B) and b's (0.06/B, 50 B) tie on
+    slope, a first by name: 300 B, then b's: 350 B. Total error 4 + 2 = 6.
+    Budget 320: a's step fits (300), b's 50 B does not (350 > 320); a's next step (+100) does
+    not either: errors 4 + 5 = 9."""
+    opts = {"a": [C(3, 100, 10.0), C(4, 200, 4.0), C(5, 300, 3.0)],
+            "b": [C(3, 100, 5.0), C(4, 150, 2.0), C(6, 400, 1.9)]}
+    got = A.greedy(opts, 350)
+    assert (got["a"].bits, got["b"].bits) == (4, 4)
+    got = A.greedy(opts, 320)
+    assert (got["a"].bits, got["b"].bits) == (4, 3)
+    got = A.greedy(opts, 10_000)
+    assert (got["a"].bits, got["b"].bits) == (5, 6)
+    with pytest.raises(DittoError, match="below their smallest plan"):
+        A.greedy(opts, 199)
+
+
+def test_greedy_is_optimal_at_hull_breakpoints():
+    """When the budget is exactly the bytes after the first k steps in slope order, the greedy
+    plan is the exact optimum over every combination of candidates (exhaustive search): the
+    Lagrangian solution is optimal at its own spend."""
+    import itertools
+    import random
+
+    rnd = random.Random(4)
+    for _ in range(200):
+        opts = {}
+        for t in "abc":
+            nb = sorted(rnd.sample(range(10, 200), 4))
+            errs = sorted((rnd.uniform(0, 10) for _ in range(4)), reverse=True)
+            opts[t] = [C(i + 3, b, e) for i, (b, e) in enumerate(zip(nb, errs))]
+        hulls = {t: A.hull(o) for t, o in opts.items()}
+        steps = sorted(((h[i - 1].error - h[i].error) / (h[i].nbytes - h[i - 1].nbytes), t, i)
+                       for t, h in hulls.items() for i in range(1, len(h)))[::-1]
+        k = rnd.randint(0, len(steps))
+        pick = {t: 0 for t in hulls}
+        for _, t, i in steps[:k]:
+            pick[t] = max(pick[t], i)
+        budget = sum(hulls[t][i].nbytes for t, i in pick.items())
+        got = A.greedy(opts, budget)
+        assert sum(c.nbytes for c in got.values()) <= budget
+        best = min(sum(c.error for c in combo) for combo in itertools.product(*opts.values())
+                   if sum(c.nbytes for c in combo) <= budget)
+        assert sum(c.error for c in got.values()) == pytest.approx(best, rel=1e-12)
+
+
+def test_budget_bytes(tmp_path):
+    assert A.budget_bytes(4.5, None, 1000) == 562
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"\0" * 1234)
+    assert A.budget_bytes(None, str(f), 1000) == 1234
+    with pytest.raises(DittoError, match="exactly one of --target-bpw and --max-size-of"):
+        A.budget_bytes(None, None, 1000)
+    with pytest.raises(DittoError, match="must be a positive number"):
+        A.budget_bytes(-1.0, None, 1000)
+    with pytest.raises(DittoError, match="nope.gguf: cannot read its size for --max-size-of"):
+        A.budget_bytes(None, str(tmp_path / "nope.gguf"), 1000)
+
+
+def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
+    """tinycoder at --target-bpw 36.6 (its default file is 36.47 bpw, most of it f32
+    embedding): the file is within the budget, every default-rule matrix is allocated, the
+    --tensor-type rule's tensor keeps its rule, and build.json/inspect show the plan."""
+    from ditto_core import build
+    from ditto_core.cli import inspect_summary
+    from ditto_core.modelfile import ModelFile
+
+    b = build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "a",
+              target_bpw=36.6, tensor_types=["blk.0.ffn_down.weight=b3"])
+    rec = json.loads((tmp_path / "a" / "build.json").read_text())
+    alloc = rec["allocation"]
+    size = (tmp_path / "a" / "model.ditto").stat().st_size
+    assert size == alloc["planned_bytes"] <= alloc["budget_bytes"]
+    weights = 8 * size / rec["bpw"]
+    assert abs(alloc["budget_bytes"] - 36.6 * weights / 8) <= 1
+    assert "blk.0.ffn_down.weight" not in alloc["tensors"]
+    assert "blk.1.ffn_down.weight" in alloc["tensors"]
+    with ModelFile.open(tmp_path / "a" / "model.ditto") as mf:
+        s = inspect_summary(mf, b.record)
+    rows = {t["name"]: t for t in s["tensors"]}
+    assert rows["blk.0.ffn_down.weight"]["bits"] == 3
+    assert rows["blk.0.ffn_down.weight"]["rule"] == "blk.0.ffn_down.weight=b3"
+    c = alloc["tensors"]["blk.1.attn_q.weight"]
+    assert rows["blk.1.attn_q.weight"]["rule"] == f"allocated b{c['bits']},G{c['group_size']}"
+    assert (rows["blk.1.attn_q.weight"]["bits"], rows["blk.1.attn_q.weight"]["group_size"]) == \
+        (c["bits"], c["group_size"])
