@@ -22,7 +22,8 @@ import attrs
 import numpy as np
 
 from .errors import DittoError
-from .modelfile import TensorInfo, codebook_nbytes, codebook_saves_space, plan_layout
+from . import codebook as CB
+from .modelfile import TensorInfo, plan_layout
 
 #: (b, G) candidates of an ordinary matrix, and the bit widths of the embedding/classifier
 #: (one codebook per row, as the default policy)
@@ -169,7 +170,7 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
             cands = [(b, max(cols, plan[name][1][1])) for b in EMBEDDING_BITS]
         else:
             cands = sorted({(b, min(g, cols)) for b, g in MATRIX_CANDIDATES})
-        cands = [c for c in cands if codebook_saves_space(rows, cols, *c, codebook_type)]
+        cands = [c for c in cands if CB.saves_space(rows, cols, *c, codebook_type)]
         if not cands:  # nothing smaller than f32: the tensor keeps its plan
             continue
         if progress:
@@ -177,13 +178,13 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         W = np.ascontiguousarray(checkpoint.tensors[name](), np.float32)
         imp = importance(name, cols)
         ch = measure(W, cands, lambda S, b, g, n=name: quantize(S, b, g, n, imp), imp)
-        ch = [attrs.evolve(c, nbytes=-(-codebook_nbytes(rows, cols, c.bits, c.group_size,
+        ch = [attrs.evolve(c, nbytes=-(-CB.payload_bytes(rows, cols, c.bits, c.group_size,
                                                         codebook_type) // 64) * 64)
               for c in ch]
         options[name] = ch
         measured[name] = [attrs.asdict(c) for c in ch]
         del W
-    free_now = sum(-(-codebook_nbytes(*checkpoint.shapes[n], *plan[n][1][:3]) // 64) * 64
+    free_now = sum(-(-CB.payload_bytes(*checkpoint.shapes[n], *plan[n][1][:3]) // 64) * 64
                    for n in options)
     fixed = base - free_now
     smallest = fixed + sum(min(c.nbytes for c in ch) for ch in options.values())
