@@ -127,6 +127,7 @@ def quant_rate(layers: int, dim: int, ffn: int, vocab: int, log) -> dict:
     tot_w = tot_c = n_all = 0.0
     for name, shape, count, bits, g in kinds:
         W = S.synth_tensor(name, shape, 0, hidden)
+        quantize_matrix(W[:4], bits, g, "optimal", "int8", 0, name)  # JIT caches, kernel load
         load0 = os.getloadavg()
         t0, c0 = time.perf_counter(), time.process_time()
         quantize_matrix(W, bits, g, "optimal", "int8", 0, name)
