@@ -145,6 +145,25 @@ def test_kernel_choice(monkeypatch):
     assert outs[0] == outs[1]
 
 
+def test_kernel_unavailable_warns_and_falls_back(monkeypatch, capsys):
+    """No clang-22: a warning naming the cause, and the numba kernel (same bytes)."""
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "find_clang", lambda: None)
+    monkeypatch.delenv(native.ENV, raising=False)
+    assert native.load() is None
+    err = capsys.readouterr().err
+    assert ("warning: kmeans: the C kernel of the optimal method is unavailable (clang-22 not "
+            "found on PATH); using the numba kernel") in err
+    rng = np.random.default_rng(5)
+    W = kmeans1d.sort_sub_blocks(student_bf16(rng, 4, 512), 256)
+    cent = np.empty((4, 2, 16))
+    sse = kmeans1d.matrix_centroids(W, 256, 16, OPT, np.uint64(0), 4, 100, 1e-6, cent)
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.undo()
+    c, n = both(W, 256, 16)
+    assert cent.tobytes() == c[0].tobytes() and sse.tobytes() == c[1].tobytes()
+
+
 def test_kernel_compiles_warning_free(tmp_path):
     clang = native.find_clang()
     assert clang is not None

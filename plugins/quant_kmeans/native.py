@@ -7,9 +7,9 @@ multiply-add and no fast-math, so every value is rounded exactly as in the refer
 ``$DITTO_CACHE_DIR/kernels/`` (default ``~/.cache/ditto``) under a name hashing the source,
 the flags, the compiler and the host CPU, and loaded with ``ctypes``.
 
-When it cannot be had (no clang-22, a failed compile, an unwritable cache, or
-``DITTO_KMEANS_KERNEL=numba``), ``load()`` returns None and the quantizer runs the numba
-reference instead, with the same output.
+When it cannot be had (no clang-22, a failed compile, an unwritable cache: a ``warning:`` line
+on stderr says why, once per process; or ``DITTO_KMEANS_KERNEL=numba``), ``load()`` returns
+None and the quantizer runs the numba reference instead, with the same output.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.cache import default_root
+from ditto_core.cache import default_root, warn
 
 SOURCE = Path(__file__).with_name("optimal_dp.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
@@ -102,7 +102,7 @@ def load():
         return None
     if "fn" in _STATE:
         return _STATE["fn"]
-    fn = None
+    fn, why = None, "clang-22 not found on PATH"
     clang = find_clang()
     if clang is not None:
         try:
@@ -110,8 +110,13 @@ def load():
             if not path.exists():
                 compile_kernel(clang, path)
             fn = load_library(path)
-        except (OSError, subprocess.CalledProcessError, AttributeError):
-            fn = None
+        except subprocess.CalledProcessError as exc:
+            why = f"{SOURCE}: clang-22 failed: {(exc.stderr or '').strip()[:500]}"
+        except (OSError, AttributeError) as exc:
+            why = f"{exc}"
+    if fn is None:
+        warn(f"kmeans: the C kernel of the optimal method is unavailable ({why}); using the "
+             f"numba kernel (same results, ~1.8x slower)")
     _STATE["fn"] = fn
     return fn
 
