@@ -514,7 +514,7 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
                     "openmp": options.openmp, "options": attrs.asdict(options.quant),
                     "components": components, "stages": timings.seconds, "cached": {}}
     quant = options.quant
-    if options.calibration is not None:
+    if options.calibration is not None and options.quantizer != "none":
         if quant.importance:
             raise DittoError("give either a calibration text or an importance file, not both")
         from .calibration import cached_importance
