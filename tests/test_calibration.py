@@ -116,3 +116,26 @@ def test_build_refuses_both(tmp_path):
     with pytest.raises(DittoError, match="either a calibration text or an importance file"):
         build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "x",
               calibration="stdlib", importance=tmp_path / "i.npz")
+
+
+def test_calibrate_command(tmp_path):
+    """`ditto calibrate tinycoder -o FILE` writes an importance file of every matrix the
+    forward pass multiplies, with the shipped text's identity; `ditto build --importance` with
+    it records the same hash."""
+    from click.testing import CliRunner
+
+    from ditto_core.cli import cli
+    from ditto_core.cli_eval import register
+
+    register(cli)
+    out = tmp_path / "tc.npz"
+    res = CliRunner().invoke(cli, ["calibrate", "tinycoder", "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    imp = cal.load_importance(out)
+    assert imp.meta["calibration"]["sha256"] == cal.CALIBRATION_SHA256
+    assert imp.meta["tokens"] == imp.meta["chunks"] * 512
+    assert sorted(imp.vectors) == sorted(
+        [f"blk.{i}.{t}.weight" for i in range(2) for t in
+         ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+        + ["output.weight"])
+    assert all(v.shape == (16,) or v.shape == (64,) for v in imp.vectors.values())
