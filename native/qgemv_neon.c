@@ -32,36 +32,45 @@ NEON_FN static inline int32x4_t block32_neon(int32x4_t acc, const uint8_t *ip, i
     return vmlaq_n_s32(acc, d, (int32_t)qa->m[c / 32]);
 }
 
+/* The row loop of a fixed-b kernel: per sub-block its table (type TBL_T, LOAD_TBL(centroids)
+ * of its K int8 centroids), the whole 32-column chunks through BLOCK(acc, index bytes, table,
+ * qa, column) with no calls in the loop (everything stays in registers), the row's partial
+ * last chunk through a zero-padded copy of its index bytes (lanes to int64 every 64 chunks,
+ * as above). */
+#define NEON_ROWS_FIXED_B(BITS, K, TBL_T, LOAD_TBL, BLOCK)                                    \
+    int64_t T[L->n_sub];                                                                    \
+    const int full = cols & ~31; /* columns in whole chunks */                              \
+    for (int r = r0; r < r1; r++) {                                                         \
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;                         \
+        for (int s = 0; s < L->n_sub; s++) {                                                \
+            const TBL_T tbl =                                                               \
+                LOAD_TBL(L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (K));       \
+            int c0 = s * L->group_size;                                                     \
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;                 \
+            int64_t t = 0;                                                                  \
+            for (int c = c0; c < c1;) {                                                     \
+                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;                             \
+                int stop_full = stop < full ? stop : full;                                  \
+                int32x4_t acc = vdupq_n_s32(0);                                             \
+                for (; c < stop_full; c += 32)                                              \
+                    acc = BLOCK(acc, row + (size_t)c / 8 * (BITS), tbl, qa, c);             \
+                if (c < stop) {                                                             \
+                    uint8_t tail[32] = {0};                                                 \
+                    memcpy(tail, row + (size_t)c / 8 * (BITS),                              \
+                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), (BITS)));       \
+                    acc = BLOCK(acc, tail, tbl, qa, c);                                     \
+                    c = stop;                                                               \
+                }                                                                           \
+                t += vaddlvq_s32(acc);                                                      \
+            }                                                                               \
+            T[s] = t;                                                                       \
+        }                                                                                   \
+        y[r] = i8_combine(L, r, T, qa->D);                                                  \
+    }
+
 NEON_FN void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
-    int64_t T[L->n_sub];
-    const int full = cols & ~31; /* columns in whole chunks */
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        for (int s = 0; s < L->n_sub; s++) {
-            const int8x16_t tbl =
-                vld1q_s8(L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u);
-            int c0 = s * L->group_size;
-            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-            int64_t t = 0;
-            for (int c = c0; c < c1;) {
-                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
-                int stop_full = stop < full ? stop : full;
-                int32x4_t acc = vdupq_n_s32(0);
-                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
-                    acc = block32_neon(acc, row + c / 2, tbl, qa, c);
-                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
-                    uint8_t tail[16];
-                    i8_tail_indices(tail, row, c, cols);
-                    acc = block32_neon(acc, tail, tbl, qa, c);
-                    c = stop;
-                }
-                t += vaddlvq_s32(acc);
-            }
-            T[s] = t;
-        }
-        y[r] = i8_combine(L, r, T, qa->D);
-    }
+    NEON_ROWS_FIXED_B(4u, 16u, int8x16_t, vld1q_s8, block32_neon)
 }
 
 
@@ -100,35 +109,7 @@ NEON_FN static inline int32x4_t b6_block32_neon(int32x4_t acc, const uint8_t *p,
 
 NEON_FN void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
-    int64_t T[L->n_sub];
-    const int full = cols & ~31; /* columns in whole chunks */
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        for (int s = 0; s < L->n_sub; s++) {
-            const int8x16x4_t tbl =
-                vld1q_s8_x4(L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u);
-            int c0 = s * L->group_size;
-            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-            int64_t t = 0;
-            for (int c = c0; c < c1;) {
-                int stop = c + 64 * 32 < c1 ? c + 64 * 32 : c1;
-                int stop_full = stop < full ? stop : full;
-                int32x4_t acc = vdupq_n_s32(0);
-                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
-                    acc = b6_block32_neon(acc, row + (size_t)c / 32 * 24u, tbl, qa, c);
-                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
-                    uint8_t tail[24] = {0};
-                    memcpy(tail, row + (size_t)c / 32 * 24u,
-                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u));
-                    acc = b6_block32_neon(acc, tail, tbl, qa, c);
-                    c = stop;
-                }
-                t += vaddlvq_s32(acc);
-            }
-            T[s] = t;
-        }
-        y[r] = i8_combine(L, r, T, qa->D);
-    }
+    NEON_ROWS_FIXED_B(6u, 64u, int8x16x4_t, vld1q_s8_x4, b6_block32_neon)
 }
 
 /* Any b in 1..8 with G % 32 == 0: each group of 8 b-bit indices becomes 8 index bytes by
