@@ -114,14 +114,15 @@ def collect_importance(checkpoint, chunks: list[list[int]], *, threads: int | No
                        progress: Callable[[int, int], None] | None = None) -> dict:
     """Run the fp32 model of ``checkpoint`` over each token chunk (one forward pass per
     chunk) and return Ditto tensor name → float64 [in_features], the mean of x² per input
-    channel over all positions of all chunks. Needs torch and transformers."""
-    import torch
-
+    channel over all positions of all chunks. Raises DittoError when torch or transformers is
+    missing."""
     from .eval.torch_int8 import fp32_model_from_checkpoint
+
+    model = fp32_model_from_checkpoint(checkpoint)  # DittoError when torch is missing
+    import torch
 
     if threads:
         torch.set_num_threads(threads)
-    model = fp32_model_from_checkpoint(checkpoint)
     names = linear_inputs(model, checkpoint.config.tied_embeddings)
     sums = {n: None for n in names.values()}
     count = [0]
