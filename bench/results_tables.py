@@ -91,7 +91,10 @@ def tables(rows: list[dict], he: dict, meta: dict) -> str:
          f"first {meta['chunks']} chunks of 512 tokens, {meta['tokens_scored']:,} tokens scored "
          f"per row; KL divergence against the fp32 build (`--quantizer none`); speed at "
          f"the fastest of threads {meta['threads']}, median of {meta['repeat']} runs "
-         "(the JSON beside it in `" + meta["out"] + "` has every sample).", ""]
+         "(the JSON beside it in `" + meta["out"] + "` has every sample). The load avg column "
+         "is the highest 1-minute load average around a build's speed runs: on this 2-core "
+         "machine anything above ~1 means other jobs shared the cores and the speeds are "
+         "lower bounds.", ""]
     L += ["### RQ1: fidelity (fp32 vs Ditto vs RTN vs PyTorch int8)", "",
           "| build | bpw | PPL | mean KLD ± SE | 99% KLD | same top-1 | HumanEval pass@1 greedy | "
           "pass@1 / pass@5 (5 seeds) | Mann–Whitney p vs fp32 |", "|---|---|---|---|---|---|---|---|---|"]
@@ -114,7 +117,7 @@ def tables(rows: list[dict], he: dict, meta: dict) -> str:
         L += ["", f"HumanEval on the first {n} problems (`--limit {n}`)."]
     L += ["", "### RQ2 and RQ3: size, speed, memory (the ablation)", "",
           "| build | what | model file | bpw | decode tok/s | prompt tok/s (pp512) | TTFT | "
-          "peak RSS |", "|---|---|---|---|---|---|---|---|"]
+          "peak RSS | load avg |", "|---|---|---|---|---|---|---|---|---|"]
     what = {**ABLATION, RTN: "RTN b = 4", INT8: "PyTorch dynamic int8 (transformers)"}
     for spec in [*ABLATION, RTN, INT8]:
         r = by.get(spec)
@@ -123,7 +126,8 @@ def tables(rows: list[dict], he: dict, meta: dict) -> str:
         L.append(f"| `{spec}` | {what[spec]} | "
                  f"{f(r['file_bytes'] and r['file_bytes'] / 1e6, '.1f')} MB | {f(r['bpw'], '.2f')} | "
                  f"{f(r['decode_tok_per_s'], '.1f')} | {f(r['prompt_tok_per_s'], '.1f')} | "
-                 f"{f(r['ttft_ms'], '.0f')} ms | {f(r['peak_rss_mib'], '.0f')} MiB |")
+                 f"{f(r['ttft_ms'], '.0f')} ms | {f(r['peak_rss_mib'], '.0f')} MiB | "
+                 f"{f(r.get('load_average'), '.1f')} |")
     peers = [r for r in rows if r.get("source") == "llama.cpp"]
     L += ["", "### Fidelity against llama.cpp's formats (same weights, corpus and chunks)", ""]
     if peers:

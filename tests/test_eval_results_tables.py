@@ -27,7 +27,7 @@ def row(config, source="ditto", **kw):
 def test_tables_and_markers(rt, tmp_path):
     rows = [row("none", bpw=32.08, ppl=5.1234, mean_kld=0.0, kld_stderr=0.0, kld_p99=0.0,
                 same_top1=1.0, file_bytes=539_400_000, decode_tok_per_s=48.5,
-                prompt_tok_per_s=60.0, ttft_ms=122.0, peak_rss_mib=529.0),
+                prompt_tok_per_s=60.0, ttft_ms=122.0, peak_rss_mib=529.0, load_average=1.26),
             row("kmeans:bits=4,group_size=256", bpw=5.87, ppl=5.3, mean_kld=0.1234567,
                 kld_stderr=0.0012, kld_p99=0.9, same_top1=0.8312),
             row("llama.cpp Q4_0", source="llama.cpp", bpw=5.5, ppl=5.6, mean_kld=0.226,
@@ -44,7 +44,7 @@ def test_tables_and_markers(rt, tmp_path):
     assert "| `kmeans:bits=4,group_size=256` | 5.87 | 5.3000 | 0.12346 ± 0.00120 | 0.9000 | " \
            "83.12 % | 5.0 % | 4.0 / 10.0 % | 0." in text
     assert "| `none` | fp32 naive" not in text and "| `none` | BLAS only (fp32) | 539.4 MB | " \
-           "32.08 | 48.5 | 60.0 | 122 ms | 529 MiB |" in text
+           "32.08 | 48.5 | 60.0 | 122 ms | 529 MiB | 1.3 |" in text
     assert "| llama.cpp Q4_0 | 5.50 | 5.6000 | 0.22600 ± 0.00200 | 1.2000 | 80.20 % |" in text
     assert "HumanEval on the first 20 problems (`--limit 20`)." in text
     md = tmp_path / "RESULTS.md"

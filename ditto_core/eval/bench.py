@@ -19,6 +19,7 @@ processes) read around the decode runs; where no domain is readable it is "not a
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -94,7 +95,9 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
     ``n_weights``, ``bpw``, ``prompt_tokens``, ``tokens``, ``repeat``, ``energy`` (a note when
     not available) and ``threads``: {T: {``prompt_tok_per_s``, ``decode_tok_per_s``,
     ``ttft_ms``, ``ttft_prompt_ms`` (each median/min/max/spread), ``peak_rss_mib``,
-    ``joules_per_token`` (or None)}}. Raises DittoError if a run fails."""
+    ``joules_per_token`` (or None)}} and ``load_average`` (the 1-minute load average before
+    and after the runs: other jobs on the machine make the speed figures lower bounds). Raises
+    DittoError if a run fails."""
     from . import corpus
 
     exe, model, meta = find_build(build_dir)
@@ -112,6 +115,7 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
     domains = rapl_domains(powercap)
     samples = {t: {"pp": [], "tg": [], "joules": []} for t in threads}
     total = repeat * len(threads)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ditto-bench-") as tmp:
         ids_file = Path(tmp) / "prompt.ids"
         ids_file.write_text(" ".join(map(str, ids)))
@@ -153,4 +157,5 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
         "energy": (f"RAPL: {', '.join(d.name for d in domains)} (whole package)" if domains
                    else "not available (no readable /sys/class/powercap RAPL domain)"),
         "threads": per_thread,
+        "load_average": [load_before, os.getloadavg()[0]],
     }

@@ -37,7 +37,7 @@ TORCH_INT8 = "torch-int8"
 RESULT_FIELDS = ["config", "source", "quantizer", "bits", "group_size", "file_bytes", "bpw",
                  "mean_kld", "kld_stderr", "kld_p99", "same_top1", "ppl", "ppl_baseline",
                  "tokens_scored", "decode_tok_per_s", "prompt_tok_per_s", "ttft_ms",
-                 "peak_rss_mib", "threads", "pass@1", "pass@1_sampled", "pass@5_sampled",
+                 "peak_rss_mib", "threads", "load_average", "pass@1", "pass@1_sampled", "pass@5_sampled",
                  "humaneval_p_vs_fp32"]
 
 
@@ -249,6 +249,8 @@ def result_row(r: dict) -> dict:
         row.update(threads=int(best), decode_tok_per_s=v["decode_tok_per_s"]["median"],
                    prompt_tok_per_s=v["prompt_tok_per_s"]["median"],
                    ttft_ms=v["ttft_ms"]["median"], peak_rss_mib=v["peak_rss_mib"])
+        if b.get("load_average"):  # the highest 1-minute load average around the runs
+            row["load_average"] = max(b["load_average"])
     elif r.get("build"):
         build = Path(r["build"])
         meta = json.loads((build / "build.json").read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -202,6 +203,7 @@ def bench(model: str, baseline_dir: Path, *, threads: list[int], repeat: int = 3
                                      tok.add_bos)[:prompt_tokens]
     decode_ids = corpus_mod.tokenize(exe, mfile, DECODE_PROMPT.encode(), tok.add_bos)
     samples = {t: [] for t in threads}
+    load_before = os.getloadavg()[0]
     for _ in range(repeat):
         for t in threads:
             args = json.dumps([str(model), t, tokens, prompt_ids, decode_ids])
@@ -226,4 +228,5 @@ def bench(model: str, baseline_dir: Path, *, threads: list[int], repeat: int = 3
             "bpw": 8.0 * first["file_bytes"] / first["n_weights"],
             "prompt_tokens": len(prompt_ids), "tokens": tokens, "decode_prompt": DECODE_PROMPT,
             "repeat": repeat, "energy": "not measured for torch-int8", "threads": per,
-            "median_of": statistics.median([len(s) for s in samples.values()])}
+            "median_of": statistics.median([len(s) for s in samples.values()]),
+            "load_average": [load_before, os.getloadavg()[0]]}
