@@ -126,7 +126,7 @@ def main(argv=None):
     cb, dt, dc = timed(f16_round, repeat=rep)
     rec("f16_rounding", dt, dc)
     idx = np.empty((rows, cols), np.uint8)
-    _, dt, dc = timed(kmeans1d.assign_nearest, W, g, cb, idx, repeat=rep)
+    _, dt, dc = timed(kmeans1d.assign_matrix, W, g, cb, idx, repeat=rep)
     rec("assign_nearest", dt, dc)
     q, dt_q, dc_q = timed(quantize_matrix, W, b, g, "optimal", "f16", 0, "W", repeat=rep)
     _, dt, dc = timed(codebook_payload, q, repeat=rep)

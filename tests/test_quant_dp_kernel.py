@@ -1,8 +1,10 @@
-"""The C kernel of the ``optimal`` method (plugins/quant_kmeans/optimal_dp.c) against the numba
-reference kernel it replaces (``kmeans1d._matrix_centroids`` → ``_optimal_ws``, the
-implementation whose output tests/test_quant_pinned.py pins): the same centroid and SSE bytes
-on many thousands of sub-blocks of bf16-like, Q4_1-grid, few-valued and tie-heavy weights, at
-b = 1..8 and G from 3 to a whole row; independent of the thread count; compiled warning-free."""
+"""The C kernels of the kmeans quantizer against the numba reference kernels they replace: the
+``optimal`` method (plugins/quant_kmeans/optimal_dp.c vs ``kmeans1d._matrix_centroids`` →
+``_optimal_ws``, the implementation whose output tests/test_quant_pinned.py pins) — the same
+centroid and SSE bytes on many thousands of sub-blocks of bf16-like, Q4_1-grid, few-valued and
+tie-heavy weights, at b = 1..8 and G from 3 to a whole row — and the nearest-centroid
+assignment (assign_nearest.c vs ``kmeans1d.assign_nearest``) — the same indices, per-row SSE
+and norm bytes; independent of the thread count; compiled warning-free."""
 
 import subprocess
 
@@ -99,13 +101,19 @@ def test_c_kernel_equals_reference_random_shapes():
 
 
 @pytest.fixture(scope="module")
-def portable_kernel(tmp_path_factory):
-    """The kernel built without -march=native: the plain-C lanes (no AVX2), as on a CPU
+def portable_kernel_path(tmp_path_factory):
+    """The kernels built without -march=native: the plain-C lanes (no AVX2), as on a CPU
     without AVX2 or another architecture."""
     out = tmp_path_factory.mktemp("kernel") / "portable.so"
     native.compile_kernel(native.find_clang(), out,
                           tuple(f for f in native.FLAGS if not f.startswith("-march")))
-    return native.load_library(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def portable_kernel(portable_kernel_path):
+    """The portable build's optimal kernel."""
+    return native.load_library(portable_kernel_path)
 
 
 @pytest.mark.parametrize("kind", ["bf16", "q41", "ints"])
@@ -168,6 +176,87 @@ def test_kernel_compiles_warning_free(tmp_path):
     clang = native.find_clang()
     assert clang is not None
     proc = subprocess.run([clang, *native.FLAGS, "-Wall", "-Wextra", "-Werror", "-o",
-                           str(tmp_path / "k.so"), str(native.SOURCE)],
+                           str(tmp_path / "k.so"), *map(str, native.SOURCES)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def both_assign(W, group_size, cb, threads=2, fn=None):
+    """(C kernel ``fn`` — default: the one the quantizer loads —, numba reference) indices,
+    SSE per row and ‖row‖² per row of W against the codebooks cb."""
+    fn = fn or native.load_assign()
+    assert fn is not None, "the C kernels did not compile (clang-22 missing?)"
+    W = np.ascontiguousarray(W, np.float32)
+    i_c = np.empty(W.shape, np.uint8)
+    i_n = np.empty(W.shape, np.uint8)
+    s_c = native.assign_nearest(fn, W, group_size, cb, i_c, threads)
+    s_n = kmeans1d.assign_nearest(W, group_size, cb, i_n)
+    return (i_c, *s_c), (i_n, *s_n)
+
+
+def assert_same_assign(a, b):
+    (i1, s1, n1), (i2, s2, n2) = a, b
+    bad = np.argwhere(i1 != i2)
+    assert bad.size == 0, f"indices differ at {len(bad)} weights, first {bad[0]}"
+    assert np.array_equal(s1.view(np.uint64), s2.view(np.uint64))
+    assert np.array_equal(n1.view(np.uint64), n2.view(np.uint64))
+
+
+@pytest.mark.parametrize("kind,rows,cols,bits,g,cbtype", [
+    ("bf16", 96, 4096, 4, 256, "int8"),
+    ("bf16", 64, 1000, 3, 64, "f16"),
+    ("bf16", 16, 4096, 6, 4096, "int8"),
+    ("q41", 96, 4096, 4, 256, "f16"),
+    ("ints", 64, 1024, 4, 256, "f32"),   # weights exactly on midpoints and centroids
+    ("ints", 64, 300, 1, 100, "int8"),
+    ("bf16", 8, 777, 8, 50, "f16"),
+])
+def test_c_assign_equals_reference(kind, rows, cols, bits, g, cbtype):
+    """Nearest stored centroid, per-row SSE and norm: the C kernel's bytes are the numba
+    reference's, on the codebooks the quantizer stores (optimal centroids rounded to the type),
+    at b = 1..8 and tails."""
+    from ditto_core import quantkit
+    rng = np.random.default_rng([rows, cols, bits, g, 1])
+    W = {"bf16": student_bf16, "q41": q41_grid,
+         "ints": lambda r, a, b: small_ints(r, a, b, 41)}[kind](rng, rows, cols)
+    k = 1 << bits
+    (cent, _), _ = both(W, g, k)
+    cb, _ = quantkit.round_codebooks(cent, cbtype)
+    c, n = both_assign(W, g, cb)
+    assert_same_assign(c, n)
+    # ties: every weight of a sub-block exactly on one of its codebook's midpoints (in float32)
+    mids = (0.5 * (cb[:, :, :-1].astype(np.float64) + cb[:, :, 1:])).astype(np.float32)
+    Wm = np.empty_like(W)
+    for s in range(cb.shape[1]):
+        a, b = s * g, min(s * g + g, cols)
+        Wm[:, a:b] = np.tile(mids[:, s], (1, -(-(b - a) // (k - 1))))[:, : b - a]
+    c, n = both_assign(Wm, g, cb)
+    assert_same_assign(c, n)
+
+
+def test_c_assign_portable_and_threads(portable_kernel_path):
+    """The portable build (no -march) and thread counts 1, 2, 5 give the reference's bytes."""
+    rng = np.random.default_rng(12)
+    W = student_bf16(rng, 48, 2048)
+    (cent, _), _ = both(W, 256, 16)
+    cb = cent.astype(np.float16).astype(np.float32)
+    ref = both_assign(W, 256, cb)[1]
+    portable = native.load_assign_library(portable_kernel_path)
+    for fn, threads in ((None, 1), (None, 2), (None, 5), (portable, 2)):
+        assert_same_assign(both_assign(W, 256, cb, threads, fn)[0], ref)
+
+
+def test_quantizer_assignment_kernel_choice(monkeypatch):
+    """``quantize_matrix`` gives the same indices, codebooks and rel_error with the C kernels
+    and with ``DITTO_KMEANS_KERNEL=numba``."""
+    from ditto_quant_kmeans import quantize_matrix
+    rng = np.random.default_rng(9)
+    W = student_bf16(rng, 32, 1024)
+    outs = []
+    for env in ("", "numba"):
+        monkeypatch.setenv(native.ENV, env)
+        assert (native.load_assign() is None) == (env == "numba")
+        q = quantize_matrix(W, 4, 256, "optimal", "int8", 0, "w")
+        outs.append((q.indices.tobytes(), q.codebooks.tobytes(), q.scales.tobytes(),
+                     q.rel_error))
+    assert outs[0] == outs[1]

@@ -407,12 +407,25 @@ def _matrix_centroids(W, group_size, k, method, seed, restarts, max_iter, tol, c
     return sse
 
 
+def assign_matrix(W, group_size, codebooks, indices):
+    """``assign_nearest`` (same arguments, same bytes) by the C kernel ``assign_nearest.c``
+    (``native.py``) when it is available and the arrays are float32/uint8 in C order, else by
+    the numba reference; parallel over rows (``numba.get_num_threads()`` threads)."""
+    fn = native.load_assign()
+    if (fn is not None and W.dtype == np.float32 and W.flags.c_contiguous
+            and codebooks.dtype == np.float32 and codebooks.flags.c_contiguous
+            and indices.dtype == np.uint8 and indices.flags.c_contiguous):
+        return native.assign_nearest(fn, W, group_size, codebooks, indices,
+                                     numba.get_num_threads())
+    return assign_nearest(W, group_size, codebooks, indices)
+
+
 @njit(cache=True, parallel=True)
 def assign_nearest(W, group_size, codebooks, indices):
     """Index of the nearest centroid (float32 codebooks [rows, S, k], each ascending) for every
     weight of ``W`` (float32 [rows, cols]) into ``indices`` (uint8 [rows, cols]); a weight exactly
     between two centroids takes the lower index. Returns (SSE per row, ‖row‖² per row), both
-    float64 [rows]."""
+    float64 [rows]. The reference of the C kernel ``assign_nearest.c`` (``assign_matrix``)."""
     rows, cols = W.shape
     k = codebooks.shape[2]
     S = codebooks.shape[1]

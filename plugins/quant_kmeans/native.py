@@ -1,7 +1,9 @@
-"""The C kernel of the ``optimal`` method (``optimal_dp.c``): compiled on first use, cached.
+"""The C kernels of the kmeans quantizer: compiled on first use, cached.
 
-``optimal_dp.c`` computes the same bytes as the numba reference ``kmeans1d._optimal_ws`` ~1.5×
-faster (docs/QUANT.md, "Speed"). It is compiled with clang-22 (Ditto's own compiler, which
+``optimal_dp.c`` (the ``optimal`` method) computes the same bytes as the numba reference
+``kmeans1d._optimal_ws`` ~1.5× faster; ``assign_nearest.c`` (each weight's nearest stored
+centroid) the same bytes as the numba ``kmeans1d.assign_nearest`` ~10× faster (docs/QUANT.md,
+"Speed"). Both are compiled into one library with clang-22 (Ditto's own compiler, which
 ``ditto build`` needs anyway) at ``-O3 -march=native -ffp-contract=off`` — no fused
 multiply-add and no fast-math, so every value is rounded exactly as in the reference — into
 ``$DITTO_CACHE_DIR/kernels/`` (default ``~/.cache/ditto``) under a name hashing the source,
@@ -9,7 +11,7 @@ the flags, the compiler and the host CPU, and loaded with ``ctypes``.
 
 When it cannot be had (no clang-22, a failed compile, an unwritable cache: a ``warning:`` line
 on stderr says why, once per process; or ``DITTO_KMEANS_KERNEL=numba``), ``load()`` returns
-None and the quantizer runs the numba reference instead, with the same output.
+None and the quantizer runs the numba references instead, with the same output.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from ditto_core.cache import default_root, warn
 
 SOURCE = Path(__file__).with_name("optimal_dp.c")
+SOURCES = (SOURCE, Path(__file__).with_name("assign_nearest.c"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c11",
          "-fPIC", "-shared", "-pthread")
 ENV = "DITTO_KMEANS_KERNEL"  # "numba" forces the reference kernel
@@ -62,7 +65,8 @@ def _cache_dir() -> Path:
 def library_path(clang: str) -> Path:
     """Where the compiled kernel for this source, these flags, ``clang`` and this CPU lives."""
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    for src in SOURCES:
+        h.update(src.read_bytes())
     h.update("\0".join(FLAGS).encode())
     h.update(str(Path(clang).resolve()).encode())
     h.update(_host_id().encode())
@@ -70,13 +74,13 @@ def library_path(clang: str) -> Path:
 
 
 def compile_kernel(clang: str, out: Path, flags=FLAGS) -> None:
-    """Compile ``optimal_dp.c`` with ``flags`` to ``out`` (written to a temp file, then
+    """Compile ``SOURCES`` (``optimal_dp.c``, ``assign_nearest.c``) with ``flags`` to ``out`` (written to a temp file, then
     renamed). Raises OSError or subprocess.CalledProcessError."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([clang, *flags, "-o", tmp, str(SOURCE)], check=True,
+        subprocess.run([clang, *flags, "-o", tmp, *map(str, SOURCES)], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, out)
     finally:
@@ -85,12 +89,23 @@ def compile_kernel(clang: str, out: Path, flags=FLAGS) -> None:
 
 
 def load_library(path: Path):
-    """``ditto_kmeans_optimal_matrix`` of the compiled kernel at ``path`` (ctypes). Raises
+    """``ditto_kmeans_optimal_matrix`` of the compiled kernels at ``path`` (ctypes). Raises
     OSError when it cannot be loaded."""
     fn = ctypes.CDLL(str(path)).ditto_kmeans_optimal_matrix
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+def load_assign_library(path: Path):
+    """``ditto_kmeans_assign_nearest`` of the compiled kernels at ``path`` (ctypes). Raises
+    OSError when it cannot be loaded."""
+    fn = ctypes.CDLL(str(path)).ditto_kmeans_assign_nearest
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int64]
     return fn
 
 
@@ -110,6 +125,7 @@ def load():
             if not path.exists():
                 compile_kernel(clang, path)
             fn = load_library(path)
+            _STATE["assign"] = load_assign_library(path)
         except subprocess.CalledProcessError as exc:
             why = f"{SOURCE}: clang-22 failed: {(exc.stderr or '').strip()[:500]}"
         except (OSError, AttributeError) as exc:
@@ -119,6 +135,14 @@ def load():
              f"numba kernel (same results, ~1.8x slower)")
     _STATE["fn"] = fn
     return fn
+
+
+def load_assign():
+    """The kernels' ``ditto_kmeans_assign_nearest`` (a ctypes function), or None when the C
+    kernels are unavailable or disabled (as ``load()``, which it calls)."""
+    if load() is None:
+        return None
+    return _STATE.get("assign")
 
 
 def optimal_matrix(fn, Ws: np.ndarray, group_size: int, k: int, cent: np.ndarray,
@@ -136,3 +160,26 @@ def optimal_matrix(fn, Ws: np.ndarray, group_size: int, k: int, cent: np.ndarray
     if rc != 0:
         raise MemoryError("kmeans optimal kernel: out of memory")
     return sse
+
+
+def assign_nearest(fn, W: np.ndarray, group_size: int, cb: np.ndarray, indices: np.ndarray,
+                   threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run the C kernel ``fn`` (from ``load_assign()``) on ``W`` (float32 [rows, cols], C
+    order, finite) and the codebooks ``cb`` (float32 [rows, S, k], C order, ascending, finite;
+    k = 2^b) into ``indices`` (uint8 [rows, cols], C order); returns (SSE per row, ‖row‖² per
+    row), float64 [rows] — the bytes of ``kmeans1d.assign_nearest``. Raises MemoryError when
+    the kernel cannot allocate."""
+    rows, cols = W.shape
+    k = cb.shape[2]
+    assert W.dtype == np.float32 and W.flags.c_contiguous
+    assert cb.dtype == np.float32 and cb.flags.c_contiguous
+    assert cb.shape == (rows, -(-cols // group_size), k) and k >= 2 and k & (k - 1) == 0
+    assert indices.dtype == np.uint8 and indices.flags.c_contiguous
+    assert indices.shape == (rows, cols)
+    sse = np.empty(rows, np.float64)
+    norm2 = np.empty(rows, np.float64)
+    rc = fn(W.ctypes.data, rows, cols, group_size, k, cb.ctypes.data, indices.ctypes.data,
+            sse.ctypes.data, norm2.ctypes.data, max(1, int(threads)))
+    if rc != 0:
+        raise MemoryError("kmeans assignment kernel: out of memory")
+    return sse, norm2

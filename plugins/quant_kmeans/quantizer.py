@@ -126,7 +126,7 @@ def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
     ``name``; with ``importance`` — float64 [cols] > 0 from ``quantkit.importance_weights`` —
     the weighted ones of ``kmeans1d_weighted.matrix_centroids_weighted``), rounded to
     ``codebook_type`` (``quantkit.round_codebooks``), then each weight's
-    nearest stored centroid (``kmeans1d.assign_nearest``). Returns ``StoredCodebooks`` with
+    nearest stored centroid (``kmeans1d.assign_matrix``). Returns ``StoredCodebooks`` with
     ‖W − Ŵ‖², ‖W‖² and, when centroids lost precision to the codebook type,
     ``report["codebook_underflow"]`` (``underflow_report``), also printed on stderr
     (``underflow_warning``: the file layout, fixed before any payload, cannot change the type
@@ -154,7 +154,7 @@ def sub_block_codebooks(W, bits, group_size, method, codebook_type, seed, name,
         amax = np.abs(cent).max(axis=-1, keepdims=True) / 127.0
         under = underflow_report(amax, scales[..., None], rel=2.0 ** -8)
     indices = np.empty((rows, cols), np.uint8)
-    sse_rows, norm_rows = kmeans1d.assign_nearest(W, group_size, cb, indices)
+    sse_rows, norm_rows = kmeans1d.assign_matrix(W, group_size, cb, indices)
     sse, norm2 = float(sse_rows.sum()), float(norm_rows.sum())
     report = {}
     if under is not None:
