@@ -248,11 +248,10 @@ int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
     return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL);
 }
 
-void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
-    const KernelTable *K = kernels_active();
-    int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
-    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
-    I8Layout L = i8_layout(W->data, bits, G, rows, cols);
+/* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
+static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
+                      const uint8_t *payload, int bits, int G, int rows, int cols) {
+    I8Layout L = i8_layout(payload, bits, G, rows, cols);
     int vnni = 1;
     for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
     I8RowsFn fn = kernel_pick_i8(K, bits, G, vnni);
@@ -276,6 +275,30 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
             }
         }
     }
+    return gemm != NULL;
+}
+
+void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
+    int cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    gemm_i8_by(kernels_active(), Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, cols);
+}
+
+int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported() || T < 1) return -1;
+    QuantActs *qa = calloc((size_t)T, sizeof *qa);
+    int ok = qa != NULL, ran = -1;
+    for (int t = 0; ok && t < T; t++)
+        ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, K->vnni_acts) == 0;
+    if (ok) {
+        if (group_size > cols) group_size = cols; /* as gemm_i8() sees it */
+        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols);
+    }
+    for (int t = 0; qa && t < T; t++) act_free(&qa[t]);
+    free(qa);
+    return ran;
 }
 
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {

@@ -96,6 +96,13 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1);
 int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
                    int bits, int group_size, int rows, int cols);
 
+/* For tests: Y[T][rows] = X[T][cols] · Wᵀ for an int8 codebook payload through the table named
+ * `kernel` (gemm_i8() with that table; each X row quantized by its act_quantize). Returns 1 when
+ * the table's GEMM kernel ran, 0 when its row kernels did (once per input), -1 for an unknown
+ * kernel, one this CPU cannot run, T < 1, or no memory. */
+int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols);
+
 /* For tests: act_quantize(x, n) copied out: *D, m[n_pad / 32], q[n_pad] (n_pad =
  * roundup(n, 64), the caller's arrays that large). Returns n_pad, or -1 (no memory). */
 int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);

@@ -3,12 +3,16 @@
  * shares (qgemv.h): only the integer sums' order changes, and they are exact.
  *
  * A GEMV spends most of its work turning index bytes into int8 weights (unpack, vpshufb
- * lookup); with T inputs that work is done once per row: the row's weights are decoded into an
- * int16 buffer (2 * cols bytes, in L1 while the inputs pass over it). Each input is scaled
- * once per call into int16 m[c/32] * q[c], so a weight-activation pair is one vpmaddwd lane
- * (no sign trick, no per-block multiply). A row meets four inputs at a time: each weight load
- * serves four dot products, and the four sums are reduced together (vphaddd) and combined
- * with the scales in four double lanes.
+ * lookup); with T inputs that work is done once per row. The rows are taken in panels of 16:
+ * a panel's weights, one block of whole sub-blocks (~512 columns) at a time, are decoded to
+ * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
+ * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
+ * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time: per column
+ * pair, two loads of P (16 rows) and one broadcast of each input's pair give twelve vpmaddwd,
+ * whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal reduction), in
+ * twelve accumulator registers. Every weight load serves six inputs and every activation load
+ * sixteen rows. At the end of a sub-block the lanes are combined with the rows' f16 scales in
+ * double, in sub-block order, exactly as i8_combine does.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -20,15 +24,22 @@
 
 #include "simd_avx2.h"
 
-/* Row r's weights as int16 in natural column order, for all of its columns rounded up to whole
- * 32-column chunks (padding columns get centroid 0; their activations are 0). */
-AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int cols) {
+#define PANEL 16   /* rows per panel: two vectors of eight int32 row lanes */
+#define NB 6       /* inputs per micro-kernel call: 2 x 6 accumulators + 3 operands */
+#define KBLOCK 512 /* columns decoded at a time (whole sub-blocks, at least one) */
+#define RUN 512    /* most columns summed in int32 lanes: 512 * 127 * 32385 < 2^31 */
+
+/* Sub-blocks [s0, s1) of row r as int16 in natural column order from w[0] (column s0 * G), for
+ * all of their columns rounded up to whole 32-column chunks (padding columns get centroid 0;
+ * their activations are 0). */
+AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int cols, int s0,
+                                      int s1) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-    const int b = L->bits, full = cols & ~31;
+    const int b = L->bits, full = cols & ~31, base = s0 * L->group_size;
     const uint64_t dep = ((UINT64_C(1) << b) - 1u) * UINT64_C(0x0101010101010101);
     __m256i tbl[16];
     for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
-    for (int s = 0; s < L->n_sub; s++) {
+    for (int s = s0; s < s1; s++) {
         const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
@@ -76,95 +87,207 @@ AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int 
                     break;
                 }
             }
-            _mm256_storeu_si256((__m256i *)(void *)(w + c),
+            _mm256_storeu_si256((__m256i *)(void *)(w + c - base),
                                 _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
-            _mm256_storeu_si256((__m256i *)(void *)(w + c + 16),
+            _mm256_storeu_si256((__m256i *)(void *)(w + c - base + 16),
                                 _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
         }
     }
 }
 
-/* mq[c] = m[c / 32] * q[c] (|mq| <= 255 * 127) for one input, natural order, n_pad entries. */
-static void scale_acts(int16_t *mq, const QuantActs *qa) {
-    for (int c = 0; c < qa->n_pad; c++) mq[c] = (int16_t)(qa->m16[c / 32] * qa->q[c]);
-}
-
-/* Row r against inputs mq[0..4) (their D in D4): y4 = the four results, each exactly
- * i8_combine's: acc = sum over sub-blocks of (double)scale * (double)T in sub-block order, then
- * (float)(acc * D). Whole sub-block sums are formed in int32 lanes (runs of at most 128 chunks
- * as in the GEMV kernels) and, when G <= 512, summed across lanes in int32 (|T| <= G * 127 *
- * 32385 < 2^31), else in int64. */
-AVX2_FN static void row_x4(float *y4, const int16_t *w, const int16_t *const mq[4],
-                           const double D4[4], const I8Layout *L, int r, int cols) {
-    const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
-    __m256d acc = _mm256_setzero_pd();
-    for (int s = 0; s < L->n_sub; s++) {
-        int c0 = s * L->group_size;
-        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-        __m256d scale = _mm256_set1_pd((double)_cvtsh_ss(sc[s]));
-        int64_t t64[4] = {0, 0, 0, 0};
-        __m128i t32 = _mm_setzero_si128();
-        for (int c = c0; c < c1;) {
-            int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1;
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-            for (; c < stop; c += 32) {
-                __m256i wl = _mm256_loadu_si256((const __m256i *)(const void *)(w + c));
-                __m256i wh = _mm256_loadu_si256((const __m256i *)(const void *)(w + c + 16));
-#define LOAD16(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
-#define DOT16X2(acc, x)                                                                       \
-    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(wl, LOAD16(x + c)),        \
-                                                 _mm256_madd_epi16(wh, LOAD16(x + c + 16))))
-                DOT16X2(a0, mq[0]);
-                DOT16X2(a1, mq[1]);
-                DOT16X2(a2, mq[2]);
-                DOT16X2(a3, mq[3]);
-#undef DOT16X2
-#undef LOAD16
+/* P[k][i] = src[i][k] for 16 rows i of n32 int32 column pairs (n32 % 8 == 0; row stride ld
+ * pairs): 8 x 8 dword transposes. */
+AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, int n32) {
+    for (int h = 0; h < PANEL / 8; h++) {
+        const int32_t *s = src + (size_t)(8 * h) * ld;
+        for (int k = 0; k < n32; k += 8) {
+            __m256i r[8], t[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(s + i * ld + k));
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
             }
-            if (L->group_size <= 512) {
-                t32 = hsum4_epi32(a0, a1, a2, a3); /* one run: the whole sub-block */
-            } else {
-                t64[0] += hsum_epi32_wide(a0);
-                t64[1] += hsum_epi32_wide(a1);
-                t64[2] += hsum_epi32_wide(a2);
-                t64[3] += hsum_epi32_wide(a3);
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+                r[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+                r[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+                r[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+            }
+            /* r[0..4) hold columns (0,4), (1,5), (2,6), (3,7) of rows 0-3, r[4..8) of rows 4-7 */
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_si256((__m256i *)(void *)(P + (size_t)(k + j) * PANEL + 8 * h),
+                                    _mm256_permute2x128_si256(r[j], r[j + 4], 0x20));
+                _mm256_storeu_si256((__m256i *)(void *)(P + (size_t)(k + j + 4) * PANEL + 8 * h),
+                                    _mm256_permute2x128_si256(r[j], r[j + 4], 0x31));
             }
         }
-        __m256d T = L->group_size <= 512
-                        ? _mm256_cvtepi32_pd(t32)
-                        : _mm256_setr_pd((double)t64[0], (double)t64[1], (double)t64[2],
-                                         (double)t64[3]);
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, T)); /* no FMA: the reference's rounding */
     }
-    _mm_storeu_ps(y4, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_loadu_pd(D4))));
+}
+
+/* acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in [k0, k1) of
+ * P[k] * (x[j][2k], x[j][2k + 1]), for inputs j < n (a constant after inlining). */
+__attribute__((always_inline)) AVX2_FN static inline void
+micro(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0, int k1, const int n) {
+    __m256i c[2 * NB];
+    for (int j = 0; j < 2 * n; j++) c[j] = _mm256_setzero_si256();
+    for (int k = k0; k < k1; k++) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL));
+        __m256i w1 =
+            _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));
+        for (int j = 0; j < n; j++) {
+            int32_t pair;
+            memcpy(&pair, x[j] + 2 * k, sizeof pair);
+            __m256i a = _mm256_set1_epi32(pair);
+            c[2 * j] = _mm256_add_epi32(c[2 * j], _mm256_madd_epi16(w0, a));
+            c[2 * j + 1] = _mm256_add_epi32(c[2 * j + 1], _mm256_madd_epi16(w1, a));
+        }
+    }
+    for (int j = 0; j < 2 * n; j++) acc[j] = c[j];
+}
+
+/* dacc[j][i] = dacc[j][i] + sc[i] * T[j][i] (double; the definition's multiply, then add) for
+ * the 16 rows i and inputs j < n, T given as int32 lanes (one run) or int64 (t64). */
+AVX2_FN static void combine_lanes(double *dacc, const double *sc, const __m256i *acc,
+                                  const int64_t *t64, int n) {
+    for (int j = 0; j < n; j++) {
+        double *d = dacc + (size_t)j * PANEL;
+        for (int h = 0; h < 2; h++) {
+            __m256d lo, hi;
+            if (t64) {
+                const int64_t *t = t64 + (size_t)j * PANEL + 8 * h;
+                lo = _mm256_setr_pd((double)t[0], (double)t[1], (double)t[2], (double)t[3]);
+                hi = _mm256_setr_pd((double)t[4], (double)t[5], (double)t[6], (double)t[7]);
+            } else {
+                lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(acc[2 * j + h]));
+                hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(acc[2 * j + h], 1));
+            }
+            __m256d p0 = _mm256_mul_pd(_mm256_loadu_pd(sc + 8 * h), lo);
+            __m256d p1 = _mm256_mul_pd(_mm256_loadu_pd(sc + 8 * h + 4), hi);
+            _mm256_storeu_pd(d + 8 * h, _mm256_add_pd(_mm256_loadu_pd(d + 8 * h), p0));
+            _mm256_storeu_pd(d + 8 * h + 4, _mm256_add_pd(_mm256_loadu_pd(d + 8 * h + 4), p1));
+        }
+    }
+}
+
+/* t64[j][i] += the int32 lanes of acc (a run of a sub-block longer than RUN columns). */
+AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < 2; h++) {
+            int64_t *t = t64 + (size_t)j * PANEL + 8 * h;
+            __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[2 * j + h]));
+            __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[2 * j + h], 1));
+            _mm256_storeu_si256((__m256i *)(void *)t,
+                                _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(void *)t), lo));
+            _mm256_storeu_si256(
+                (__m256i *)(void *)(t + 4),
+                _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(void *)(t + 4)), hi));
+        }
+}
+
+/* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..n): each
+ * sub-block's sums combined into dacc[j][16] with its scales scd[s][16]. */
+__attribute__((always_inline)) AVX2_FN static inline void
+block_n(double *dacc, const int32_t *P, const int16_t *const *x, const double *scd,
+        const I8Layout *L, int s0, int s1, int cols, const int n) {
+    const int G = L->group_size, base = s0 * G;
+    __m256i acc[2 * NB];
+    for (int s = s0; s < s1; s++) {
+        int c0 = s * G - base, c1 = (s * G + G < cols ? s * G + G : cols) - base;
+        int k1 = ((c1 + 31) & ~31) / 2;
+        if (k1 - c0 / 2 <= RUN / 2) {
+            micro(acc, P, x, c0 / 2, k1, n);
+            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
+        } else {
+            int64_t t64[NB * PANEL] = {0};
+            for (int k = c0 / 2; k < k1; k += RUN / 2) {
+                micro(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1, n);
+                widen_lanes(t64, acc, n);
+            }
+            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
+        }
+    }
+}
+
+AVX2_FN static void block(double *dacc, const int32_t *P, const int16_t *const *x,
+                          const double *scd, const I8Layout *L, int s0, int s1, int cols, int n) {
+    switch (n) { /* each input count gets its own copy, accumulators in registers */
+    case 6: block_n(dacc, P, x, scd, L, s0, s1, cols, 6); break;
+    case 5: block_n(dacc, P, x, scd, L, s0, s1, cols, 5); break;
+    case 4: block_n(dacc, P, x, scd, L, s0, s1, cols, 4); break;
+    case 3: block_n(dacc, P, x, scd, L, s0, s1, cols, 3); break;
+    case 2: block_n(dacc, P, x, scd, L, s0, s1, cols, 2); break;
+    default: block_n(dacc, P, x, scd, L, s0, s1, cols, 1); break;
+    }
+}
+
+/* mq[c] = m[c / 32] * q[c] (|mq| <= 255 * 127) for one input, natural order, n_pad entries
+ * (a multiple of 32). */
+AVX2_FN static void scale_acts(int16_t *mq, const QuantActs *qa) {
+    for (int c = 0; c < qa->n_pad; c += 32) {
+        __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+        const __m128i *q = (const __m128i *)(const void *)(qa->q + c);
+        __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(q));
+        __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(q + 1));
+        _mm256_storeu_si256((__m256i *)(void *)(mq + c), _mm256_mullo_epi16(m, q0));
+        _mm256_storeu_si256((__m256i *)(void *)(mq + c + 16), _mm256_mullo_epi16(m, q1));
+    }
+}
+
+static void *alloc_or_die(size_t n, const char *what) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "ditto: out of memory for the GEMM's %s (%zu bytes)\n", what, n);
+        abort();
+    }
+    return p;
 }
 
 AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                  int r0, int r1, int rows, int cols) {
-    const int n_pad = qa[0].n_pad;
-    int16_t w[(cols + 31) & ~31];
-    int16_t *mq = malloc((size_t)T * (size_t)n_pad * sizeof *mq);
-    if (!mq) {
-        fprintf(stderr, "ditto: out of memory for %d scaled activation rows of %d\n", T, n_pad);
-        abort();
-    }
+    const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub;
+    const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
+    const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
+    int16_t *mq = alloc_or_die((size_t)T * (size_t)n_pad * sizeof *mq, "scaled activations");
+    int16_t *tmp = alloc_or_die((size_t)PANEL * (size_t)kmax * sizeof *tmp, "decoded rows");
+    int32_t *P = alloc_or_die((size_t)kmax / 2 * PANEL * sizeof *P, "weight panel");
+    double *dacc = alloc_or_die((size_t)T * PANEL * sizeof *dacc, "sums");
+    double *scd = alloc_or_die((size_t)n_sub * PANEL * sizeof *scd, "scales");
     for (int t = 0; t < T; t++) scale_acts(mq + (size_t)t * (size_t)n_pad, &qa[t]);
-    for (int r = r0; r < r1; r++) {
-        decode_row16(w, L, r, cols);
-        for (int t = 0; t < T; t += 4) {
-            const int16_t *x[4];
-            double D4[4];
-            float y4[4];
-            for (int j = 0; j < 4; j++) { /* past the last input: repeat it */
-                int u = t + j < T ? t + j : T - 1;
-                x[j] = mq + (size_t)u * (size_t)n_pad;
-                D4[j] = (double)qa[u].D;
+    for (int rp = r0; rp < r1; rp += PANEL) {
+        const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
+        for (int s = 0; s < n_sub; s++)
+            for (int i = 0; i < PANEL; i++)
+                scd[(size_t)s * PANEL + i] =
+                    i < R ? (double)_cvtsh_ss(L->scale[(size_t)(rp + i) * (size_t)n_sub + s])
+                          : 0.0;
+        memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
+        for (int s0 = 0; s0 < n_sub; s0 += sb_per_block) {
+            const int s1 = s0 + sb_per_block < n_sub ? s0 + sb_per_block : n_sub;
+            const int c_end = s1 * G < cols ? s1 * G : cols;
+            const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
+            for (int i = 0; i < PANEL; i++) {
+                if (i < R) decode_row16(tmp + (size_t)i * kmax, L, rp + i, cols, s0, s1);
+                else memset(tmp + (size_t)i * kmax, 0, (size_t)kc * sizeof *tmp);
             }
-            row_x4(y4, w, x, D4, L, r, cols);
-            for (int j = 0; j < 4 && t + j < T; j++)
-                Y[(size_t)(t + j) * (size_t)rows + (size_t)r] = y4[j];
+            transpose_pairs(P, (const int32_t *)(const void *)tmp, (size_t)kmax / 2, kc / 2);
+            for (int t = 0; t < T; t += NB) {
+                const int n = T - t < NB ? T - t : NB;
+                const int16_t *x[NB];
+                for (int j = 0; j < n; j++)
+                    x[j] = mq + (size_t)(t + j) * (size_t)n_pad + (size_t)s0 * (size_t)G;
+                block(dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
+            }
         }
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < R; i++)
+                Y[(size_t)t * (size_t)rows + (size_t)(rp + i)] =
+                    (float)(dacc[(size_t)t * PANEL + i] * (double)qa[t].D);
     }
+    free(scd);
+    free(dacc);
+    free(P);
+    free(tmp);
     free(mq);
 }
 

@@ -5,7 +5,9 @@
  * codebook payloads allocated at their exact size (so ASan sees any read past the end), with
  * fully random index bytes (including the padding of a row's last group), random centroids in
  * -127..127 and random f16 scales; x random with a few zero blocks and one large outlier.
- * Prints "ok N cases (M through the SIMD path)" and exits 0, or prints the first mismatch and
+ * Each case also runs the table's GEMM (gemm_i8) on 1..14 inputs, every one of them equal to
+ * the reference GEMV of that input. Prints "ok N cases (M through the SIMD path, K through the
+ * GEMM kernel)" and exits 0, or prints the first mismatch and
  * exits 1; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
  * natively, also under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
  */
@@ -41,7 +43,7 @@ int main(int argc, char **argv) {
     }
     static const int groups[] = {32, 64, 128, 256, 576, 4160, 2, 7, 48, 100};
     static const int lengths[] = {1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200};
-    int cases = 0, simd = 0;
+    int cases = 0, simd = 0, gemm = 0;
     for (int b = 1; b <= 8; b++) {
         for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
             for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
@@ -82,6 +84,35 @@ int main(int argc, char **argv) {
                         return 1;
                     }
                 }
+                /* the table's GEMM: T inputs (x first), each row equal to the reference GEMV */
+                int T = 1 + (int)(rnd() % 14);
+                float *X = malloc((size_t)T * (size_t)cols * sizeof *X);
+                float *Y = malloc((size_t)T * (size_t)rows * sizeof *Y);
+                if (!X || !Y) return 3;
+                memcpy(X, x, (size_t)cols * sizeof *X);
+                for (size_t i = (size_t)cols; i < (size_t)T * (size_t)cols; i++)
+                    X[i] = rnd_float() * (float)(1 + rnd() % 4);
+                int rg = i8cb_gemm_with(kernel, Y, X, T, p, b, G, rows, cols);
+                if (rg < 0) return 3;
+                gemm += rg;
+                for (int t = 0; t < T; t++) {
+                    if (i8cb_gemv_with("generic", y0, X + (size_t)t * (size_t)cols, p, b, G,
+                                       rows, cols) < 0)
+                        return 3;
+                    for (int r = 0; r < rows; r++) {
+                        if (memcmp(&y0[r], &Y[(size_t)t * (size_t)rows + (size_t)r],
+                                   sizeof(float)) != 0) {
+                            printf("MISMATCH GEMM kernel=%s b=%d G=%d cols=%d rows=%d T=%d "
+                                   "input %d row %d: %.9g vs %.9g (reference)\n", kernel, b, G,
+                                   cols, rows, T, t, r,
+                                   (double)Y[(size_t)t * (size_t)rows + (size_t)r],
+                                   (double)y0[r]);
+                            return 1;
+                        }
+                    }
+                }
+                free(X);
+                free(Y);
                 free(p);
                 free(x);
                 free(y0);
@@ -91,6 +122,7 @@ int main(int argc, char **argv) {
         }
     }
 done:
-    printf("ok %d cases (%d through the SIMD path)\n", cases, simd);
+    printf("ok %d cases (%d through the SIMD path, %d through the GEMM kernel)\n", cases, simd,
+           gemm);
     return 0;
 }

@@ -300,10 +300,23 @@ def simd_cases(kernel):
     return n
 
 
+#: the tables with a GEMM kernel (KernelTable.i8_gemm, used when G % 32 == 0)
+TABLE_GEMM = {"avx512vbmi", "avx512vnni", "avxvnni", "avx2"}
+
+
+def gemm_cases(kernel):
+    """How many driver cases run the table's GEMM kernel (native/kernels.c gemm_i8_by)."""
+    if kernel not in TABLE_GEMM:
+        return 0
+    return sum(min(G, cols) % 32 == 0 for _ in range(1, 9) for G in DRIVER_GROUPS
+               for cols in DRIVER_LENGTHS)
+
+
 def _check_driver_output(p, kernel):
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert p.stdout.splitlines()[-1] == \
-        f"ok 1040 cases ({simd_cases(kernel)} through the SIMD path)", p.stdout
+        (f"ok 1040 cases ({simd_cases(kernel)} through the SIMD path, "
+         f"{gemm_cases(kernel)} through the GEMM kernel)"), p.stdout
 
 
 @pytest.fixture(scope="module")
@@ -506,17 +519,23 @@ class _Tensor(ctypes.Structure):
                                          (1, 32, 64), (7, 32, 4200), (4, 4160, 4200)])
 def test_gemm_rows_equal_gemv_bits(lib, bits, G, cols):
     """gemm_i8 (batched prefill; with G % 32 == 0 the table's GEMM kernel, which decodes each
-    row once) gives each activation row exactly gemv()'s bits, which are the definition's."""
+    row once) gives each activation row exactly gemv()'s bits, which are the definition's:
+    70 rows (4 panels of 16 and a partial one), T = 1, 5, 13 inputs (blocks of 6 and rests)."""
     rng = np.random.default_rng(bits * G)
-    rows, T = 70, 5
+    rows = 70
     ct = random_int8_tensor(rng, rows, cols, bits, G)
     payload = np.frombuffer(codebook_payload(ct), np.uint8)
     W = _Tensor(b"w", 1, 2, bits, G, rows, cols, payload.ctypes.data, payload.size)
-    X = rng.normal(size=(T, cols)).astype(np.float32)
-    Y = np.full((T, rows), np.nan, np.float32)
-    lib.gemm_i8_float_input(Y.ctypes.data, X.ctypes.data, T, ctypes.byref(W))
-    for t in range(T):
+    X = rng.normal(size=(13, cols)).astype(np.float32)
+    X[2] *= 1e3  # inputs of very different scales in one call
+    X[3, : cols // 2] = 0
+    want = []
+    for t in range(13):
         y = np.full(rows, np.nan, np.float32)
         lib.gemv(y.ctypes.data, X[t].ctypes.data, ctypes.byref(W))
-        np.testing.assert_array_equal(Y[t], y)
         np.testing.assert_array_equal(y, i8_gemv_np(ct, X[t]))
+        want.append(y)
+    for T in (1, 5, 13):
+        Y = np.full((T, rows), np.nan, np.float32)
+        lib.gemm_i8_float_input(Y.ctypes.data, X[:T].ctypes.data, T, ctypes.byref(W))
+        np.testing.assert_array_equal(Y, np.array(want[:T]))
