@@ -304,13 +304,14 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
     /* one QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most) */
     static QuantActs qa[MATMUL_BATCH_MAX];
-    int cols = (int)W->cols, vnni = kernels_active()->vnni_acts;
-    for (int t = 0; t < T; t++) {
-        if (act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni)) {
-            fprintf(stderr, "ditto: out of memory quantizing %d activation rows of %d floats\n",
-                    T, cols);
-            abort();
-        }
+    int cols = (int)W->cols, vnni = kernels_active()->vnni_acts, failed = 0, t;
+#pragma omp parallel for reduction(| : failed) private(t)
+    for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
+        failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;
+    if (failed) {
+        fprintf(stderr, "ditto: out of memory quantizing %d activation rows of %d floats\n", T,
+                cols);
+        abort();
     }
     gemm_i8(Y, qa, T, W);
 }

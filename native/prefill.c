@@ -75,7 +75,9 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
     AttendFn attend = attend_for(d);
     int ht;
-#pragma omp parallel for schedule(static) private(ht)
+    /* (head, token) pairs dealt out one at a time: a token's cost grows with its position,
+     * so contiguous runs would give the last thread the longest rows */
+#pragma omp parallel for schedule(static, 1) private(ht)
     for (ht = 0; ht < n_heads * n; ht++) {
         int h = ht % n_heads, t = ht / n_heads, kvh = h / group;
         int tid = 0;
@@ -94,9 +96,10 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
     int dim = (int)c->dim, hidden = (int)c->hidden_dim, d = (int)c->head_dim;
     int kv_dim = (int)(c->n_kv_heads * c->head_dim), q_dim = (int)c->n_heads * d;
     int half = d / 2;
-    size_t ndim = (size_t)n * dim;
 
-    for (int t = 0; t < n; t++) /* embedding lookup */
+    int t; /* the per-token steps run over OpenMP threads (each token's work is independent) */
+#pragma omp parallel for private(t)
+    for (t = 0; t < n; t++) /* embedding lookup */
         tensor_row(p->x + (size_t)t * dim, m->token_embd, (uint64_t)tokens[t]);
 
     for (int l = 0; l < (int)c->n_layers; l++) {
@@ -105,13 +108,15 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
         float *k = s->key_cache + kv_off, *v = s->value_cache + kv_off; /* [n][kv_dim] */
 
         /* attention block */
-        for (int t = 0; t < n; t++)
+#pragma omp parallel for private(t)
+        for (t = 0; t < n; t++)
             rmsnorm(p->xb + (size_t)t * dim, p->x + (size_t)t * dim, f32_data(w->attn_norm),
                     dim, c->norm_eps);
         matmul_batch(p->q, p->xb, n, w->wq);
         matmul_batch(k, p->xb, n, w->wk);
         matmul_batch(v, p->xb, n, w->wv);
-        for (int t = 0; t < n; t++) {
+#pragma omp parallel for private(t)
+        for (t = 0; t < n; t++) {
             const float *cos_t = s->rope_cos + (size_t)(pos0 + t) * half;
             const float *sin_t = s->rope_sin + (size_t)(pos0 + t) * half;
             rope(p->q + (size_t)t * q_dim, (int)c->n_heads, d, cos_t, sin_t);
@@ -119,21 +124,33 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
         }
         attention_tile(c, s, p, l, n, pos0);
         matmul_batch(p->xb2, p->att_out, n, w->wo);
-        for (size_t i = 0; i < ndim; i++) p->x[i] += p->xb2[i];
 
-        /* SwiGLU feed-forward block */
-        for (int t = 0; t < n; t++)
-            rmsnorm(p->xb + (size_t)t * dim, p->x + (size_t)t * dim, f32_data(w->ffn_norm), dim,
-                    c->norm_eps);
+        /* residual, then the SwiGLU feed-forward block */
+#pragma omp parallel for private(t)
+        for (t = 0; t < n; t++) {
+            float *x = p->x + (size_t)t * dim;
+            const float *o = p->xb2 + (size_t)t * dim;
+            for (int i = 0; i < dim; i++) x[i] += o[i];
+            rmsnorm(p->xb + (size_t)t * dim, x, f32_data(w->ffn_norm), dim, c->norm_eps);
+        }
         matmul_batch(p->hb, p->xb, n, w->w_gate);
         matmul_batch(p->hb2, p->xb, n, w->w_up);
-        size_t nh = (size_t)n * hidden;
-        for (size_t i = 0; i < nh; i++) {
-            float g = p->hb[i];
-            p->hb[i] = g / (1.0f + expf(-g)) * p->hb2[i]; /* silu(gate) * up */
+#pragma omp parallel for private(t)
+        for (t = 0; t < n; t++) {
+            float *hb = p->hb + (size_t)t * hidden;
+            const float *hb2 = p->hb2 + (size_t)t * hidden;
+            for (int i = 0; i < hidden; i++) {
+                float g = hb[i];
+                hb[i] = g / (1.0f + expf(-g)) * hb2[i]; /* silu(gate) * up */
+            }
         }
         matmul_batch(p->xb2, p->hb, n, w->w_down);
-        for (size_t i = 0; i < ndim; i++) p->x[i] += p->xb2[i];
+#pragma omp parallel for private(t)
+        for (t = 0; t < n; t++) {
+            float *x = p->x + (size_t)t * dim;
+            const float *o = p->xb2 + (size_t)t * dim;
+            for (int i = 0; i < dim; i++) x[i] += o[i];
+        }
     }
 
     size_t vocab = c->vocab_size;
