@@ -73,6 +73,8 @@ void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
+void i8cb_gemm_neon(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                    int rows, int cols);
 
 static int has_neon_dotprod(void) {
 #if defined(__APPLE__)
@@ -84,7 +86,7 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, NULL, 0, codebook_gemv_ref, NULL},
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
 };
 
