@@ -20,17 +20,7 @@
 #include <string.h>
 
 #include "../native/kernels.h"
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-
-static uint32_t rnd(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-
-static float rnd_float(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+#include "qdriver_rand.h"
 
 #define T_MAX 9
 
@@ -49,6 +39,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kernel %s: no GEMM kernel\n", kernel);
         return 2;
     }
+    rng_state = 0x2545F4914F6CDD1Dull; /* other cases than qgemv_driver's */
     ActQuantFn quant = K->act_quant ? K->act_quant : act_quantize_generic;
     static const int groups[] = {32, 64, 256, 512, 576, 4160};
     static const int lengths[] = {32, 33, 100, 257, 576, 1000, 4200};
@@ -65,24 +56,11 @@ int main(int argc, char **argv) {
                 T = T % T_MAX + 1;
                 int rows = 1 + (int)(rnd() % 37);
                 if (cols >= 1000) rows = 1 + (int)(rnd() % 5);
-                int S = (cols + G - 1) / G, k = 1 << b;
-                size_t n_cb = (size_t)rows * (size_t)S;
-                size_t cb_bytes = (n_cb * (size_t)k + 2 * n_cb + 63u) & ~(size_t)63u;
-                size_t row_bytes = (size_t)((cols + 7) / 8) * (size_t)b;
-                size_t nbytes = cb_bytes + (size_t)rows * row_bytes;
-                uint8_t *p = malloc(nbytes);
+                uint8_t *p = random_i8cb_payload(b, G, rows, cols);
                 float *x = malloc((size_t)cols * sizeof *x);
                 float *yref = malloc((size_t)T * (size_t)rows * sizeof *yref);
                 float *Y = malloc((size_t)T * (size_t)rows * sizeof *Y);
                 if (!p || !x || !yref || !Y) return 3;
-                memset(p, 0, nbytes);
-                for (size_t i = 0; i < n_cb * (size_t)k; i++)
-                    p[i] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
-                for (size_t i = 0; i < n_cb; i++) { /* f16 scales, exponent 1..29, sign + */
-                    uint16_t h = (uint16_t)(((1 + rnd() % 29) << 10) | (rnd() & 0x3ff));
-                    memcpy(p + n_cb * (size_t)k + 2 * i, &h, 2);
-                }
-                for (size_t i = cb_bytes; i < nbytes; i++) p[i] = (uint8_t)rnd();
                 I8Layout L = i8_layout(p, b, G, rows, cols);
                 for (int t = 0; t < T; t++) {
                     for (int c = 0; c < cols; c++) x[c] = rnd_float();

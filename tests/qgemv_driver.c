@@ -17,17 +17,7 @@
 #include <string.h>
 
 #include "../native/kernels.h"
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-static uint32_t rnd(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-
-static float rnd_float(void) { return (float)((double)rnd() / 4294967296.0 * 2.0 - 1.0); }
+#include "qdriver_rand.h"
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -51,23 +41,10 @@ int main(int argc, char **argv) {
                 int G = groups[gi], cols = lengths[li];
                 int rows = 1 + (int)(rnd() % 40);
                 if (cols >= 1000 && b != 4) rows = 3;
-                int S = (cols + G - 1) / G, k = 1 << b;
-                size_t n_cb = (size_t)rows * (size_t)S;
-                size_t cb_bytes = (n_cb * (size_t)k + 2 * n_cb + 63u) & ~(size_t)63u;
-                size_t row_bytes = (size_t)((cols + 7) / 8) * (size_t)b;
-                size_t nbytes = cb_bytes + (size_t)rows * row_bytes;
-                uint8_t *p = malloc(nbytes);
+                uint8_t *p = random_i8cb_payload(b, G, rows, cols);
                 float *x = malloc((size_t)cols * sizeof *x);
                 float *y0 = malloc((size_t)rows * sizeof *y0), *y1 = malloc((size_t)rows * sizeof *y1);
                 if (!p || !x || !y0 || !y1) return 3;
-                memset(p, 0, nbytes);
-                for (size_t i = 0; i < n_cb * (size_t)k; i++)
-                    p[i] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
-                for (size_t i = 0; i < n_cb; i++) { /* f16 scales, exponent 1..29, sign + */
-                    uint16_t h = (uint16_t)(((1 + rnd() % 29) << 10) | (rnd() & 0x3ff));
-                    memcpy(p + n_cb * (size_t)k + 2 * i, &h, 2);
-                }
-                for (size_t i = cb_bytes; i < nbytes; i++) p[i] = (uint8_t)rnd();
                 for (int c = 0; c < cols; c++) x[c] = rnd_float();
                 if (cols > 64)
                     for (int c = 32; c < 64; c++) x[c] = 0.0f; /* an all-zero block */
