@@ -1,8 +1,8 @@
 /* qgemm_driver.c: a kernel table's int8 GEMM (KernelTable.i8_gemm, batched prefill) against
  * the scalar reference GEMV, bit for bit.
  *
- * Usage: qgemm_driver KERNEL. For b = 1..8, group sizes G from 32 to 4160 (G <= 512, where the
- * AVX2 GEMM sums a sub-block in int32, and G > 512), row lengths that are and are not
+ * Usage: qgemm_driver KERNEL. For b = 1..8, group sizes G from 32 to 4160 (G <= 512 and
+ * G > 512: the int32 runs and decode blocks of the AVX2 GEMM are 512 columns), row lengths that are and are not
  * multiples of 32, and T = 1..9 inputs (odd and even, a partial group of four): random int8
  * codebook payloads allocated at their exact size (so ASan sees any read past the end), with
  * fully random index bytes (the padding of a row's last group included); each input random

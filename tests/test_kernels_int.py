@@ -301,7 +301,7 @@ def simd_cases(kernel):
 
 
 #: the tables with a GEMM kernel (KernelTable.i8_gemm, used when G % 32 == 0)
-TABLE_GEMM = {"avx512vbmi", "avx512vnni", "avxvnni", "avx2"}
+TABLE_GEMM = {"avx512vbmi", "avx512vnni", "avxvnni", "avx2", "neon"}
 
 
 def gemm_cases(kernel):
