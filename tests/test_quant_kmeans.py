@@ -355,3 +355,17 @@ def test_output_independent_of_thread_count():
     b = quantize_matrix(W, 3, 32, "lloyd", seed=4)
     assert hashlib.sha256(a.indices.tobytes() + a.codebooks.tobytes()).digest() == \
         hashlib.sha256(b.indices.tobytes() + b.codebooks.tobytes()).digest()
+
+
+@pytest.mark.parametrize("shape,g", [((1100, 1024), 256), ((600, 3000), 256), ((2, 70), 33)])
+def test_sort_sub_blocks_threads(shape, g):
+    """Sorting bands of rows on several threads gives NumPy's per-sub-block sort exactly (tail
+    sub-block included), for any thread count."""
+    rng = np.random.default_rng(list(shape))
+    W = rng.standard_normal(shape).astype(np.float32)
+    W[:, ::7] = 0.5  # repeated values
+    full = shape[1] // g * g
+    ref = np.concatenate([np.sort(W[:, :full].reshape(shape[0], -1, g), -1).reshape(shape[0], -1),
+                          np.sort(W[:, full:], -1)], axis=1)
+    for threads in (1, 2, 3, None):
+        assert np.array_equal(kmeans1d.sort_sub_blocks(W, g, threads), ref)

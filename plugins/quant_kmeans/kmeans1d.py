@@ -26,6 +26,8 @@ codebook is rounded to its storage precision).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -330,17 +332,31 @@ def block_centroids(x, k, method=METHOD_OPTIMAL, seed=0, restarts=4, max_iter=10
     return cent, sse
 
 
-def sort_sub_blocks(W: np.ndarray, group_size: int) -> np.ndarray:
+def sort_sub_blocks(W: np.ndarray, group_size: int, threads: int | None = None) -> np.ndarray:
     """Copy of ``W`` (float32 [rows, cols]) with every sub-block of ``group_size`` consecutive
-    weights of a row (the tail one shorter) sorted ascending (NumPy's SIMD sort)."""
+    weights of a row (the tail one shorter) sorted ascending (NumPy's SIMD sort, which releases
+    the GIL: bands of rows are sorted on ``threads`` threads, default
+    ``numba.get_num_threads()``; the result does not depend on the count)."""
     rows, cols = W.shape
-    full = cols // group_size * group_size
     out = np.empty_like(W)
-    if full:
-        out[:, :full] = np.sort(W[:, :full].reshape(rows, full // group_size, group_size),
-                                axis=-1).reshape(rows, full)
-    if full < cols:
-        out[:, full:] = np.sort(W[:, full:], axis=-1)
+    threads = max(1, min(rows, numba.get_num_threads() if threads is None else int(threads)))
+
+    def band(r0, r1):
+        full = cols // group_size * group_size
+        if full:
+            out[r0:r1, :full] = np.sort(
+                W[r0:r1, :full].reshape(r1 - r0, full // group_size, group_size),
+                axis=-1).reshape(r1 - r0, full)
+        if full < cols:
+            out[r0:r1, full:] = np.sort(W[r0:r1, full:], axis=-1)
+
+    if threads == 1 or W.size < (1 << 20):
+        band(0, rows)
+        return out
+    edges = np.linspace(0, rows, threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(band, a, b) for a, b in zip(edges[:-1], edges[1:])]:
+            f.result()
     return out
 
 
