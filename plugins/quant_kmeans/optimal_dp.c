@@ -22,6 +22,17 @@
  * bound relies on — is rescanned over its exact window as the reference does.  So the output equals the reference's in every case, not only in exact
  * arithmetic; tests/test_quant_dp_kernel.py checks it on many thousands of blocks.
  *
+ * Which cells are computed differs too.  The result is read off the backtrack from cell (k, m),
+ * and a cell's value and arg-minimum depend only on the cell above it in its layer (the upper
+ * end of its window), the cell of layer q - 1 naming the lower end, and the cells of layer
+ * q - 1 inside its window.  The reference fills every layer completely; here the layers are
+ * filled top down on demand from cell (k, m) (``ensure``): each layer is computed from its top
+ * down to its lowest cell computed so far, and before a cell (or a group of four) is scanned,
+ * layer q - 1 is extended down to the cells it reads.  Every computed cell so gets exactly the
+ * inputs, and so the value and arg-minimum, it has in the full layers, and the cells below
+ * what (k, m) depends on are never computed: on bf16 blocks at b = 4, G = 256, 410 groups of
+ * four and 25 single cells per sub-block instead of 712 and 184, 21 % fewer union-window steps.
+ *
  * Entry point: ``ditto_kmeans_optimal_matrix`` (all sub-blocks, worker threads taking units
  * of 16 sub-blocks from a shared counter; sub-blocks share nothing, so the bytes do not depend
  * on the thread count).  Without AVX2 the lanes are plain C arrays the compiler may vectorise.
@@ -46,15 +57,19 @@ typedef struct {
     double *u;            /* distinct values [n] */
     int64_t *w;           /* their multiplicities [n] */
     double *p0f, *p1, *p2; /* prefix sums of w, w·(u-mu), w·(u-mu)^2 [ld], p0f as double */
-    double *dprev, *dcur, *lorow;
+    double *dprev, *dcur; /* the rows of D the scans read and write (layers q - 1, q) */
+    double *lorow;        /* lower ends of the windows of the cells being scanned */
+    double *D;            /* D[q][i], [(k + 1) x ld] */
     int32_t *arg;         /* arg-minima [(k + 1) x ld] */
+    int64_t *low;         /* lowest cell computed so far in each layer [k + 1] */
     void *mem;
 } work_t;
 
 static int work_init(work_t *wk, int64_t n, int64_t k)
 {
     int64_t ld = n + 1 + 2 * PAD;
-    size_t nd = (size_t)(n + 6 * ld), ni = (size_t)n, na = (size_t)((k + 1) * ld);
+    size_t nd = (size_t)(n + (5 + k) * ld), ni = (size_t)(n + k + 1),
+           na = (size_t)((k + 1) * ld);
     wk->mem = malloc(nd * sizeof(double) + ni * sizeof(int64_t) + na * sizeof(int32_t));
     if (!wk->mem)
         return -1;
@@ -67,12 +82,13 @@ static int work_init(work_t *wk, int64_t n, int64_t k)
     wk->p0f = d + PAD;
     wk->p1 = d + ld + PAD;
     wk->p2 = d + 2 * ld + PAD;
-    wk->dprev = d + 3 * ld + PAD;
-    wk->dcur = d + 4 * ld + PAD;
-    wk->lorow = d + 5 * ld + PAD;
-    wk->w = (int64_t *)(d + 6 * ld);
-    wk->arg = (int32_t *)(wk->w + n);
-    memset(d, 0, 6 * (size_t)ld * sizeof(double));
+    wk->lorow = d + 3 * ld + PAD;
+    wk->D = d + 4 * ld + PAD;
+    wk->dprev = wk->dcur = wk->D;
+    wk->w = (int64_t *)(d + (5 + k) * ld);
+    wk->low = wk->w + n;
+    wk->arg = (int32_t *)(wk->low + k + 1);
+    memset(d, 0, (size_t)(5 + k) * (size_t)ld * sizeof(double));
     return 0;
 }
 
@@ -183,14 +199,98 @@ static inline int scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64
 #endif
 }
 
+/* Cell (q, i)'s window starts at J[q-1][min(i, top of layer q-1)] (at 1 in layer 2): the lower
+ * Knuth bound, as the reference takes it. The cell it names must be computed. */
+static inline int64_t window_low(const work_t *wk, int64_t q, int64_t i, int64_t ihi)
+{
+    if (q <= 2)
+        return q - 1;
+    int64_t a = wk->arg[(q - 1) * wk->ld + (i < ihi - 1 ? i : ihi - 1)];
+    return a > q - 1 ? a : q - 1;
+}
+
+/* Layer q computed down to cell i (at least), top down as the reference fills it: the cells
+ * of layer q - 1 that the scans read (the windows' lower ends and the candidates j) are
+ * computed first, on demand, by the same rule.  Every cell so computed has the inputs, and so
+ * the value and arg-minimum, it has in the reference's full layers; cells no window of the
+ * final cell's dependency reaches are never computed. */
+static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int64_t q, int64_t i)
+{
+    int64_t ld = wk->ld, k = wk->k;
+    int64_t ihi = q + width - 1, ilo = q == k ? m : q;
+    double *Dq = wk->D + q * ld, *Dp = wk->D + (q - 1) * ld;
+    int32_t *A = wk->arg + q * ld;
+    (void)k;
+    while (wk->low[q] > i) {
+        int64_t itop = wk->low[q] - 1;
+        int64_t ub = itop == ihi ? itop - 1 : A[itop + 1]; /* Knuth bound of cell itop */
+        int64_t ibot = itop - 3;
+        if (itop == ihi || ibot < ilo || ub > ibot - 1) {
+            /* one cell on its own: the top one (its bound is i - 1), the last ones of the
+             * layer, or a window reaching past the lowest lane's i */
+            if (q > 2)
+                ensure(wk, inv, m, width, q - 1, itop < ihi - 1 ? itop : ihi - 1);
+            int64_t jlo = window_low(wk, q, itop, ihi);
+            if (q > 2)
+                ensure(wk, inv, m, width, q - 1, jlo);
+            double best;
+            int64_t bj;
+            wk->dprev = Dp;
+            wk->dcur = Dq;
+            wk->lorow[itop] = (double)jlo;
+            scan_window(wk, inv, itop, jlo, itop - 1 < ub ? itop - 1 : ub, &best, &bj);
+            Dq[itop] = best;
+            A[itop] = (int32_t)bj;
+            wk->low[q] = itop;
+            continue;
+        }
+        if (q > 2)
+            ensure(wk, inv, m, width, q - 1, ibot < ihi - 1 ? ibot : ihi - 1);
+        int64_t lo[4], jmin;
+        for (int l = 0; l < 4; l++)
+            lo[l] = window_low(wk, q, ibot + l, ihi);
+        jmin = lo[0];
+        for (int l = 1; l < 4; l++)
+            jmin = lo[l] < jmin ? lo[l] : jmin;
+        if (q > 2)
+            ensure(wk, inv, m, width, q - 1, jmin);
+        wk->dprev = Dp;
+        wk->dcur = Dq;
+        for (int l = 0; l < 4; l++)
+            wk->lorow[ibot + l] = (double)lo[l];
+        double best[4], bjd[4];
+        wk->low[q] = ibot;
+        if (scan_lanes(wk, ibot, jmin, ub, A, best, bjd))
+            continue;
+        /* accept a lane when its exact window lies in [jmin, ub] and holds its
+         * arg-minimum; otherwise scan its exact window */
+        for (int64_t c = itop; c >= ibot; c--) {
+            int l = (int)(c - ibot);
+            int64_t jlo = lo[l];
+            int64_t thi = c - 1;
+            if (A[c + 1] < thi)
+                thi = A[c + 1];
+            int64_t bj = (int64_t)bjd[l];
+            if (thi <= ub && bj <= thi && bj >= jlo) {
+                Dq[c] = best[l];
+                A[c] = (int32_t)bj;
+            } else {
+                double b;
+                scan_window(wk, inv, c, jlo, thi, &b, &bj);
+                Dq[c] = b;
+                A[c] = (int32_t)bj;
+            }
+        }
+    }
+}
+
 /* The optimal partition of the m distinct sorted values wk->u with multiplicities wk->w into
  * k clusters (m > k); centroids ascending into cent, returns the SSE. */
 static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv, double *cent)
 {
     const double *u = wk->u;
     const int64_t *w = wk->w;
-    double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev, *dcur = wk->dcur;
-    double *lorow = wk->lorow;
+    double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2;
     int32_t *arg = wk->arg;
     int64_t ld = wk->ld;
 
@@ -216,72 +316,15 @@ static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv,
         p2[i + 1] = a2;
     }
     int64_t width = m - k + 1; /* layer q < k is needed for i in [q, q + width - 1] */
+    double *D1 = wk->D + ld;
     for (int64_t i = 1; i <= width; i++) {
         double s1 = p1[i];
-        dprev[i] = p2[i] - s1 * s1 * inv[(int64_t)p0f[i]];
+        D1[i] = p2[i] - s1 * s1 * inv[(int64_t)p0f[i]];
     }
-    for (int64_t q = 2; q <= k; q++) {
-        int64_t ihi = q + width - 1, ilo = q == k ? m : q;
-        int32_t *A = arg + q * ld;
-        const int32_t *Ap = arg + (q - 1) * ld;
-        /* lower ends of the windows: J[q-1][i] (layer q-1 stops at ihi - 1) */
-        for (int64_t i = ilo; i <= ihi; i++) {
-            int64_t jlo = q - 1;
-            if (q > 2) {
-                int64_t a = Ap[i < ihi - 1 ? i : ihi - 1];
-                jlo = a > jlo ? a : jlo;
-            }
-            lorow[i] = (double)jlo;
-        }
-        int64_t itop = ihi;
-        while (itop >= ilo) {
-            int64_t ub = itop == ihi ? itop - 1 : A[itop + 1]; /* Knuth bound of cell itop */
-            int64_t ibot = itop - 3;
-            if (itop == ihi || ibot < ilo || ub > ibot - 1) {
-                /* one cell on its own: the top one (its bound is i - 1), the last ones of the
-                 * layer, or a window reaching past the lowest lane's i */
-                double best;
-                int64_t bj;
-                scan_window(wk, inv, itop, (int64_t)lorow[itop], itop - 1 < ub ? itop - 1 : ub,
-                            &best, &bj);
-                dcur[itop] = best;
-                A[itop] = (int32_t)bj;
-                itop -= 1;
-                continue;
-            }
-            int64_t jmin = (int64_t)lorow[ibot];
-            for (int l = 1; l < 4; l++)
-                if ((int64_t)lorow[ibot + l] < jmin)
-                    jmin = (int64_t)lorow[ibot + l];
-            double best[4], bjd[4];
-            if (scan_lanes(wk, ibot, jmin, ub, A, best, bjd)) {
-                itop = ibot - 1;
-                continue;
-            }
-            /* accept a lane when its exact window lies in [jmin, ub] and holds its
-             * arg-minimum; otherwise scan its exact window */
-            for (int64_t i = itop; i >= ibot; i--) {
-                int l = (int)(i - ibot);
-                int64_t jlo = (int64_t)lorow[i];
-                int64_t thi = i - 1;
-                if (A[i + 1] < thi)
-                    thi = A[i + 1];
-                int64_t bj = (int64_t)bjd[l];
-                if (thi <= ub && bj <= thi && bj >= jlo) {
-                    dcur[i] = best[l];
-                    A[i] = (int32_t)bj;
-                } else {
-                    double b;
-                    scan_window(wk, inv, i, jlo, thi, &b, &bj);
-                    dcur[i] = b;
-                    A[i] = (int32_t)bj;
-                }
-            }
-            itop = ibot - 1;
-        }
-        for (int64_t i = ilo; i <= ihi; i++)
-            dprev[i] = dcur[i];
-    }
+    for (int64_t q = 2; q <= k; q++)
+        wk->low[q] = q + width; /* nothing computed yet */
+    if (k >= 2)
+        ensure(wk, inv, m, width, k, m);
     /* backtrack the cluster boundaries; the SSE is then summed directly */
     int64_t i = m;
     double sse = 0.0;
