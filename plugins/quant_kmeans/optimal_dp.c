@@ -214,6 +214,16 @@ static inline int64_t window_low(const work_t *wk, int64_t q, int64_t i, int64_t
  * computed first, on demand, by the same rule.  Every cell so computed has the inputs, and so
  * the value and arg-minimum, it has in the reference's full layers; cells no window of the
  * final cell's dependency reaches are never computed. */
+static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int64_t q, int64_t i);
+
+/* ensure(), with the common case — nothing to compute — decided without a call */
+#define ENSURE(q_, i_)                                                                           \
+    do {                                                                                         \
+        int64_t qq_ = (q_), ii_ = (i_);                                                          \
+        if (qq_ >= 2 && wk->low[qq_] > ii_)                                                      \
+            ensure(wk, inv, m, width, qq_, ii_);                                                 \
+    } while (0)
+
 static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int64_t q, int64_t i)
 {
     int64_t ld = wk->ld, k = wk->k;
@@ -228,11 +238,9 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
         if (itop == ihi || ibot < ilo || ub > ibot - 1) {
             /* one cell on its own: the top one (its bound is i - 1), the last ones of the
              * layer, or a window reaching past the lowest lane's i */
-            if (q > 2)
-                ensure(wk, inv, m, width, q - 1, itop < ihi - 1 ? itop : ihi - 1);
+            ENSURE(q - 1, itop < ihi - 1 ? itop : ihi - 1);
             int64_t jlo = window_low(wk, q, itop, ihi);
-            if (q > 2)
-                ensure(wk, inv, m, width, q - 1, jlo);
+            ENSURE(q - 1, jlo);
             double best;
             int64_t bj;
             wk->dprev = Dp;
@@ -244,16 +252,14 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
             wk->low[q] = itop;
             continue;
         }
-        if (q > 2)
-            ensure(wk, inv, m, width, q - 1, ibot < ihi - 1 ? ibot : ihi - 1);
+        ENSURE(q - 1, ibot < ihi - 1 ? ibot : ihi - 1);
         int64_t lo[4], jmin;
         for (int l = 0; l < 4; l++)
             lo[l] = window_low(wk, q, ibot + l, ihi);
         jmin = lo[0];
         for (int l = 1; l < 4; l++)
             jmin = lo[l] < jmin ? lo[l] : jmin;
-        if (q > 2)
-            ensure(wk, inv, m, width, q - 1, jmin);
+        ENSURE(q - 1, jmin);
         wk->dprev = Dp;
         wk->dcur = Dq;
         for (int l = 0; l < 4; l++)
