@@ -2,10 +2,10 @@
  * the scalar reference GEMV, bit for bit.
  *
  * Usage: qgemm_driver KERNEL. For b = 1..8, group sizes G from 32 to 4160 (G <= 512 and
- * G > 512: the int32 runs and decode blocks of the AVX2 GEMM are 512 columns), row lengths that are and are not
- * multiples of 32, and T = 1..9 inputs (odd and even, a partial group of four): random int8
- * codebook payloads allocated at their exact size (so ASan sees any read past the end), with
- * fully random index bytes (the padding of a row's last group included); each input random
+ * G > 512: the AVX2 GEMM's int32 runs and decode blocks are 512 columns), row lengths that
+ * are and are not multiples of 32, and T = 1..9 inputs (odd and even, a partial group of
+ * four): random int8 codebook payloads allocated at their exact size (so ASan sees any read
+ * past the end), with fully random index bytes (the padding of a row's last group included); each input random
  * with an all-zero block and an outlier, quantized by the table's act_quantize. The GEMM runs
  * on several row ranges [r0, r1) of each tensor (all rows, one row, the last row, a middle
  * run) into Y prefilled with a sentinel: inside the range Y[t][r] must equal
@@ -81,10 +81,10 @@ int main(int argc, char **argv) {
                     calls++;
                     for (int t = 0; t < T; t++) {
                         for (int r = 0; r < rows; r++) {
-                            const float *got = &Y[(size_t)t * (size_t)rows + (size_t)r];
-                            const void *want = r >= r0 && r < r1
-                                                   ? (const void *)&yref[(size_t)t * (size_t)rows + (size_t)r]
-                                                   : (const void *)&sentinel;
+                            size_t i = (size_t)t * (size_t)rows + (size_t)r;
+                            const float *got = &Y[i];
+                            const void *want = r >= r0 && r < r1 ? (const void *)&yref[i]
+                                                                 : (const void *)&sentinel;
                             if (memcmp(got, want, sizeof(float)) != 0) {
                                 printf("MISMATCH kernel=%s b=%d G=%d cols=%d rows=%d T=%d rows "
                                        "[%d, %d) input %d row %d: %.9g vs %.9g (%s)\n",
