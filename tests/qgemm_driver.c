@@ -1,18 +1,18 @@
 /* qgemm_driver.c: a kernel table's int8 GEMM (KernelTable.i8_gemm, batched prefill) against
  * the scalar reference GEMV, bit for bit.
  *
- * Usage: qgemm_driver KERNEL. For b = 1..8, group sizes G from 32 to 4160 (G <= 512 and
- * G > 512: the AVX2 GEMM's int32 runs and decode blocks are 512 columns), row lengths that
- * are and are not multiples of 32, and T = 1..9 inputs (odd and even, a partial group of
- * four): random int8 codebook payloads allocated at their exact size (so ASan sees any read
- * past the end), with fully random index bytes (the padding of a row's last group included); each input random
+ * Usage: qgemm_driver KERNEL. For b = 1..8, group sizes G from 32 to 4160 (G <= 512 and G >
+ * 512: the AVX2 GEMM's int32 runs and decode blocks are 512 columns), row lengths that are and
+ * are not multiples of 32, and T = 1..9 inputs (odd and even, a partial group of four): random
+ * int8 codebook payloads allocated at their exact size (so ASan sees any read past the end),
+ * with fully random index bytes (the padding of a row's last group included); each input random
  * with an all-zero block and an outlier, quantized by the table's act_quantize. The GEMM runs
- * on several row ranges [r0, r1) of each tensor (all rows, one row, the last row, a middle
- * run) into Y prefilled with a sentinel: inside the range Y[t][r] must equal
- * i8cb_rows_generic's y[r] for input t, outside it must keep the sentinel. Prints
- * "ok N cases, M GEMM calls" and exits 0, or prints the first mismatch and exits 1; exits 2
- * when the kernel is unknown, this CPU cannot run it, or it has no GEMM. Built for x86-64 (run
- * natively under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
+ * on several row ranges [r0, r1) of each tensor (all rows, one row, the last row, a middle run)
+ * into Y prefilled with a sentinel: inside the range Y[t][r] must equal i8cb_rows_generic's
+ * y[r] for input t, outside it must keep the sentinel. Prints "ok N cases, M GEMM calls" and
+ * exits 0, or prints the first mismatch and exits 1; exits 2 when the kernel is unknown, this
+ * CPU cannot run it, or it has no GEMM. Built for x86-64 (run natively under ASan/UBSan) and
+ * for aarch64 (run under qemu-aarch64).
  */
 #include <stdint.h>
 #include <stdio.h>
