@@ -31,36 +31,46 @@ void attend_scalar(float *out, const float *q, const float *K, const float *V, s
 
 #define AVX2_FMA_FN __attribute__((target("avx2,fma")))
 
-/* q·k_u for four keys at once: nv = d / 8 lanes of eight (a constant after inlining, so q
- * stays in registers for d = 64 and 128), four accumulators reduced together (vhaddps). */
+/* att[j * ld + u] = scale * q_j · k_u for queries j < nq (q_j = q + j * qs; nq a constant,
+ * 1..3) and keys u < n_keys: four keys at a time, each key loaded once for the nq queries; per
+ * query and key one 8-lane FMA chain over the d = 8 * nv elements, reduced by the same vhaddps
+ * tree whatever the grouping (a last group of fewer than four keys repeats key u in the unused
+ * slots and stores only its own), so a query's scores do not depend on nq or n_keys % 4. */
 __attribute__((always_inline)) AVX2_FMA_FN static inline void
-scores_avx2(float *att, const float *q, const float *K, size_t stride, int n_keys, float scale,
-            const int nv) {
-    __m256 qv[32];
-    for (int i = 0; i < nv; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
+scores_avx2(float *att, size_t ld, const float *q, size_t qs, const float *K, size_t stride,
+            int n_keys, float scale, const int nv, const int nq) {
     const __m128 sc = _mm_set1_ps(scale);
-    int u = 0;
-    for (; u + 4 <= n_keys; u += 4) {
-        const float *k = K + (size_t)u * stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < nv; i++) {
-            a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 8 * i), a0);
-            a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + stride + 8 * i), a1);
-            a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 2 * stride + 8 * i), a2);
-            a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 3 * stride + 8 * i), a3);
+    for (int u = 0; u < n_keys; u += 4) {
+        const int nk = n_keys - u < 4 ? n_keys - u : 4;
+        const float *k0 = K + (size_t)u * stride;
+        const float *k1 = nk > 1 ? k0 + stride : k0, *k2 = nk > 2 ? k0 + 2 * stride : k0;
+        const float *k3 = nk > 3 ? k0 + 3 * stride : k0;
+        __m256 a[3][4];
+        for (int j = 0; j < nq; j++)
+            for (int c = 0; c < 4; c++) a[j][c] = _mm256_setzero_ps();
+        for (int i = 0; i < nv; i++) { /* 12 accumulators, 3 queries, 1 key: 16 registers */
+            __m256 qv[3];
+            for (int j = 0; j < nq; j++) qv[j] = _mm256_loadu_ps(q + (size_t)j * qs + 8 * i);
+            const float *kc[4] = {k0, k1, k2, k3};
+            for (int c = 0; c < 4; c++) {
+                __m256 v = _mm256_loadu_ps(kc[c] + 8 * i);
+                for (int j = 0; j < nq; j++) a[j][c] = _mm256_fmadd_ps(qv[j], v, a[j][c]);
+            }
         }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(att + u, _mm_mul_ps(s, sc));
-    }
-    for (; u < n_keys; u++) {
-        const float *k = K + (size_t)u * stride;
-        __m256 a = _mm256_setzero_ps();
-        for (int i = 0; i < nv; i++) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 8 * i), a);
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        att[u] = _mm_cvtss_f32(s) * scale;
+        for (int j = 0; j < nq; j++) {
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[j][0], a[j][1]),
+                                      _mm256_hadd_ps(a[j][2], a[j][3]));
+            __m128 r = _mm_mul_ps(
+                _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), sc);
+            float *dst = att + (size_t)j * ld + u;
+            if (nk == 4) {
+                _mm_storeu_ps(dst, r);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, r);
+                for (int c = 0; c < nk; c++) dst[c] = t[c];
+            }
+        }
     }
 }
 
@@ -118,62 +128,104 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
     for (int u = n8; u < n_keys; u++) att[u] = tail[u - n8];
 }
 
-/* out = sum over u of w[u] * v_u, 64 outputs at a time in eight named registers (then any
- * 8-wide rest one register at a time). */
-AVX2_FMA_FN static void weighted_sum_avx2(float *out, const float *V, size_t stride, int n_keys,
-                                          const float *w, int d) {
+/* out_j = sum over u of w_j[u] * v_u (out_j = out + j * qs, w_j = w + j * ld) for queries
+ * j < nq (a constant, 1..3): 32 outputs at a time (12 accumulators for three queries, each
+ * value row loaded once for them), then any 8-wide rest; per output one FMA chain in key
+ * order, whatever nq. */
+__attribute__((always_inline)) AVX2_FMA_FN static inline void
+weighted_sum_avx2(float *out, size_t qs, const float *V, size_t stride, int n_keys,
+                  const float *w, size_t ld, int d, const int nq) {
     int i = 0;
-    for (; i + 64 <= d; i += 64) {
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0,
-               o7 = o0;
-        for (int u = 0; u < n_keys; u++) {
+    for (; i + 32 <= d; i += 32) {
+        __m256 o[3][4];
+        for (int j = 0; j < nq; j++)
+            for (int c = 0; c < 4; c++) o[j][c] = _mm256_setzero_ps();
+        for (int u = 0; u < n_keys; u++) { /* 12 accumulators, 3 weights, 1 value vector */
             const float *v = V + (size_t)u * stride + i;
-            __m256 a = _mm256_broadcast_ss(w + u);
-            o0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v), o0);
-            o1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 8), o1);
-            o2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 16), o2);
-            o3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 24), o3);
-            o4 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 32), o4);
-            o5 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 40), o5);
-            o6 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 48), o6);
-            o7 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 56), o7);
+            __m256 a[3];
+            for (int j = 0; j < nq; j++) a[j] = _mm256_broadcast_ss(w + (size_t)j * ld + u);
+            for (int c = 0; c < 4; c++) {
+                __m256 vc = _mm256_loadu_ps(v + 8 * c);
+                for (int j = 0; j < nq; j++) o[j][c] = _mm256_fmadd_ps(a[j], vc, o[j][c]);
+            }
         }
-        _mm256_storeu_ps(out + i, o0);
-        _mm256_storeu_ps(out + i + 8, o1);
-        _mm256_storeu_ps(out + i + 16, o2);
-        _mm256_storeu_ps(out + i + 24, o3);
-        _mm256_storeu_ps(out + i + 32, o4);
-        _mm256_storeu_ps(out + i + 40, o5);
-        _mm256_storeu_ps(out + i + 48, o6);
-        _mm256_storeu_ps(out + i + 56, o7);
+        for (int j = 0; j < nq; j++)
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + (size_t)j * qs + i + 8 * c, o[j][c]);
     }
     for (; i < d; i += 8) {
-        __m256 o = _mm256_setzero_ps();
-        for (int u = 0; u < n_keys; u++)
-            o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + u),
-                                _mm256_loadu_ps(V + (size_t)u * stride + i), o);
-        _mm256_storeu_ps(out + i, o);
+        for (int j = 0; j < nq; j++) {
+            __m256 o = _mm256_setzero_ps();
+            for (int u = 0; u < n_keys; u++)
+                o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + (size_t)j * ld + u),
+                                    _mm256_loadu_ps(V + (size_t)u * stride + i), o);
+            _mm256_storeu_ps(out + (size_t)j * qs + i, o);
+        }
     }
 }
 
+/* nq (a constant, 1..3) queries against the same keys and values */
 __attribute__((always_inline)) AVX2_FMA_FN static inline void
-attend_avx2_nv(float *out, const float *q, const float *K, const float *V, size_t stride,
-               int n_keys, float scale, float *att, const int nv) {
-    scores_avx2(att, q, K, stride, n_keys, scale, nv);
-    softmax_avx2(att, n_keys);
-    weighted_sum_avx2(out, V, stride, n_keys, att, 8 * nv);
+attend_avx2_nq(float *out, const float *q, size_t qs, const float *K, const float *V,
+               size_t stride, int n_keys, int d, float scale, float *att, size_t ld,
+               const int nv, const int nq) {
+    scores_avx2(att, ld, q, qs, K, stride, n_keys, scale, nv, nq);
+    for (int j = 0; j < nq; j++) softmax_avx2(att + (size_t)j * ld, n_keys);
+    weighted_sum_avx2(out, qs, V, stride, n_keys, att, ld, d, nq);
+}
+
+__attribute__((always_inline)) AVX2_FMA_FN static inline void
+attend_group_nv(float *out, const float *q, size_t qs, int nq, const float *K, const float *V,
+                size_t stride, int n_keys, int d, float scale, float *att, size_t ld,
+                const int nv) {
+    int j = 0;
+    for (; j + 3 <= nq; j += 3)
+        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
+                       scale, att + (size_t)j * ld, ld, nv, 3);
+    if (nq - j == 2)
+        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
+                       scale, att + (size_t)j * ld, ld, nv, 2);
+    else if (nq - j == 1)
+        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
+                       scale, att + (size_t)j * ld, ld, nv, 1);
+}
+
+AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
+                                          const float *K, const float *V, size_t stride,
+                                          int n_keys, int d, float scale, float *att,
+                                          size_t ld) {
+    switch (d / 8) { /* the common head sizes get their own unrolled copy */
+    case 8: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, 8); break;
+    case 16: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, 16); break;
+    default: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, d / 8); break;
+    }
 }
 
 AVX2_FMA_FN static void attend_avx2(float *out, const float *q, const float *K, const float *V,
                                     size_t stride, int n_keys, int d, float scale, float *att) {
-    switch (d / 8) { /* the common head sizes get their own unrolled copy */
-    case 8: attend_avx2_nv(out, q, K, V, stride, n_keys, scale, att, 8); break;
-    case 16: attend_avx2_nv(out, q, K, V, stride, n_keys, scale, att, 16); break;
-    default: attend_avx2_nv(out, q, K, V, stride, n_keys, scale, att, d / 8); break;
-    }
+    attend_group_avx2(out, q, (size_t)d, 1, K, V, stride, n_keys, d, scale, att,
+                      (size_t)n_keys);
 }
 
 #endif
+
+void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const float *K,
+                         const float *V, size_t stride, int n_keys, int d, float scale,
+                         float *att, size_t ld) {
+    for (int j = 0; j < nq; j++)
+        attend_scalar(out + (size_t)j * qs, q + (size_t)j * qs, K, V, stride, n_keys, d, scale,
+                      att + (size_t)j * ld);
+}
+
+AttendGroupFn attend_group_for(int d) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (d % 8 == 0 && d <= 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return attend_group_avx2;
+#else
+    (void)d;
+#endif
+    return attend_group_scalar;
+}
 
 AttendFn attend_for(int d) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -21,4 +21,19 @@ void attend_scalar(float *out, const float *q, const float *K, const float *V, s
  * (the same arithmetic up to float rounding); else attend_scalar. */
 AttendFn attend_for(int d);
 
+/* nq query heads that share one KV head (grouped-query attention) against the same n_keys keys:
+ * out_j = out + j * qs, q_j = q + j * qs, scratch att + j * ld (ld >= n_keys). Each key and
+ * value row is read once for the group. Query j's result has the same bits as attend() of
+ * q_j alone (the same form for d): the grouping changes no sum. */
+typedef void (*AttendGroupFn)(float *out, const float *q, size_t qs, int nq, const float *K,
+                              const float *V, size_t stride, int n_keys, int d, float scale,
+                              float *att, size_t ld);
+
+void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const float *K,
+                         const float *V, size_t stride, int n_keys, int d, float scale,
+                         float *att, size_t ld);
+
+/* The group form for head size d on this CPU (the same choice as attend_for). */
+AttendGroupFn attend_group_for(int d);
+
 #endif

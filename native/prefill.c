@@ -22,7 +22,8 @@ static int max_threads(void) {
 size_t prefill_bytes(const DittoConfig *c, int tile, int ctx, int n_threads) {
     size_t q_dim = (size_t)c->n_heads * c->head_dim;
     size_t per_token = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim + c->vocab_size;
-    return ((size_t)tile * per_token + (size_t)n_threads * ctx) * sizeof(float);
+    size_t group = c->n_heads / c->n_kv_heads;
+    return ((size_t)tile * per_token + (size_t)n_threads * group * ctx) * sizeof(float);
 }
 
 int prefill_init(Prefill *p, const DittoConfig *c, int tile, int ctx) {
@@ -37,7 +38,7 @@ int prefill_init(Prefill *p, const DittoConfig *c, int tile, int ctx) {
     p->att_out = calloc(T * q_dim, sizeof(float));
     p->hb = calloc(T * c->hidden_dim, sizeof(float));
     p->hb2 = calloc(T * c->hidden_dim, sizeof(float));
-    p->att = calloc((size_t)p->n_threads * ctx, sizeof(float));
+    p->att = calloc((size_t)p->n_threads * (c->n_heads / c->n_kv_heads) * ctx, sizeof(float));
     p->logits = calloc(T * c->vocab_size, sizeof(float));
     if (!p->x || !p->xb || !p->xb2 || !p->q || !p->att_out || !p->hb || !p->hb2 || !p->att ||
         !p->logits) {
@@ -63,30 +64,32 @@ void prefill_free(Prefill *p) {
 static const float *f32_data(const Tensor *t) { return (const float *)(const void *)t->data; }
 
 /* Causal attention of the tile: for query head h of token t (position pos0 + t), softmax(q·k /
- * sqrt(d)) over positions 0..pos0+t, then the weighted sum of values (attention.h, as forward()
- * does for one position). OpenMP over (head, token) pairs, each thread with its own row of
- * scores. */
+ * sqrt(d)) over positions 0..pos0+t, then the weighted sum of values (attention.h, the same
+ * bits as forward() gives for one position). OpenMP over (KV head, token) pairs, each the
+ * group of query heads sharing that KV head (each key and value row read once for them), each
+ * thread with its own rows of scores. */
 static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, int layer,
                            int n, int pos0) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
-    int n_heads = (int)c->n_heads, q_dim = n_heads * d;
+    int n_kv = (int)c->n_kv_heads, q_dim = (int)c->n_heads * d;
     int group = (int)(c->n_heads / c->n_kv_heads);
     size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
-    AttendFn attend = attend_for(d);
-    int ht;
-    /* (head, token) pairs dealt out one at a time: a token's cost grows with its position,
+    AttendGroupFn attend = attend_group_for(d);
+    int gt;
+    /* (KV head, token) pairs dealt out one at a time: a token's cost grows with its position,
      * so contiguous runs would give the last thread the longest rows */
-#pragma omp parallel for schedule(static, 1) private(ht)
-    for (ht = 0; ht < n_heads * n; ht++) {
-        int h = ht % n_heads, t = ht / n_heads, kvh = h / group;
+#pragma omp parallel for schedule(static, 1) private(gt)
+    for (gt = 0; gt < n_kv * n; gt++) {
+        int kvh = gt % n_kv, t = gt / n_kv, h0 = kvh * group;
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        attend(p->att_out + (size_t)t * q_dim + h * d, p->q + (size_t)t * q_dim + h * d,
-               s->key_cache + layer_off + kvh * d, s->value_cache + layer_off + kvh * d,
-               (size_t)kv_dim, pos0 + t + 1, d, inv_sqrt_d, p->att + (size_t)tid * s->ctx);
+        attend(p->att_out + (size_t)t * q_dim + h0 * d, p->q + (size_t)t * q_dim + h0 * d,
+               (size_t)d, group, s->key_cache + layer_off + kvh * d,
+               s->value_cache + layer_off + kvh * d, (size_t)kv_dim, pos0 + t + 1, d,
+               inv_sqrt_d, p->att + (size_t)tid * group * s->ctx, (size_t)s->ctx);
     }
 }
 

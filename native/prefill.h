@@ -23,7 +23,7 @@ typedef struct {
     float *att_out;     /* [tile][n_heads*head_dim] attention outputs before Wo */
     float *hb;          /* [tile][hidden_dim] gate, then silu(gate)*up */
     float *hb2;         /* [tile][hidden_dim] up */
-    float *att;         /* [n_threads][ctx] attention scores */
+    float *att;         /* [n_threads][n_heads / n_kv_heads][ctx] attention scores */
     float *logits;      /* [tile][vocab_size] */
 } Prefill;
 

@@ -58,3 +58,40 @@ def test_simd_form_is_chosen_on_avx2_cpus(lib):
     scalar = ctypes.cast(lib.attend_scalar, P).value
     assert lib.attend_for(60) == scalar  # d % 8 != 0: the scalar loops
     assert (lib.attend_for(64) != scalar) == ({"avx2", "fma"} <= flags)
+
+
+GROUP_FN = ctypes.CFUNCTYPE(None, P, P, ctypes.c_size_t, ctypes.c_int, P, P, ctypes.c_size_t,
+                            ctypes.c_int, ctypes.c_int, ctypes.c_float, P, ctypes.c_size_t)
+
+
+@pytest.mark.parametrize("d", [64, 128, 72, 8, 60])
+@pytest.mark.parametrize("nq", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("n_keys", [1, 5, 8, 37])
+def test_group_form_equals_one_head_at_a_time(lib, d, nq, n_keys):
+    """attend_group_for(d) (the prefill's grouped-query form: nq heads on one KV head) gives
+    each head exactly attend_for(d)'s bits, and both the float64 softmax to float rounding."""
+    lib.attend_group_for.restype = P
+    lib.attend_group_for.argtypes = [ctypes.c_int]
+    rng = np.random.default_rng(d * 100 + nq * 10 + n_keys)
+    stride = 2 * d
+    K = rng.normal(size=(n_keys, stride)).astype(np.float32)
+    V = rng.normal(size=(n_keys, stride)).astype(np.float32)
+    Q = (rng.normal(size=(nq, d)) * 2).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(d))
+    ld = n_keys + 3
+    out = np.full((nq, d), np.nan, np.float32)
+    att = np.zeros((nq, ld), np.float32)
+    GROUP_FN(lib.attend_group_for(d))(out.ctypes.data, Q.ctypes.data, d, nq, K.ctypes.data,
+                                      V.ctypes.data, stride, n_keys, d, scale, att.ctypes.data,
+                                      ld)
+    one = FN(lib.attend_for(d))
+    for j in range(nq):
+        want = np.full(d, np.nan, np.float32)
+        a1 = np.zeros(n_keys, np.float32)
+        one(want.ctypes.data, Q[j].ctypes.data, K.ctypes.data, V.ctypes.data, stride, n_keys,
+            d, scale, a1.ctypes.data)
+        np.testing.assert_array_equal(out[j], want)
+        s = (K[:, :d].astype(np.float64) @ Q[j]) * scale
+        p = np.exp(s - s.max())
+        np.testing.assert_allclose(out[j], (p / p.sum()) @ V[:, :d].astype(np.float64),
+                                   rtol=1e-4, atol=1e-5)
