@@ -9,9 +9,10 @@
  * reference does (build with -ffp-contract=off, no fast-math, so the sums round alike).
  *
  * The reference finds the count by a branching binary search whose branches the CPU cannot
- * predict; here it is a branch-free search over the midpoints padded to k entries with +inf
- * (k = 2^b): ``idx += half`` when ``mids[idx + half - 1] < x``, for half = k/2 .. 1, which
- * yields the same count (the midpoints are sorted).  Rows are independent, so worker threads
+ * predict; here it is, for k <= 16 with AVX2, one compare per midpoint on four weights at once,
+ * else a branch-free search over the midpoints padded to k entries with +inf (k = 2^b):
+ * ``idx += half`` when ``mids[idx + half - 1] < x``, for half = k/2 .. 1.  Both yield the same
+ * count (the midpoints are sorted).  Rows are independent, so worker threads
  * take units of rows from a shared counter; the bytes do not depend on the thread count.
  *
  * Entry point: ``ditto_kmeans_assign_nearest``.
@@ -21,6 +22,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define UNIT_ROWS 8 /* rows per unit of work */
 
@@ -56,7 +61,34 @@ static void assign_row(const assign_job_t *job, int64_t r, double *mids)
             mids[t] = 0.5 * ((double)cb[t] + (double)cb[t + 1]);
         mids[k - 1] = INFINITY;
         int64_t a = s * g, b = a + g < cols ? a + g : cols;
-        for (int64_t c = a; c < b; c++) {
+        int64_t c = a;
+#if defined(__AVX2__)
+        if (k <= 16) {
+            /* four weights at a time: the count of midpoints below each, one compare per
+             * midpoint; the sums then run weight by weight in column order */
+            __m256d M[15];
+            for (int64_t t = 0; t + 1 < k; t++)
+                M[t] = _mm256_set1_pd(mids[t]);
+            for (; c + 4 <= b; c += 4) {
+                __m256d X = _mm256_cvtps_pd(_mm_loadu_ps(x + c));
+                __m256i cnt = _mm256_setzero_si256();
+                for (int64_t t = 0; t + 1 < k; t++) /* a true compare is -1 */
+                    cnt = _mm256_sub_epi64(
+                        cnt, _mm256_castpd_si256(_mm256_cmp_pd(M[t], X, _CMP_LT_OQ)));
+                int64_t lo[4];
+                double v[4];
+                _mm256_storeu_si256((__m256i *)lo, cnt);
+                _mm256_storeu_pd(v, X);
+                for (int l = 0; l < 4; l++) {
+                    out[c + l] = (uint8_t)lo[l];
+                    double d = v[l] - (double)cb[lo[l]];
+                    acc += d * d;
+                    nrm += v[l] * v[l];
+                }
+            }
+        }
+#endif
+        for (; c < b; c++) {
             double v = (double)x[c];
             int64_t lo = 0;
             for (int64_t half = k >> 1; half >= 1; half >>= 1)
