@@ -31,48 +31,76 @@ void attend_scalar(float *out, const float *q, const float *K, const float *V, s
 
 #define AVX2_FMA_FN __attribute__((target("avx2,fma")))
 
-/* att[j * ld + u] = scale * q_j · k_u for queries j < nq (q_j = q + j * qs; nq a constant,
- * 1..3) and keys u < n_keys: four keys at a time, each key loaded once for the nq queries; per
- * query and key one 8-lane FMA chain over the d = 8 * nv elements, reduced by the same vhaddps
- * tree whatever the grouping (a last group of fewer than four keys repeats key u in the unused
- * slots and stores only its own), so a query's scores do not depend on nq or n_keys % 4. */
-__attribute__((always_inline)) AVX2_FMA_FN static inline void
-scores_avx2(float *att, size_t ld, const float *q, size_t qs, const float *K, size_t stride,
-            int n_keys, float scale, const int nv, const int nq) {
-    const __m128 sc = _mm_set1_ps(scale);
-    for (int u = 0; u < n_keys; u += 4) {
-        const int nk = n_keys - u < 4 ? n_keys - u : 4;
-        const float *k0 = K + (size_t)u * stride;
-        const float *k1 = nk > 1 ? k0 + stride : k0, *k2 = nk > 2 ? k0 + 2 * stride : k0;
-        const float *k3 = nk > 3 ? k0 + 3 * stride : k0;
-        __m256 a[3][4];
-        for (int j = 0; j < nq; j++)
-            for (int c = 0; c < 4; c++) a[j][c] = _mm256_setzero_ps();
-        for (int i = 0; i < nv; i++) { /* 12 accumulators, 3 queries, 1 key: 16 registers */
-            __m256 qv[3];
-            for (int j = 0; j < nq; j++) qv[j] = _mm256_loadu_ps(q + (size_t)j * qs + 8 * i);
-            const float *kc[4] = {k0, k1, k2, k3};
-            for (int c = 0; c < 4; c++) {
-                __m256 v = _mm256_loadu_ps(kc[c] + 8 * i);
-                for (int j = 0; j < nq; j++) a[j][c] = _mm256_fmadd_ps(qv[j], v, a[j][c]);
-            }
-        }
-        for (int j = 0; j < nq; j++) {
-            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[j][0], a[j][1]),
-                                      _mm256_hadd_ps(a[j][2], a[j][3]));
-            __m128 r = _mm_mul_ps(
-                _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), sc);
-            float *dst = att + (size_t)j * ld + u;
-            if (nk == 4) {
-                _mm_storeu_ps(dst, r);
-            } else {
-                float t[4];
-                _mm_storeu_ps(t, r);
-                for (int c = 0; c < nk; c++) dst[c] = t[c];
-            }
-        }
+/* The four key scores of one query from its four 8-lane accumulators: one vhaddps tree for
+ * every key (so a score does not depend on which keys share the group), times scale; the
+ * first nk stored at dst. */
+AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __m256 a2,
+                                            __m256 a3, __m128 sc, int nk) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m128 r = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), sc);
+    if (nk == 4) {
+        _mm_storeu_ps(dst, r);
+    } else {
+        float t[4];
+        _mm_storeu_ps(t, r);
+        for (int c = 0; c < nk; c++) dst[c] = t[c];
     }
 }
+
+/* att[j * ld + u] = scale * q_j · k_u for the queries j < NQ (q_j = q + j * qs; NQ = 1 or 3)
+ * and keys u < n_keys, four keys at a time, each key vector loaded once for the NQ queries:
+ * per query and key one 8-lane FMA chain over the d = 8 * nv elements, so a query's scores are
+ * the same whatever NQ (a last group of fewer than four keys repeats key u in the unused
+ * slots and stores only its own). Named registers (3 queries x 4 keys = 12 accumulators, 3
+ * query vectors, 1 key vector), not arrays: the IR pipeline of `ditto build` keeps arrays of
+ * vectors on the stack. */
+#define SCORE_KEY(c, kp)                                                                      \
+    {                                                                                         \
+        __m256 v = _mm256_loadu_ps(kp + 8 * i);                                              \
+        a0##c = _mm256_fmadd_ps(q0, v, a0##c);                                                \
+        if (nqc == 3) {                                                                        \
+            a1##c = _mm256_fmadd_ps(q1, v, a1##c);                                            \
+            a2##c = _mm256_fmadd_ps(q2, v, a2##c);                                            \
+        }                                                                                     \
+    }
+#define DEFINE_SCORES(NQ)                                                                     \
+    AVX2_FMA_FN static inline void scores##NQ(float *att, size_t ld, const float *q, size_t qs, \
+                                              const float *K, size_t stride, int n_keys,      \
+                                              float scale, int nv) {                          \
+        const __m128 sc = _mm_set1_ps(scale);                                                 \
+        const int nqc = NQ;                                                                   \
+        (void)qs;                                                                             \
+        (void)ld;                                                                             \
+        for (int u = 0; u < n_keys; u += 4) {                                                 \
+            const int nk = n_keys - u < 4 ? n_keys - u : 4;                                   \
+            const float *k0 = K + (size_t)u * stride;                                         \
+            const float *k1 = nk > 1 ? k0 + stride : k0, *k2 = nk > 2 ? k0 + 2 * stride : k0; \
+            const float *k3 = nk > 3 ? k0 + 3 * stride : k0;                                  \
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;                \
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;                                \
+            __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;                                \
+            for (int i = 0; i < nv; i++) {                                                    \
+                __m256 q0 = _mm256_loadu_ps(q + 8 * i), q1 = q0, q2 = q0;                     \
+                if (NQ == 3) {                                                                \
+                    q1 = _mm256_loadu_ps(q + qs + 8 * i);                                     \
+                    q2 = _mm256_loadu_ps(q + 2 * qs + 8 * i);                                 \
+                }                                                                             \
+                SCORE_KEY(0, k0)                                                              \
+                SCORE_KEY(1, k1)                                                              \
+                SCORE_KEY(2, k2)                                                              \
+                SCORE_KEY(3, k3)                                                              \
+            }                                                                                 \
+            store_scores(att + u, a00, a01, a02, a03, sc, nk);                                \
+            if (NQ == 3) {                                                                    \
+                store_scores(att + ld + u, a10, a11, a12, a13, sc, nk);                       \
+                store_scores(att + 2 * ld + u, a20, a21, a22, a23, sc, nk);                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+DEFINE_SCORES(1)
+DEFINE_SCORES(3)
+#undef DEFINE_SCORES
+#undef SCORE_KEY
 
 /* e^x for eight floats (Cephes expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-5 polynomial
  * for (e^r - 1 - r) / r^2, then 2^n from the exponent bits): within 2 ulp of expf for x in
@@ -128,75 +156,90 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
     for (int u = n8; u < n_keys; u++) att[u] = tail[u - n8];
 }
 
-/* out_j = sum over u of w_j[u] * v_u (out_j = out + j * qs, w_j = w + j * ld) for queries
- * j < nq (a constant, 1..3): 32 outputs at a time (12 accumulators for three queries, each
- * value row loaded once for them), then any 8-wide rest; per output one FMA chain in key
- * order, whatever nq. */
-__attribute__((always_inline)) AVX2_FMA_FN static inline void
-weighted_sum_avx2(float *out, size_t qs, const float *V, size_t stride, int n_keys,
-                  const float *w, size_t ld, int d, const int nq) {
-    int i = 0;
-    for (; i + 32 <= d; i += 32) {
-        __m256 o[3][4];
-        for (int j = 0; j < nq; j++)
-            for (int c = 0; c < 4; c++) o[j][c] = _mm256_setzero_ps();
-        for (int u = 0; u < n_keys; u++) { /* 12 accumulators, 3 weights, 1 value vector */
-            const float *v = V + (size_t)u * stride + i;
-            __m256 a[3];
-            for (int j = 0; j < nq; j++) a[j] = _mm256_broadcast_ss(w + (size_t)j * ld + u);
-            for (int c = 0; c < 4; c++) {
-                __m256 vc = _mm256_loadu_ps(v + 8 * c);
-                for (int j = 0; j < nq; j++) o[j][c] = _mm256_fmadd_ps(a[j], vc, o[j][c]);
-            }
-        }
-        for (int j = 0; j < nq; j++)
-            for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + (size_t)j * qs + i + 8 * c, o[j][c]);
+/* out_j = sum over u of w_j[u] * v_u (out_j = out + j * qs, w_j = w + j * ld) for the
+ * queries j < NQ (1 or 3): 32 outputs at a time (12 accumulators for three queries, each
+ * value vector loaded once for them), then any 8-wide rest; per output one FMA chain in key
+ * order, whatever NQ. Named registers, as in the scores. */
+#define WSUM_VEC(c)                                                                           \
+    {                                                                                         \
+        __m256 vc = _mm256_loadu_ps(v + 8 * c);                                              \
+        o0##c = _mm256_fmadd_ps(w0, vc, o0##c);                                               \
+        if (nqc == 3) {                                                                        \
+            o1##c = _mm256_fmadd_ps(w1, vc, o1##c);                                           \
+            o2##c = _mm256_fmadd_ps(w2, vc, o2##c);                                           \
+        }                                                                                     \
     }
-    for (; i < d; i += 8) {
-        for (int j = 0; j < nq; j++) {
-            __m256 o = _mm256_setzero_ps();
-            for (int u = 0; u < n_keys; u++)
-                o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + (size_t)j * ld + u),
-                                    _mm256_loadu_ps(V + (size_t)u * stride + i), o);
-            _mm256_storeu_ps(out + (size_t)j * qs + i, o);
-        }
+#define DEFINE_WSUM(NQ)                                                                       \
+    AVX2_FMA_FN static inline void wsum##NQ(float *out, size_t qs, const float *V,            \
+                                            size_t stride, int n_keys, const float *w,        \
+                                            size_t ld, int d) {                               \
+        const int nqc = NQ;                                                                   \
+        (void)qs;                                                                             \
+        (void)ld;                                                                             \
+        int i = 0;                                                                            \
+        for (; i + 32 <= d; i += 32) {                                                        \
+            __m256 o00 = _mm256_setzero_ps(), o01 = o00, o02 = o00, o03 = o00;                \
+            __m256 o10 = o00, o11 = o00, o12 = o00, o13 = o00;                                \
+            __m256 o20 = o00, o21 = o00, o22 = o00, o23 = o00;                                \
+            for (int u = 0; u < n_keys; u++) {                                                \
+                const float *v = V + (size_t)u * stride + i;                                  \
+                __m256 w0 = _mm256_broadcast_ss(w + u), w1 = w0, w2 = w0;                     \
+                if (NQ == 3) {                                                                \
+                    w1 = _mm256_broadcast_ss(w + ld + u);                                     \
+                    w2 = _mm256_broadcast_ss(w + 2 * ld + u);                                 \
+                }                                                                             \
+                WSUM_VEC(0)                                                                   \
+                WSUM_VEC(1)                                                                   \
+                WSUM_VEC(2)                                                                   \
+                WSUM_VEC(3)                                                                   \
+            }                                                                                 \
+            _mm256_storeu_ps(out + i, o00);                                                   \
+            _mm256_storeu_ps(out + i + 8, o01);                                               \
+            _mm256_storeu_ps(out + i + 16, o02);                                              \
+            _mm256_storeu_ps(out + i + 24, o03);                                              \
+            if (NQ == 3) {                                                                    \
+                _mm256_storeu_ps(out + qs + i, o10);                                          \
+                _mm256_storeu_ps(out + qs + i + 8, o11);                                      \
+                _mm256_storeu_ps(out + qs + i + 16, o12);                                     \
+                _mm256_storeu_ps(out + qs + i + 24, o13);                                     \
+                _mm256_storeu_ps(out + 2 * qs + i, o20);                                      \
+                _mm256_storeu_ps(out + 2 * qs + i + 8, o21);                                  \
+                _mm256_storeu_ps(out + 2 * qs + i + 16, o22);                                 \
+                _mm256_storeu_ps(out + 2 * qs + i + 24, o23);                                 \
+            }                                                                                 \
+        }                                                                                     \
+        for (; i < d; i += 8) {                                                               \
+            for (int j = 0; j < NQ; j++) {                                                    \
+                __m256 o = _mm256_setzero_ps();                                               \
+                for (int u = 0; u < n_keys; u++)                                              \
+                    o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + (size_t)j * ld + u),          \
+                                        _mm256_loadu_ps(V + (size_t)u * stride + i), o);      \
+                _mm256_storeu_ps(out + (size_t)j * qs + i, o);                                \
+            }                                                                                 \
+        }                                                                                     \
     }
-}
+DEFINE_WSUM(1)
+DEFINE_WSUM(3)
+#undef DEFINE_WSUM
+#undef WSUM_VEC
 
-/* nq (a constant, 1..3) queries against the same keys and values */
-__attribute__((always_inline)) AVX2_FMA_FN static inline void
-attend_avx2_nq(float *out, const float *q, size_t qs, const float *K, const float *V,
-               size_t stride, int n_keys, int d, float scale, float *att, size_t ld,
-               const int nv, const int nq) {
-    scores_avx2(att, ld, q, qs, K, stride, n_keys, scale, nv, nq);
-    for (int j = 0; j < nq; j++) softmax_avx2(att + (size_t)j * ld, n_keys);
-    weighted_sum_avx2(out, qs, V, stride, n_keys, att, ld, d, nq);
-}
-
-__attribute__((always_inline)) AVX2_FMA_FN static inline void
-attend_group_nv(float *out, const float *q, size_t qs, int nq, const float *K, const float *V,
-                size_t stride, int n_keys, int d, float scale, float *att, size_t ld,
-                const int nv) {
-    int j = 0;
-    for (; j + 3 <= nq; j += 3)
-        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
-                       scale, att + (size_t)j * ld, ld, nv, 3);
-    if (nq - j == 2)
-        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
-                       scale, att + (size_t)j * ld, ld, nv, 2);
-    else if (nq - j == 1)
-        attend_avx2_nq(out + (size_t)j * qs, q + (size_t)j * qs, qs, K, V, stride, n_keys, d,
-                       scale, att + (size_t)j * ld, ld, nv, 1);
-}
-
+/* Query heads j < nq against the same keys and values: three at a time, then one at a time. */
 AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
                                           const float *K, const float *V, size_t stride,
                                           int n_keys, int d, float scale, float *att,
                                           size_t ld) {
-    switch (d / 8) { /* the common head sizes get their own unrolled copy */
-    case 8: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, 8); break;
-    case 16: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, 16); break;
-    default: attend_group_nv(out, q, qs, nq, K, V, stride, n_keys, d, scale, att, ld, d / 8); break;
+    int j = 0;
+    for (; j + 3 <= nq; j += 3) {
+        float *a = att + (size_t)j * ld;
+        scores3(a, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale, d / 8);
+        for (int i = 0; i < 3; i++) softmax_avx2(a + (size_t)i * ld, n_keys);
+        wsum3(out + (size_t)j * qs, qs, V, stride, n_keys, a, ld, d);
+    }
+    for (; j < nq; j++) {
+        float *a = att + (size_t)j * ld;
+        scores1(a, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale, d / 8);
+        softmax_avx2(a, n_keys);
+        wsum1(out + (size_t)j * qs, qs, V, stride, n_keys, a, ld, d);
     }
 }
 

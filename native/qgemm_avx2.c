@@ -7,7 +7,8 @@
  * a panel's weights, one block of whole sub-blocks (~512 columns) at a time, are decoded to
  * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
  * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
- * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time: per column
+ * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time (a last
+ * group of fewer repeats its last input and drops those sums): per column
  * pair, two loads of P (16 rows) and one broadcast of each input's pair give twelve vpmaddwd,
  * whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal reduction), in
  * twelve accumulator registers. Every weight load serves six inputs and every activation load
@@ -126,25 +127,38 @@ AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, i
 }
 
 /* acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in [k0, k1) of
- * P[k] * (x[j][2k], x[j][2k + 1]), for inputs j < n (a constant after inlining). */
-__attribute__((always_inline)) AVX2_FN static inline void
-micro(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0, int k1, const int n) {
-    __m256i c[2 * NB];
-    for (int j = 0; j < 2 * n; j++) c[j] = _mm256_setzero_si256();
+ * P[k] * (x[j][2k], x[j][2k + 1]), for the six inputs j. Spelled out with named registers:
+ * the IR pipeline of `ditto build` (clang -O1, then LLVM O3) does not unroll an array of
+ * accumulators into registers, and on the stack they would cost half the speed. */
+#define MQ_PAIR(j)                                                                            \
+    __m256i a##j;                                                                             \
+    {                                                                                         \
+        int32_t pair;                                                                         \
+        memcpy(&pair, x##j + 2 * k, sizeof pair);                                             \
+        a##j = _mm256_set1_epi32(pair);                                                       \
+    }                                                                                         \
+    c##j##0 = _mm256_add_epi32(c##j##0, _mm256_madd_epi16(w0, a##j));                        \
+    c##j##1 = _mm256_add_epi32(c##j##1, _mm256_madd_epi16(w1, a##j))
+AVX2_FN static void micro6(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,
+                           int k1) {
+    const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int k = k0; k < k1; k++) {
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL));
         __m256i w1 =
             _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));
-        for (int j = 0; j < n; j++) {
-            int32_t pair;
-            memcpy(&pair, x[j] + 2 * k, sizeof pair);
-            __m256i a = _mm256_set1_epi32(pair);
-            c[2 * j] = _mm256_add_epi32(c[2 * j], _mm256_madd_epi16(w0, a));
-            c[2 * j + 1] = _mm256_add_epi32(c[2 * j + 1], _mm256_madd_epi16(w1, a));
-        }
+        MQ_PAIR(0);
+        MQ_PAIR(1);
+        MQ_PAIR(2);
+        MQ_PAIR(3);
+        MQ_PAIR(4);
+        MQ_PAIR(5);
     }
-    for (int j = 0; j < 2 * n; j++) acc[j] = c[j];
+    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
+    acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51;
 }
+#undef MQ_PAIR
 
 /* dacc[j][i] = dacc[j][i] + sc[i] * T[j][i] (double; the definition's multiply, then add) for
  * the 16 rows i and inputs j < n, T given as int32 lanes (one run) or int64 (t64). */
@@ -185,39 +199,27 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
         }
 }
 
-/* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..n): each
- * sub-block's sums combined into dacc[j][16] with its scales scd[s][16]. */
-__attribute__((always_inline)) AVX2_FN static inline void
-block_n(double *dacc, const int32_t *P, const int16_t *const *x, const double *scd,
-        const I8Layout *L, int s0, int s1, int cols, const int n) {
+/* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..6), of which
+ * the first n are combined: each sub-block's sums into dacc[j][16] with its scales
+ * scd[s][16]. */
+AVX2_FN static void block(double *dacc, const int32_t *P, const int16_t *const *x,
+                          const double *scd, const I8Layout *L, int s0, int s1, int cols, int n) {
     const int G = L->group_size, base = s0 * G;
     __m256i acc[2 * NB];
     for (int s = s0; s < s1; s++) {
         int c0 = s * G - base, c1 = (s * G + G < cols ? s * G + G : cols) - base;
         int k1 = ((c1 + 31) & ~31) / 2;
         if (k1 - c0 / 2 <= RUN / 2) {
-            micro(acc, P, x, c0 / 2, k1, n);
+            micro6(acc, P, x, c0 / 2, k1);
             combine_lanes(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
         } else {
             int64_t t64[NB * PANEL] = {0};
             for (int k = c0 / 2; k < k1; k += RUN / 2) {
-                micro(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1, n);
+                micro6(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1);
                 widen_lanes(t64, acc, n);
             }
             combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
         }
-    }
-}
-
-AVX2_FN static void block(double *dacc, const int32_t *P, const int16_t *const *x,
-                          const double *scd, const I8Layout *L, int s0, int s1, int cols, int n) {
-    switch (n) { /* each input count gets its own copy, accumulators in registers */
-    case 6: block_n(dacc, P, x, scd, L, s0, s1, cols, 6); break;
-    case 5: block_n(dacc, P, x, scd, L, s0, s1, cols, 5); break;
-    case 4: block_n(dacc, P, x, scd, L, s0, s1, cols, 4); break;
-    case 3: block_n(dacc, P, x, scd, L, s0, s1, cols, 3); break;
-    case 2: block_n(dacc, P, x, scd, L, s0, s1, cols, 2); break;
-    default: block_n(dacc, P, x, scd, L, s0, s1, cols, 1); break;
     }
 }
 
@@ -274,8 +276,9 @@ AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8L
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int16_t *x[NB];
-                for (int j = 0; j < n; j++)
-                    x[j] = mq + (size_t)(t + j) * (size_t)n_pad + (size_t)s0 * (size_t)G;
+                for (int j = 0; j < NB; j++) /* past the last input: repeat it (not stored) */
+                    x[j] = mq + (size_t)(t + (j < n ? j : n - 1)) * (size_t)n_pad +
+                           (size_t)s0 * (size_t)G;
                 block(dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
