@@ -13,7 +13,7 @@ them to distinct values, the optimal DP (the centroid kernel minus the distinct 
 rounding of the codebooks, the nearest-centroid assignment, bit packing, and the Python
 overhead of ``quantize_matrix`` (its total minus the phases it runs). Run with
 ``NUMBA_NUM_THREADS=1`` for per-core seconds; ``DITTO_KMEANS_KERNEL=numba`` times the numba
-reference DP instead of the C kernel (the output records which one ran).
+reference kernels (DP and assignment) instead of the C ones (the output records which ran).
 """
 
 from __future__ import annotations

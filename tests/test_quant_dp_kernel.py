@@ -160,8 +160,8 @@ def test_kernel_unavailable_warns_and_falls_back(monkeypatch, capsys):
     monkeypatch.delenv(native.ENV, raising=False)
     assert native.load() is None
     err = capsys.readouterr().err
-    assert ("warning: kmeans: the C kernel of the optimal method is unavailable (clang-22 not "
-            "found on PATH); using the numba kernel") in err
+    assert ("warning: kmeans: the C kernels (optimal DP, assignment) are unavailable (clang-22 "
+            "not found on PATH); using the numba kernels") in err
     rng = np.random.default_rng(5)
     W = kmeans1d.sort_sub_blocks(student_bf16(rng, 4, 512), 256)
     cent = np.empty((4, 2, 16))

@@ -1,12 +1,12 @@
 """The C kernels of the kmeans quantizer: compiled on first use, cached.
 
 ``optimal_dp.c`` (the ``optimal`` method) computes the same bytes as the numba reference
-``kmeans1d._optimal_ws`` ~1.5× faster; ``assign_nearest.c`` (each weight's nearest stored
-centroid) the same bytes as the numba ``kmeans1d.assign_nearest`` ~10× faster (docs/QUANT.md,
+``kmeans1d._optimal_ws`` ~2.7× faster; ``assign_nearest.c`` (each weight's nearest stored
+centroid) the same bytes as the numba ``kmeans1d.assign_nearest`` ~4.5× faster (docs/QUANT.md,
 "Speed"). Both are compiled into one library with clang-22 (Ditto's own compiler, which
 ``ditto build`` needs anyway) at ``-O3 -march=native -ffp-contract=off`` — no fused
 multiply-add and no fast-math, so every value is rounded exactly as in the reference — into
-``$DITTO_CACHE_DIR/kernels/`` (default ``~/.cache/ditto``) under a name hashing the source,
+``$DITTO_CACHE_DIR/kernels/`` (default ``~/.cache/ditto``) under a name hashing the sources,
 the flags, the compiler and the host CPU, and loaded with ``ctypes``.
 
 When it cannot be had (no clang-22, a failed compile, an unwritable cache: a ``warning:`` line
@@ -127,12 +127,13 @@ def load():
             fn = load_library(path)
             _STATE["assign"] = load_assign_library(path)
         except subprocess.CalledProcessError as exc:
-            why = f"{SOURCE}: clang-22 failed: {(exc.stderr or '').strip()[:500]}"
+            why = (f"{SOURCE.parent}/{{{','.join(src.name for src in SOURCES)}}}: clang-22 "
+                   f"failed: {(exc.stderr or '').strip()[:500]}")
         except (OSError, AttributeError) as exc:
             why = f"{exc}"
     if fn is None:
-        warn(f"kmeans: the C kernel of the optimal method is unavailable ({why}); using the "
-             f"numba kernel (same results, ~1.8x slower)")
+        warn(f"kmeans: the C kernels (optimal DP, assignment) are unavailable ({why}); using "
+             f"the numba kernels (same results, ~2.7x slower)")
     _STATE["fn"] = fn
     return fn
 

@@ -19,8 +19,9 @@
  * arg-minimum.  Both conditions are checked lane by lane, i descending, against the exact
  * windows (which need the arg-minima accepted just before: all four lanes at once when they all
  * pass, lane by lane otherwise); a lane that fails — rounding can break the monotonicity the
- * bound relies on — is rescanned over its exact window as the reference does.  So the output equals the reference's in every case, not only in exact
- * arithmetic; tests/test_quant_dp_kernel.py checks it on many thousands of blocks.
+ * bound relies on — is rescanned over its exact window as the reference does.  So the output
+ * equals the reference's in every case, not only in exact arithmetic;
+ * tests/test_quant_dp_kernel.py checks it on many thousands of blocks.
  *
  * Which cells are computed differs too.  The result is read off the backtrack from cell (k, m),
  * and a cell's value and arg-minimum depend only on the cell above it in its layer (the upper
