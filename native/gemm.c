@@ -157,3 +157,15 @@ void matmul_batch(float *Y, const float *X, int T, const Tensor *W) {
         break;
     }
 }
+
+void matmul_batch_multi(float *const *Y, const float *X, int T, const Tensor *const *W, int n) {
+    int shared = n <= GEMM_MULTI_MAX;
+    for (int i = 0; i < n && shared; i++)
+        shared = W[i]->encoding == DITTO_ENC_CODEBOOK && W[i]->codebook_type == DITTO_CB_I8 &&
+                 W[i]->cols == W[0]->cols;
+    if (shared) {
+        gemm_i8_float_input_multi(Y, X, T, W, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) matmul_batch(Y[i], X, T, W[i]);
+}

@@ -250,14 +250,28 @@ int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
     return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL);
 }
 
+/* One thread's rows [r0, r1) of gemm_i8() through table K on layout L. */
+static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, int T,
+                         const I8Layout *L, int r0, int r1, int rows, int cols) {
+    if (r0 >= r1) return;
+    int vnni = 1;
+    for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
+    if (K->i8_gemm && L->group_size % 32 == 0) {
+        K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols);
+        return;
+    }
+    I8RowsFn fn = kernel_pick_i8(K, L->bits, L->group_size, vnni);
+    /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
+    for (int rb = r0; rb < r1; rb += 16) {
+        int re = rb + 16 < r1 ? rb + 16 : r1;
+        for (int t = 0; t < T; t++) fn(Y + (size_t)t * (size_t)rows, &qa[t], L, rb, re, cols);
+    }
+}
+
 /* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
 static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
                       const uint8_t *payload, int bits, int G, int rows, int cols) {
     I8Layout L = i8_layout(payload, bits, G, rows, cols);
-    int vnni = 1;
-    for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
-    I8RowsFn fn = kernel_pick_i8(K, bits, G, vnni);
-    I8GemmFn gemm = K->i8_gemm && G % 32 == 0 ? K->i8_gemm : NULL;
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
@@ -266,18 +280,9 @@ static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T
 #ifdef _OPENMP
         split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
 #endif
-        if (gemm) {
-            if (r0 < r1) gemm(Y, qa, T, &L, r0, r1, rows, cols);
-        } else {
-            /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
-            for (int rb = r0; rb < r1; rb += 16) {
-                int re = rb + 16 < r1 ? rb + 16 : r1;
-                for (int t = 0; t < T; t++)
-                    fn(Y + (size_t)t * (size_t)rows, &qa[t], &L, rb, re, cols);
-            }
-        }
+        gemm_i8_part(K, Y, qa, T, &L, r0, r1, rows, cols);
     }
-    return gemm != NULL;
+    return K->i8_gemm && G % 32 == 0;
 }
 
 void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
@@ -303,10 +308,11 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     return ran;
 }
 
-void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
-    /* one QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most) */
+/* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
+ * quantized into them, the rows over the threads. */
+static QuantActs *quantize_rows(const float *X, int T, int cols) {
     static QuantActs qa[MATMUL_BATCH_MAX];
-    int cols = (int)W->cols, vnni = kernels_active()->vnni_acts, failed = 0, t;
+    int vnni = kernels_active()->vnni_acts, failed = 0, t;
 #pragma omp parallel for reduction(| : failed) private(t)
     for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
         failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;
@@ -315,5 +321,32 @@ void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
                 cols);
         abort();
     }
-    gemm_i8(Y, qa, T, W);
+    return qa;
+}
+
+void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
+    gemm_i8(Y, quantize_rows(X, T, (int)W->cols), T, W);
+}
+
+void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
+                               int n) {
+    const KernelTable *K = kernels_active();
+    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols);
+    I8Layout L[GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        int G = (int)(W[i]->group_size < W[i]->cols ? W[i]->group_size : W[i]->cols);
+        L[i] = i8_layout(W[i]->data, (int)W[i]->bits, G, (int)W[i]->rows, (int)W[i]->cols);
+    }
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
+            int rows = (int)W[i]->rows, r0 = 0, r1 = rows;
+#ifdef _OPENMP
+            split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+#endif
+            gemm_i8_part(K, Y[i], qa, T, &L[i], r0, r1, rows, (int)W[i]->cols);
+        }
+    }
 }

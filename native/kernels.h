@@ -86,6 +86,14 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W);
  * (act_quantize) into buffers kept between calls; not reentrant. matmul_batch() uses it. */
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W);
 
+/* Y[i] = X · W[i]ᵀ for n <= GEMM_MULTI_MAX int8 codebook tensors with the same cols (q/k/v,
+ * gate/up): X quantized once, all of them in one parallel region (each thread takes its rows
+ * of every tensor, no barrier in between). Y[i] has the bits of gemm_i8_float_input(Y[i], X,
+ * T, W[i]); not reentrant. */
+#define GEMM_MULTI_MAX 4
+void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
+                               int n);
+
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);
 

@@ -68,6 +68,11 @@ void gemv(float *y, const float *x, const Tensor *W);
  * count. Implemented in gemm.c. */
 void matmul_batch(float *Y /*[T][rows]*/, const float *X /*[T][cols]*/, int T, const Tensor *W);
 
+/* Y[i] = X · W[i]ᵀ (matmul_batch) for n tensors sharing the input X (q/k/v, gate/up), the same
+ * bits; int8 codebook tensors (up to 4, same cols) quantize X once and share one parallel
+ * region (kernels.h gemm_i8_float_input_multi). */
+void matmul_batch_multi(float *const *Y, const float *X, int T, const Tensor *const *W, int n);
+
 /* Y[t*d + i] = Σ_k W[i*n + k] · X[t*n + k] (t < T, i < d): the canonical GEMM nest that the
  * IR pass replaces with cblas_sgemm (docs/PASS.md "GEMM"). */
 void matmul_f32_batch(float *Y, const float *X, const float *W, int T, int n, int d);

@@ -115,9 +115,11 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
         for (t = 0; t < n; t++)
             rmsnorm(p->xb + (size_t)t * dim, p->x + (size_t)t * dim, f32_data(w->attn_norm),
                     dim, c->norm_eps);
-        matmul_batch(p->q, p->xb, n, w->wq);
-        matmul_batch(k, p->xb, n, w->wk);
-        matmul_batch(v, p->xb, n, w->wv);
+        {
+            float *const Y[3] = {p->q, k, v};
+            const Tensor *const W[3] = {w->wq, w->wk, w->wv};
+            matmul_batch_multi(Y, p->xb, n, W, 3);
+        }
 #pragma omp parallel for private(t)
         for (t = 0; t < n; t++) {
             const float *cos_t = s->rope_cos + (size_t)(pos0 + t) * half;
@@ -136,8 +138,11 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
             for (int i = 0; i < dim; i++) x[i] += o[i];
             rmsnorm(p->xb + (size_t)t * dim, x, f32_data(w->ffn_norm), dim, c->norm_eps);
         }
-        matmul_batch(p->hb, p->xb, n, w->w_gate);
-        matmul_batch(p->hb2, p->xb, n, w->w_up);
+        {
+            float *const Y[2] = {p->hb, p->hb2};
+            const Tensor *const W[2] = {w->w_gate, w->w_up};
+            matmul_batch_multi(Y, p->xb, n, W, 2);
+        }
 #pragma omp parallel for private(t)
         for (t = 0; t < n; t++) {
             float *hb = p->hb + (size_t)t * hidden;

@@ -541,3 +541,33 @@ def test_gemm_rows_equal_gemv_bits(lib, bits, G, cols):
         Y = np.full((T, rows), np.nan, np.float32)
         lib.gemm_i8_float_input(Y.ctypes.data, X[:T].ctypes.data, T, ctypes.byref(W))
         np.testing.assert_array_equal(Y, np.array(want[:T]))
+
+
+def test_gemm_multi_equals_one_tensor_at_a_time(lib):
+    """matmul_batch_multi (prefill's q/k/v and gate/up: the input quantized once, the tensors
+    in one parallel region) gives each tensor gemm_i8's bits: three int8 tensors of different
+    b, G and rows (the other encodings go through matmul_batch one at a time, which
+    tests/test_native_prefill.py covers through the f32 and f16/f32 codebook models)."""
+    rng = np.random.default_rng(17)
+    cols, T = 320, 9
+    specs = [(70, 4, 64), (33, 6, 320), (16, 3, 32)]
+    tensors, payloads = [], []
+    for rows, bits, G in specs:
+        ct = random_int8_tensor(rng, rows, cols, bits, G)
+        payloads.append(np.frombuffer(codebook_payload(ct), np.uint8))
+        p = payloads[-1]
+        tensors.append(_Tensor(b"w", 1, 2, bits, G, rows, cols, p.ctypes.data, p.size))
+    X = rng.normal(size=(T, cols)).astype(np.float32)
+    want = []
+    for W, (rows, _, _) in zip(tensors, specs):
+        Y = np.full((T, rows), np.nan, np.float32)
+        lib.gemm_i8_float_input(Y.ctypes.data, X.ctypes.data, T, ctypes.byref(W))
+        want.append(Y)
+    outs = [np.full((T, rows), np.nan, np.float32) for rows, _, _ in specs]
+    Yp = (ctypes.c_void_p * 3)(*[o.ctypes.data for o in outs])
+    Wp = (ctypes.c_void_p * 3)(*[ctypes.addressof(W) for W in tensors])
+    lib.matmul_batch_multi.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_int]
+    lib.matmul_batch_multi(Yp, X.ctypes.data, T, Wp, 3)
+    for got, w in zip(outs, want):
+        np.testing.assert_array_equal(got, w)
