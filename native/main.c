@@ -106,7 +106,7 @@ static void usage(FILE *f) {
             "                     runs, or $DITTO_KERNEL\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
-            "                     default 64; 1 = one token at a time)\n"
+            "                     default 256; 1 = one token at a time)\n"
             "  --chat             wrap the prompt in the model's own chat template\n"
             "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
             "                     --tokens and --chat default to no BOS)\n"
@@ -239,7 +239,7 @@ typedef struct {
 static int parse_args(int argc, char **argv, Args *a) {
     memset(a, 0, sizeof *a);
     a->n_gen = 256;
-    a->batch = 64;
+    a->batch = 256; /* measured: int8 and f16 codebook prefill both faster than at 64 */
     a->temp = 0.8f;
     a->topp = 0.9f;
     a->bos = -1;
