@@ -54,15 +54,17 @@ AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __
  * slots and stores only its own). Named registers (3 queries x 4 keys = 12 accumulators, 3
  * query vectors, 1 key vector), not arrays: the IR pipeline of `ditto build` keeps arrays of
  * vectors on the stack. */
-#define SCORE_KEY(c, kp)                                                                      \
+/* a<j><c> += m<j> * v for the queries j < nqc (1 or 3): one vector v of a key (scores) or of
+ * a value row (weighted sum) used by every query of the group. */
+#define FMA_NQ(a, c, m0, m1, m2, v)                                                           \
     {                                                                                         \
-        __m256 v = _mm256_loadu_ps(kp + 8 * i);                                              \
-        a0##c = _mm256_fmadd_ps(q0, v, a0##c);                                                \
-        if (nqc == 3) {                                                                        \
-            a1##c = _mm256_fmadd_ps(q1, v, a1##c);                                            \
-            a2##c = _mm256_fmadd_ps(q2, v, a2##c);                                            \
+        a##0##c = _mm256_fmadd_ps(m0, v, a##0##c);                                            \
+        if (nqc == 3) {                                                                       \
+            a##1##c = _mm256_fmadd_ps(m1, v, a##1##c);                                        \
+            a##2##c = _mm256_fmadd_ps(m2, v, a##2##c);                                        \
         }                                                                                     \
     }
+#define SCORE_KEY(c, kp) FMA_NQ(a, c, q0, q1, q2, _mm256_loadu_ps(kp + 8 * i))
 #define DEFINE_SCORES(NQ)                                                                     \
     AVX2_FMA_FN static inline void scores##NQ(float *att, size_t ld, const float *q, size_t qs, \
                                               const float *K, size_t stride, int n_keys,      \
@@ -160,15 +162,7 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
  * queries j < NQ (1 or 3): 32 outputs at a time (12 accumulators for three queries, each
  * value vector loaded once for them), then any 8-wide rest; per output one FMA chain in key
  * order, whatever NQ. Named registers, as in the scores. */
-#define WSUM_VEC(c)                                                                           \
-    {                                                                                         \
-        __m256 vc = _mm256_loadu_ps(v + 8 * c);                                              \
-        o0##c = _mm256_fmadd_ps(w0, vc, o0##c);                                               \
-        if (nqc == 3) {                                                                        \
-            o1##c = _mm256_fmadd_ps(w1, vc, o1##c);                                           \
-            o2##c = _mm256_fmadd_ps(w2, vc, o2##c);                                           \
-        }                                                                                     \
-    }
+#define WSUM_VEC(c) FMA_NQ(o, c, w0, w1, w2, _mm256_loadu_ps(v + 8 * c))
 #define DEFINE_WSUM(NQ)                                                                       \
     AVX2_FMA_FN static inline void wsum##NQ(float *out, size_t qs, const float *V,            \
                                             size_t stride, int n_keys, const float *w,        \
@@ -222,6 +216,7 @@ DEFINE_WSUM(1)
 DEFINE_WSUM(3)
 #undef DEFINE_WSUM
 #undef WSUM_VEC
+#undef FMA_NQ
 
 /* Query heads j < nq against the same keys and values: three at a time, then one at a time. */
 AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
@@ -259,11 +254,18 @@ void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const fl
                       att + (size_t)j * ld);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* Whether the AVX2 form runs for head size d on this CPU. */
+static int simd_for(int d) {
+    __builtin_cpu_init();
+    return d % 8 == 0 && d <= 256 && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+}
+#endif
+
 AttendGroupFn attend_group_for(int d) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (d % 8 == 0 && d <= 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return attend_group_avx2;
+    if (simd_for(d)) return attend_group_avx2;
 #else
     (void)d;
 #endif
@@ -272,9 +274,7 @@ AttendGroupFn attend_group_for(int d) {
 
 AttendFn attend_for(int d) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (d % 8 == 0 && d <= 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return attend_avx2;
+    if (simd_for(d)) return attend_avx2;
 #else
     (void)d;
 #endif
