@@ -27,7 +27,7 @@ void attend_scalar(float *out, const float *q, const float *K, const float *V, s
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd_exp.h"
 
 #define AVX2_FMA_FN __attribute__((target("avx2,fma")))
 
@@ -103,30 +103,6 @@ DEFINE_SCORES(1)
 DEFINE_SCORES(3)
 #undef DEFINE_SCORES
 #undef SCORE_KEY
-
-/* e^x for eight floats (Cephes expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-5 polynomial
- * for (e^r - 1 - r) / r^2, then 2^n from the exponent bits): within 2 ulp of expf for x in
- * [-87.3, 88]; 0 below (where expf is subnormal or 0), NaN for NaN. */
-AVX2_FMA_FN static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(hi, x); /* x second: a NaN x is returned as it is */
-    x = _mm256_max_ps(lo, x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-                                  23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
 
 /* att[u] = exp(att[u] - max) / sum over u of the same, in place (max skips NaN scores as the
  * scalar loop does; a NaN score gives NaN weights). The last n_keys % 8 scores go through a

@@ -78,6 +78,40 @@ void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * scale);
 }
 
+static void swiglu_scalar(float *g, const float *up, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "simd_exp.h"
+
+/* The same formula, one rounding per step as the scalar form, e^x from exp8; a last partial
+ * group of eight through a padded copy. */
+AVX2_FMA_FN static void swiglu_avx2(float *g, const float *up, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 d = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, x)));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, d), _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0};
+        for (int j = i; j < n; j++) gt[j - i] = g[j], ut[j - i] = up[j];
+        swiglu_avx2(gt, ut, 8);
+        for (int j = i; j < n; j++) g[j] = gt[j - i];
+    }
+}
+#endif
+
+SwigluFn swiglu_for(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return swiglu_avx2;
+#endif
+    return swiglu_scalar;
+}
+
 void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) {
     int half = d / 2;
     for (int h = 0; h < n_heads; h++) {
@@ -116,6 +150,7 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
     int kv_dim = (int)(c->n_kv_heads * c->head_dim);
     const float *cos_t = s->rope_cos + (size_t)pos * (d / 2);
     const float *sin_t = s->rope_sin + (size_t)pos * (d / 2);
+    SwigluFn swiglu = swiglu_for();
 
     tensor_row(s->x, m->token_embd, (uint64_t)token); /* embedding lookup */
 
@@ -139,10 +174,7 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
         rmsnorm(s->xb, s->x, f32_data(w->ffn_norm), dim, c->norm_eps);
         gemv(s->hb, s->xb, w->w_gate);
         gemv(s->hb2, s->xb, w->w_up);
-        for (int i = 0; i < hidden; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i]; /* silu(gate) * up */
-        }
+        swiglu(s->hb, s->hb2, hidden); /* silu(gate) * up */
         gemv(s->xb2, s->hb, w->w_down);
         for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
     }

@@ -43,6 +43,14 @@ float *forward(const Model *m, RunState *s, int token, int pos);
 /* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019). */
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
+/* g[i] = silu(g[i]) * up[i] = g[i] / (1 + e^-g[i]) * up[i] for i < n (SwiGLU, Shazeer 2020). */
+typedef void (*SwigluFn)(float *g, const float *up, int n);
+
+/* The form for this CPU, chosen once before a parallel loop: on AVX2 + FMA CPUs eight at a
+ * time with exp8 (simd_exp.h, within 2 ulp of expf), else expf. Decode and prefill use the same
+ * choice, so their results agree bit for bit. */
+SwigluFn swiglu_for(void);
+
 /* Rotate-half RoPE (Su et al. 2021, HF q/k order; FORMAT.md "Rotary layout") on n_heads heads
  * of size d stored back to back in v, with the position's tables cos_t/sin_t [d/2]. */
 void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t);

@@ -99,6 +99,7 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
     int dim = (int)c->dim, hidden = (int)c->hidden_dim, d = (int)c->head_dim;
     int kv_dim = (int)(c->n_kv_heads * c->head_dim), q_dim = (int)c->n_heads * d;
     int half = d / 2;
+    SwigluFn swiglu = swiglu_for(); /* chosen before the parallel loops */
 
     int t; /* the per-token steps run over OpenMP threads (each token's work is independent) */
 #pragma omp parallel for private(t)
@@ -147,10 +148,7 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
         for (t = 0; t < n; t++) {
             float *hb = p->hb + (size_t)t * hidden;
             const float *hb2 = p->hb2 + (size_t)t * hidden;
-            for (int i = 0; i < hidden; i++) {
-                float g = hb[i];
-                hb[i] = g / (1.0f + expf(-g)) * hb2[i]; /* silu(gate) * up */
-            }
+            swiglu(hb, hb2, hidden); /* silu(gate) * up */
         }
         matmul_batch(p->xb2, p->hb, n, w->w_down);
 #pragma omp parallel for private(t)

@@ -1,0 +1,40 @@
+/* simd_exp.h: e^x in eight AVX2 lanes, shared by the softmax (attention.c) and SwiGLU
+ * (forward.c). x86 only; the function carries its own target attribute. */
+#ifndef DITTO_SIMD_EXP_H
+#define DITTO_SIMD_EXP_H
+
+#include <immintrin.h>
+#include <math.h>
+
+#define AVX2_FMA_FN __attribute__((target("avx2,fma")))
+
+/* e^x for eight floats (Cephes expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-5 polynomial
+ * for (e^r - 1 - r) / r^2, then times 2^n as two exact powers of two built in the exponent
+ * bits, so n = 128 works): within 2 ulp of expf for x in [-87.3, 88.72]; 0 below (where expf is
+ * subnormal or 0), +inf above (where expf overflows), NaN for NaN. */
+AVX2_FMA_FN static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.7228f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    x = _mm256_min_ps(hi, x); /* x second: a NaN x is returned as it is */
+    x = _mm256_max_ps(lo, x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
+    __m256i n2 = _mm256_sub_epi32(ni, n1); /* n = n1 + n2, both in -63..64 */
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 y = _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+}
+
+#endif
