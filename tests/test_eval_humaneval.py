@@ -67,3 +67,18 @@ def test_eval_humaneval_on_tinycoder(eval_builds):
     assert r["pass@1"] == 0.0 and r["pass@1_sampled"] == 0.0 and r["pass@2_sampled"] == 0.0
     assert [x["task_id"] for x in h["results"]] == ["HumanEval/0", "HumanEval/1"]
     assert all(x["greedy"].startswith(("failed", "timed out")) for x in h["results"])
+
+
+def test_generation_stopped_at_a_stop_sequence_gives_the_full_runs_prefix(eval_builds, problems):
+    prompt = problems[0]["prompt"]
+    full = he.generate(eval_builds["kmeans"], prompt, temperature=0.0, max_new_tokens=200,
+                       threads=1)
+    # a stop sequence taken from the middle of the full run's output (ASCII, as HumanEval's are)
+    ascii_at = [i for i in range(len(full) // 3, len(full) - 3) if full[i:i + 3].isascii()]
+    assert ascii_at, full
+    stop = full[ascii_at[0]:ascii_at[0] + 3]
+    cut = full.index(stop)
+    early = he.generate(eval_builds["kmeans"], prompt, temperature=0.0, max_new_tokens=200,
+                        threads=1, stop=[stop])
+    assert early[:cut + len(stop)] == full[:cut + len(stop)]
+    assert he.truncate(early.replace(stop, "\ndef", 1)) == full[:cut]

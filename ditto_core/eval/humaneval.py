@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..errors import DittoError
 from ..run import run_command
@@ -102,9 +102,12 @@ def check_program(problem: dict, completion: str, timeout: float = TIMEOUT_S) ->
 
 def generate(build_dir: Path, prompt: str, *, temperature: float, seed: int = 0,
              top_p: float = TOP_P, max_new_tokens: int = MAX_NEW_TOKENS,
-             threads: int | None = None) -> str:
-    """The build's completion of ``prompt`` (text, stop sequences not yet applied). Raises
-    DittoError naming the build if the executable fails."""
+             threads: int | None = None, stop: Sequence[str] = ()) -> str:
+    """The build's completion of ``prompt`` (text, stop sequences not yet applied). With
+    ``stop`` (ASCII strings), generation ends as soon as the output holds one of them: the
+    text up to the first stop sequence is what the whole run would give (each token depends
+    only on the ones before it), and the rest is cut short. Raises DittoError naming the build
+    if the executable fails."""
     with tempfile.NamedTemporaryFile("w", prefix="ditto-prompt-", suffix=".txt") as f:
         f.write(prompt)
         f.flush()
@@ -112,11 +115,22 @@ def generate(build_dir: Path, prompt: str, *, temperature: float, seed: int = 0,
                 "--top-p", str(top_p), "--seed", str(seed)]
         if threads:
             args += ["--threads", str(threads)]
-        proc = subprocess.run(run_command(build_dir, args), capture_output=True)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(run_command(build_dir, args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        out, stopped = bytearray(), False
+        stops = [s.encode("ascii") for s in stop]
+        while chunk := os.read(proc.stdout.fileno(), 4096):  # the runtime flushes per token
+            out += chunk
+            if any(s in out for s in stops):
+                proc.terminate()
+                stopped = True
+                break
+        rest, err = proc.communicate()
+    out += rest
+    if proc.returncode != 0 and not stopped:
         raise DittoError(f"{build_dir}: generation failed (exit {proc.returncode}): "
-                         f"{proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode("utf-8", errors="replace")
+                         f"{err.decode(errors='replace').strip()}")
+    return out.decode("utf-8", errors="replace")
 
 
 def evaluate(build_dir: Path, *, limit: int | None = None, seeds: int = 5,
@@ -131,7 +145,8 @@ def evaluate(build_dir: Path, *, limit: int | None = None, seeds: int = 5,
     per_problem, greedy_pass, seed_pass = [], 0, [0] * seeds
     for prob in problems:
         comp = truncate(generate(build_dir, prob["prompt"], temperature=0.0,
-                                 max_new_tokens=max_new_tokens, threads=threads))
+                                 max_new_tokens=max_new_tokens, threads=threads,
+                                 stop=STOP_SEQUENCES))
         g_ok, g_res = check_program(prob, comp)
         greedy_pass += g_ok
         done += 1
@@ -140,7 +155,8 @@ def evaluate(build_dir: Path, *, limit: int | None = None, seeds: int = 5,
         samples = []
         for s in range(seeds):
             comp = truncate(generate(build_dir, prob["prompt"], temperature=TEMPERATURE,
-                                     seed=s, max_new_tokens=max_new_tokens, threads=threads))
+                                     seed=s, max_new_tokens=max_new_tokens, threads=threads,
+                                     stop=STOP_SEQUENCES))
             ok, res = check_program(prob, comp)
             samples.append(ok)
             seed_pass[s] += ok
