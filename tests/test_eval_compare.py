@@ -22,6 +22,10 @@ def test_parse_config():
     assert (o.quant.bits, o.quant.group_size, o.quant.method, o.quant.keep_fp32) == \
         (3, 64, "lloyd", ("output.*", "x"))
     assert builds.parse_config("none").quantizer == "none"
+    # what the string leaves out is ditto build's default: int8 codebooks for kmeans only
+    assert builds.parse_config("kmeans:bits=4").quant.codebook_type == "int8"
+    assert builds.parse_config("kmeans:codebook_type=f16").quant.codebook_type == "f16"
+    assert builds.parse_config("rtn:bits=4").quant.codebook_type == "f16"
     assert builds.config_label("kmeans:bits=4,group_size=256") == "kmeans_bits=4_group_size=256"
     with pytest.raises(DittoError, match=r"config 'kmeans:bitz=4': unknown key 'bitz'"):
         builds.parse_config("kmeans:bitz=4")
@@ -69,6 +73,15 @@ def test_sweep_writes_tables_and_resumes(tmp_path, cache_env):
         saved["kmeans_bits=2_group_size=32.json"]
     # other settings are another experiment: redone
     assert compare.finished(tmp_path, "none", {**SETTINGS, "chunks": 2}) is None
+    # so is a result made under other build options than the spec gives now (e.g. an
+    # earlier default codebook type)
+    path = tmp_path / "results" / "kmeans_bits=2_group_size=32.json"
+    saved_km = json.loads(path.read_text())
+    assert saved_km["build_options"]["options"]["codebook_type"] == "int8"
+    saved_km["build_options"]["options"]["codebook_type"] = "f16"
+    path.write_text(json.dumps(saved_km))
+    assert compare.finished(tmp_path, "kmeans:bits=2,group_size=32", SETTINGS) is None
+    assert compare.finished(tmp_path, "none", SETTINGS) is not None
 
 
 def test_bad_config_fails_before_any_work(tmp_path):

@@ -31,8 +31,11 @@ def _bool(key: str, v: str) -> bool:
 
 
 def parse_config(spec: str):
-    """``QUANTIZER[:key=value,...]`` → pipeline.BuildOptions. Raises DittoError naming the
-    configuration for an unknown key or a bad value."""
+    """``QUANTIZER[:key=value,...]`` → pipeline.BuildOptions, with ``ditto build``'s defaults
+    for what the string leaves out (the codebook type: ``api.DEFAULT_CODEBOOK_TYPE``, so
+    ``kmeans:bits=4`` is the same build as ``ditto build --quantizer kmeans --bits 4``). Raises
+    DittoError naming the configuration for an unknown key or a bad value."""
+    from ..api import DEFAULT_CODEBOOK_TYPE
     from ..pipeline import BuildOptions
 
     name, _, rest = spec.partition(":")
@@ -54,6 +57,7 @@ def parse_config(spec: str):
                                  f"{', '.join([*QUANT_KEYS, *BUILD_KEYS])})")
         except ValueError:
             raise DittoError(f"config {spec!r}: {key}={value} is not a valid value") from None
+    quant.setdefault("codebook_type", DEFAULT_CODEBOOK_TYPE.get(name, "f16"))
     return BuildOptions(quantizer=name, quant=QuantOptions(**quant), **build)
 
 
@@ -62,7 +66,10 @@ def config_label(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "=.-+" else "_" for c in spec).strip("_")
 
 
-def _options_record(options) -> dict:
+def options_record(options) -> dict:
+    """The build options that decide a build's bytes: the fields of build.json a cached build
+    must match, also saved with each ``ditto compare`` result, which is reused only under the
+    same record."""
     return {"quantizer": options.quantizer, "blas": options.blas, "rewrite": options.rewrite,
             "openmp": options.openmp, "options": attrs.asdict(options.quant)}
 
@@ -73,7 +80,7 @@ def build_matches(out_dir: Path, options) -> bool:
         meta = json.loads((Path(out_dir) / "build.json").read_text())
     except (OSError, ValueError):
         return False
-    rec = _options_record(options)
+    rec = options_record(options)
     have = {k: meta.get(k) for k in rec}
     if isinstance(have.get("options"), dict) and "keep_fp32" in have["options"]:
         have["options"]["keep_fp32"] = tuple(have["options"]["keep_fp32"])

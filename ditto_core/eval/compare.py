@@ -74,6 +74,7 @@ def run_config(model: str, spec: str, out_dir: str, baseline: str, settings: dic
     result = {"config": spec, "label": label, "source": "ditto", "build": str(build_dir),
               "quantizer": options.quantizer, "bits": options.quant.bits,
               "group_size": options.quant.group_size, "settings": settings,
+              "build_options": _plain(builds_mod.options_record(options)),
               "build_seconds": meta.get("total_seconds")}
     if settings.get("eval", True):
         result["eval"] = evaluate_fidelity(build_dir, Path(baseline),
@@ -110,14 +111,26 @@ def _run_torch_int8(model: str, out: Path, baseline: str, settings: dict) -> dic
     return result
 
 
+def _plain(record: dict):
+    """``record`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(record))
+
+
 def finished(out_dir: Path, spec: str, settings: dict) -> dict | None:
-    """The saved result of ``spec`` when it was made with the same settings, else None."""
+    """The saved result of ``spec`` when it was made with the same settings and (for a Ditto
+    build) the same build options as ``spec`` gives now, else None: a result made under other
+    defaults (e.g. another default codebook type) is run again."""
     path = Path(out_dir) / "results" / f"{builds_mod.config_label(spec)}.json"
     try:
         r = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return r if r.get("config") == spec and r.get("settings") == settings else None
+    if r.get("config") != spec or r.get("settings") != settings:
+        return None
+    if spec != TORCH_INT8 and r.get("build_options") != _plain(
+            builds_mod.options_record(builds_mod.parse_config(spec))):
+        return None
+    return r
 
 
 def _local_executor(jobs: int):
