@@ -56,14 +56,19 @@ int act_block_m(float a, float D, int finite, float *inv) {
 }
 
 void act_fill_vnni(QuantActs *qa) {
-    size_t n_pad = (size_t)qa->n_pad;
-    memset(qa->neg, 0, n_pad / 64 * sizeof *qa->neg);
-    for (size_t c = 0; c < n_pad; c++) {
-        int v = qa->qp[c];
-        unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
-        qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
-        qa->mq_hi[c] = (uint8_t)(mq >> 8);
-        if (v < 0) qa->neg[c / 64] |= UINT64_C(1) << (c % 64);
+    size_t n_pad = (size_t)qa->n_pad; /* a multiple of QA_PAD = 64 */
+    for (size_t w = 0; w < n_pad / 64; w++) {
+        /* the sign word in a register: or-ed into neg[w] in memory, every column would wait
+         * on the previous one's store (the uint8_t stores may alias it) */
+        uint64_t neg = 0;
+        for (size_t c = 64 * w; c < 64 * w + 64; c++) {
+            int v = qa->qp[c];
+            unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
+            qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
+            qa->mq_hi[c] = (uint8_t)(mq >> 8);
+            neg |= (uint64_t)(v < 0) << (c % 64);
+        }
+        qa->neg[w] = neg;
     }
     qa->has_vnni = 1;
 }
