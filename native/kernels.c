@@ -309,10 +309,13 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
 }
 
 /* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
- * quantized into them, the rows over the threads. */
+ * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
+ * has a GEMM kernel: gemm_i8_part() then runs it for every G % 32 == 0, and no b = 4 row kernel
+ * (G % 32 == 0 or 64) reads them for the other G. */
 static QuantActs *quantize_rows(const float *X, int T, int cols) {
     static QuantActs qa[MATMUL_BATCH_MAX];
-    int vnni = kernels_active()->vnni_acts, failed = 0, t;
+    const KernelTable *K = kernels_active();
+    int vnni = K->vnni_acts && !K->i8_gemm, failed = 0, t;
 #pragma omp parallel for reduction(| : failed) private(t)
     for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
         failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;
