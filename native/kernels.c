@@ -35,6 +35,10 @@ void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0
 int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                     int rows, int cols);
+void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                       int rows, int cols);
+void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
+                          int r1, int rows, int cols);
 
 static int has_avx2(void) {
     __builtin_cpu_init();
@@ -54,12 +58,12 @@ static int has_avx512vbmi(void) {
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any,
-     i8cb_gemm_avx2, 1, codebook_gemv_avx512, act_quantize_avx2},
+     i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
-     i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1,
+     i8cb_b4_rows_avx512vnni, 64, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
      codebook_gemv_avx512, act_quantize_avx2},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
-     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx2, 1, codebook_gemv_avx2,
+     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
      act_quantize_avx2},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
      i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2},

@@ -1,6 +1,7 @@
-/* qgemm_avx2.c: integer GEMM for int8 codebook tensors, AVX2: Y[t][r] for T quantized inputs
- * (batched prefill; kernels.h gemm_i8). Bit-identical to the GEMV kernels, whose definition it
- * shares (qgemv.h): only the integer sums' order changes, and they are exact.
+/* qgemm_avx2.c: integer GEMM for int8 codebook tensors, AVX2, AVX-VNNI and AVX-512 VNNI:
+ * Y[t][r] for T quantized inputs (batched prefill; kernels.h gemm_i8). Bit-identical to the
+ * GEMV kernels, whose definition it shares (qgemv.h): only the integer sums' order changes, and
+ * they are exact.
  *
  * A GEMV spends most of its work turning index bytes into int8 weights (unpack, vpshufb
  * lookup); with T inputs that work is done once per row. The rows are taken in panels of 16:
@@ -8,12 +9,14 @@
  * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
  * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
  * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time (a last
- * group of fewer repeats its last input and drops those sums): per column
- * pair, two loads of P (16 rows) and one broadcast of each input's pair give twelve vpmaddwd,
- * whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal reduction), in
- * twelve accumulator registers. Every weight load serves six inputs and every activation load
- * sixteen rows. At the end of a sub-block the lanes are combined with the rows' f16 scales in
- * double, in sub-block order, exactly as i8_combine does.
+ * group of fewer repeats its last input and drops those sums): per column pair, two loads of
+ * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
+ * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI, VEX, or AVX-512 VNNI + VL,
+ * EVEX on ymm), whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal
+ * reduction), in twelve accumulator registers. Every weight load serves six inputs and every
+ * activation load sixteen rows. At the end of a sub-block the lanes are combined with the
+ * rows' f16 scales in double, in sub-block order, exactly as i8_combine does. The three
+ * public functions differ only in the micro-kernel's multiply-add.
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -29,6 +32,9 @@
 #define NB 6       /* inputs per micro-kernel call: 2 x 6 accumulators + 3 operands */
 #define KBLOCK 512 /* columns decoded at a time (whole sub-blocks, at least one) */
 #define RUN 512    /* most columns summed in int32 lanes: 512 * 127 * 32385 < 2^31 */
+
+#define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
+#define VNNI512_FN __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* Sub-blocks [s0, s1) of row r as int16 in natural column order from w[0] (column s0 * G), for
  * all of their columns rounded up to whole 32-column chunks (padding columns get centroid 0;
@@ -126,39 +132,58 @@ AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, i
     }
 }
 
-/* acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in [k0, k1) of
- * P[k] * (x[j][2k], x[j][2k + 1]), for the six inputs j. Spelled out with named registers:
- * the IR pipeline of `ditto build` (clang -O1, then LLVM O3) does not unroll an array of
- * accumulators into registers, and on the stack they would cost half the speed. */
-#define MQ_PAIR(j)                                                                            \
+/* The micro-kernel: acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in
+ * [k0, k1) of P[k] * (x[j][2k], x[j][2k + 1]), for the six inputs j. One form per
+ * multiply-add, all with the same lanes and the same (exact, wrapping) int32 sums. */
+typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,
+                         int k1);
+
+/* Spelled out with named registers: the IR pipeline of `ditto build` (clang -O1, then LLVM
+ * O3) does not unroll an array of accumulators into registers, and on the stack they would
+ * cost half the speed. MADD(c, w, a) = c + the int32 sums of the int16 pair products of w and
+ * a (vpmaddwd + vpaddd on AVX2, one vpdpwssd with VNNI). */
+#define MQ_PAIR(MADD, j)                                                                      \
     __m256i a##j;                                                                             \
     {                                                                                         \
         int32_t pair;                                                                         \
         memcpy(&pair, x##j + 2 * k, sizeof pair);                                             \
         a##j = _mm256_set1_epi32(pair);                                                       \
     }                                                                                         \
-    c##j##0 = _mm256_add_epi32(c##j##0, _mm256_madd_epi16(w0, a##j));                        \
-    c##j##1 = _mm256_add_epi32(c##j##1, _mm256_madd_epi16(w1, a##j))
-AVX2_FN static void micro6(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,
-                           int k1) {
-    const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
-    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int k = k0; k < k1; k++) {
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL));
-        __m256i w1 =
-            _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));
-        MQ_PAIR(0);
-        MQ_PAIR(1);
-        MQ_PAIR(2);
-        MQ_PAIR(3);
-        MQ_PAIR(4);
-        MQ_PAIR(5);
+    c##j##0 = MADD(c##j##0, w0, a##j);                                                        \
+    c##j##1 = MADD(c##j##1, w1, a##j)
+#define MICRO6(NAME, ATTR, MADD)                                                              \
+    ATTR static void NAME(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,   \
+                          int k1) {                                                           \
+        const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5]; \
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,     \
+                c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;  \
+        for (int k = k0; k < k1; k++) {                                                       \
+            __m256i w0 =                                                                      \
+                _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL));   \
+            __m256i w1 = _mm256_loadu_si256(                                                  \
+                (const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));                  \
+            MQ_PAIR(MADD, 0);                                                                 \
+            MQ_PAIR(MADD, 1);                                                                 \
+            MQ_PAIR(MADD, 2);                                                                 \
+            MQ_PAIR(MADD, 3);                                                                 \
+            MQ_PAIR(MADD, 4);                                                                 \
+            MQ_PAIR(MADD, 5);                                                                 \
+        }                                                                                     \
+        acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;   \
+        acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51; \
     }
-    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
-    acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51;
-}
+
+#define MADD_AVX2(c, w, a) _mm256_add_epi32((c), _mm256_madd_epi16((w), (a)))
+#define MADD_AVXVNNI(c, w, a) _mm256_dpwssd_avx_epi32((c), (w), (a))     /* VEX vpdpwssd */
+#define MADD_AVX512VNNI(c, w, a) _mm256_dpwssd_epi32((c), (w), (a))      /* EVEX vpdpwssd */
+MICRO6(micro6_avx2, AVX2_FN, MADD_AVX2)
+MICRO6(micro6_avxvnni, AVXVNNI_FN, MADD_AVXVNNI)
+MICRO6(micro6_avx512vnni, VNNI512_FN, MADD_AVX512VNNI)
+#undef MICRO6
 #undef MQ_PAIR
+#undef MADD_AVX2
+#undef MADD_AVXVNNI
+#undef MADD_AVX512VNNI
 
 /* dacc[j][i] = dacc[j][i] + sc[i] * T[j][i] (double; the definition's multiply, then add) for
  * the 16 rows i and inputs j < n, T given as int32 lanes (one run) or int64 (t64). */
@@ -202,8 +227,9 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
 /* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..6), of which
  * the first n are combined: each sub-block's sums into dacc[j][16] with its scales
  * scd[s][16]. */
-AVX2_FN static void block(double *dacc, const int32_t *P, const int16_t *const *x,
-                          const double *scd, const I8Layout *L, int s0, int s1, int cols, int n) {
+AVX2_FN static void block(Micro6Fn micro6, double *dacc, const int32_t *P,
+                          const int16_t *const *x, const double *scd, const I8Layout *L, int s0,
+                          int s1, int cols, int n) {
     const int G = L->group_size, base = s0 * G;
     __m256i acc[2 * NB];
     for (int s = s0; s < s1; s++) {
@@ -245,8 +271,9 @@ static void *alloc_or_die(size_t n, const char *what) {
     return p;
 }
 
-AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
-                                 int r0, int r1, int rows, int cols) {
+/* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
+AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, int T,
+                              const I8Layout *L, int r0, int r1, int rows, int cols) {
     const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub;
     const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
     const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
@@ -279,7 +306,7 @@ AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8L
                 for (int j = 0; j < NB; j++) /* past the last input: repeat it (not stored) */
                     x[j] = mq + (size_t)(t + (j < n ? j : n - 1)) * (size_t)n_pad +
                            (size_t)s0 * (size_t)G;
-                block(dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
+                block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
         for (int t = 0; t < T; t++)
@@ -292,6 +319,24 @@ AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8L
     free(P);
     free(tmp);
     free(mq);
+}
+
+/* kernels.h I8GemmFn: Y[t][r] (row stride rows) for t < T, r in [r0, r1), G % 32 == 0; the
+ * avx2 table's (vpmaddwd), the avxvnni table's (VEX vpdpwssd) and the AVX-512 tables' (EVEX
+ * vpdpwssd on ymm: a zmm form, one register per 16-row pair, measured no faster). */
+AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
+                                 int r0, int r1, int rows, int cols) {
+    gemm(micro6_avx2, Y, qa, T, L, r0, r1, rows, cols);
+}
+
+AVX2_BMI2_FN void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
+                                    int r0, int r1, int rows, int cols) {
+    gemm(micro6_avxvnni, Y, qa, T, L, r0, r1, rows, cols);
+}
+
+AVX2_BMI2_FN void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
+                                       int r0, int r1, int rows, int cols) {
+    gemm(micro6_avx512vnni, Y, qa, T, L, r0, r1, rows, cols);
 }
 
 #endif

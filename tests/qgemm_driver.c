@@ -11,8 +11,9 @@
  * into Y prefilled with a sentinel: inside the range Y[t][r] must equal i8cb_rows_generic's
  * y[r] for input t, outside it must keep the sentinel. Prints "ok N cases, M GEMM calls" and
  * exits 0, or prints the first mismatch and exits 1; exits 2 when the kernel is unknown, this
- * CPU cannot run it, or it has no GEMM. Built for x86-64 (run natively under ASan/UBSan) and
- * for aarch64 (run under qemu-aarch64).
+ * CPU cannot run it, or it has no GEMM. Built for x86-64 (run natively under ASan/UBSan and
+ * through Ditto's IR pipeline, for every table: avx2, avxvnni, avx512vnni, avx512vbmi) and for
+ * aarch64 (run under qemu-aarch64).
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,11 +1,12 @@
-"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm: native/qgemm_avx2.c,
-native/qgemm_neon.c) against the scalar reference GEMV, bit for bit, through
-tests/qgemm_driver.c: b = 1..8, G <= 512 and G > 512, row lengths with and without a partial
-32-column chunk, T = 1..9 inputs, several row ranges (rows outside the range untouched).
+"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm: native/qgemm_avx2.c with
+its AVX2, AVX-VNNI and AVX-512 VNNI multiply-adds, native/qgemm_neon.c) against the scalar
+reference GEMV, bit for bit, through tests/qgemm_driver.c: b = 1..8, G <= 512 and G > 512, row
+lengths with and without a partial 32-column chunk, T = 1..9 inputs, several row ranges (rows
+outside the range untouched).
 
-x86 tables run natively under ASan + UBSan (a table this CPU cannot run is skipped with the
-missing features named); the NEON table is cross-compiled for aarch64 and run under
-qemu-aarch64, as tests/test_kernels_int.py runs its GEMV kernels.
+x86 tables run natively under ASan + UBSan and built through Ditto's IR pipeline (a table this
+CPU cannot run is skipped with the missing features named); the NEON table is cross-compiled
+for aarch64 and run under qemu-aarch64, as tests/test_kernels_int.py runs its GEMV kernels.
 """
 
 import shutil
@@ -52,10 +53,33 @@ def asan_driver(tmp_path_factory):
 
 @pytest.mark.parametrize("kernel", X86_GEMM_TABLES)
 def test_x86_gemm_equals_reference_under_asan(asan_driver, kernel):
+    skip_unless_cpu_runs(kernel)
+    check(subprocess.run([str(asan_driver), kernel], capture_output=True, text=True,
+                         timeout=600))
+
+
+def skip_unless_cpu_runs(kernel):
     missing = X86_TABLES[kernel] - cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {' '.join(sorted(missing))} for the {kernel} kernel")
-    check(subprocess.run([str(asan_driver), kernel], capture_output=True, text=True,
+
+
+@pytest.fixture(scope="module")
+def ir_driver(tmp_path_factory):
+    """The driver built as the runtime is (clang-22 -O1 IR, llvmlite O3 for the host,
+    per-function target attributes kept)."""
+    from ditto_core.cc import compile_c
+
+    exe, _ = compile_c([DRIVER, *SRC], blas=None,
+                       out=tmp_path_factory.mktemp("qgemm_ir") / "qgemm_driver",
+                       include_dirs=[NATIVE], openmp=True)
+    return exe
+
+
+@pytest.mark.parametrize("kernel", X86_GEMM_TABLES)
+def test_x86_gemm_equals_reference_through_ir_pipeline(ir_driver, kernel):
+    skip_unless_cpu_runs(kernel)
+    check(subprocess.run([str(ir_driver), kernel], capture_output=True, text=True,
                          timeout=600))
 
 
