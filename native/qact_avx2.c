@@ -34,6 +34,44 @@ AVX2_FN static inline __m256i quantize32(const float *x, __m256 inv) {
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* act_fill_vnni() from qp: per block j of 32 (perm32: its 16 evens, then its 16 odds), m * q
+ * in int16 (vpmullw, |m q| <= 32385), mh = (m q + 128) >> 8 (arithmetic: the floor),
+ * ml = m q - 256 mh; the block's evens go to perm128 entries 16 (j mod 4) .. + 16 of its
+ * 128-column chunk and its odds 64 further (the same bytes as act_fill_vnni). */
+AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
+    size_t n_pad = (size_t)qa->n_pad;
+    /* the entries no block writes: with n_pad % 128 == 64, the last chunk's missing half */
+    if (n_pad % 128) {
+        memset(qa->ml + n_pad - 64, 0, 128);
+        memset(qa->mh + n_pad - 64, 0, 128);
+    }
+    const __m256i r128 = _mm256_set1_epi16(128), ones = _mm256_set1_epi16(1);
+    for (size_t j = 0; j < n_pad / QA_BLOCK; j++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + 32 * j));
+        __m256i m = _mm256_set1_epi16(qa->m16[j]);
+        __m256i ve = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), m);
+        __m256i vo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), m);
+        __m256i he = _mm256_srai_epi16(_mm256_add_epi16(ve, r128), 8);
+        __m256i ho = _mm256_srai_epi16(_mm256_add_epi16(vo, r128), 8);
+        __m256i le = _mm256_sub_epi16(ve, _mm256_slli_epi16(he, 8));
+        __m256i lo = _mm256_sub_epi16(vo, _mm256_slli_epi16(ho, 8));
+        /* packs per 128-bit half, then 0,2,1,3: the 16 evens, then the 16 odds */
+        __m256i l = _mm256_permute4x64_epi64(_mm256_packs_epi16(le, lo), 0xd8);
+        __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi16(he, ho), 0xd8);
+        size_t e = j / 4 * 128 + j % 4 * 16;
+        _mm_storeu_si128((__m128i *)(void *)(qa->ml + e), _mm256_castsi256_si128(l));
+        _mm_storeu_si128((__m128i *)(void *)(qa->ml + e + 64), _mm256_extracti128_si256(l, 1));
+        _mm_storeu_si128((__m128i *)(void *)(qa->mh + e), _mm256_castsi256_si128(h));
+        _mm_storeu_si128((__m128i *)(void *)(qa->mh + e + 64), _mm256_extracti128_si256(h, 1));
+        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ve, ones), _mm256_madd_epi16(vo, ones));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        qa->msum[j] = _mm_cvtsi128_si32(t);
+    }
+    qa->has_vnni = 1;
+}
+
 AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
@@ -98,7 +136,7 @@ AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnn
         _mm256_storeu_si256((__m256i *)(void *)(qa->aqp + base), _mm256_abs_epi8(p));
     }
     qa->has_vnni = 0;
-    if (with_vnni) act_fill_vnni(qa);
+    if (with_vnni) fill_vnni_avx2(qa);
     return 0;
 }
 

@@ -40,10 +40,15 @@ typedef struct {
      * its low nibbles and its high nibbles are taken apart) */
     int8_t *qp;     /* q in perm32 order */
     uint8_t *aqp;   /* |qp| */
-    uint8_t *mq_lo; /* perm32: low byte of |m * q| (<= 32385), VNNI kernels */
-    uint8_t *mq_hi; /* perm32: high byte of |m * q| */
-    uint64_t *neg;  /* perm32: bit i of word w set when qp[64 w + i] < 0 */
-    int has_vnni;   /* mq_lo, mq_hi and neg are filled */
+    /* "perm128" order, read by the 128-column VNNI kernels: within each chunk of 128 columns,
+     * the 64 even columns, then the 64 odd ones (the order the low and the high nibbles of 64
+     * b = 4 index bytes give). m * q = 256 * mh + ml with ml in -128..127, mh in -127..127
+     * (signed bytes, the second operand of vpdpbusd). n_pad + 64 entries (a multiple of 128
+     * covers the columns), zero past n. */
+    int8_t *ml;
+    int8_t *mh;
+    int32_t *msum;  /* [n_pad / 32] sum of m * q over block j (natural order) */
+    int has_vnni;   /* ml, mh and msum are filled */
     size_t cap;     /* allocated n_pad */
 } QuantActs;
 
@@ -66,6 +71,12 @@ int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni);
 int act_reserve(QuantActs *qa, size_t n_pad);
 int act_block_m(float a, float D, int finite, float *inv);
 void act_fill_vnni(QuantActs *qa);
+
+/* For the perm128 VNNI kernels, which multiply the unsigned bytes w + 128 (w a centroid) by
+ * the signed bytes of m * q: corr[s] = 128 * sum of m * q over the columns of sub-block s
+ * (G columns, G % 32 == 0, the last one cut at cols), modulo 2^32, so T[s] = (their sum) -
+ * corr[s]. */
+void act_vnni_corrections(uint32_t *corr, const QuantActs *qa, int n_sub, int G, int cols);
 
 void act_free(QuantActs *qa);
 

@@ -10,10 +10,9 @@
  * weight (vpsignb) and |q| is the unsigned operand (the trick of ggml's q4_0 x q8_0 dot):
  *   AVX2:     vpmaddubsw(|q|, sign(w, q)) -> 16 x int16 (|pair| <= 2*127*127, no saturation),
  *             vpmaddwd with the block multiplier m -> 8 x int32, added to the accumulator.
- *   AVX-VNNI: vpdpbusd(lo, sign(w, q)) and vpdpbusd(hi, sign(w, q)) where lo/hi are the bytes
- *             of |m q| (<= 32385), so T = sum(lo part) + 256 * sum(hi part).
- * The int32 lanes are moved to an int64 sum before they can overflow (AVX2: every 128 chunks,
- * a lane gains at most 2*32258*255 per chunk; VNNI: every 8192 chunks, at most 4*255*127).
+ * The int32 lanes are moved to an int64 sum before they can overflow (every 128 chunks, a lane
+ * gains at most 2*32258*255 per chunk). AVX-VNNI has its own kernel below (128 columns per
+ * step, vpdpbusd on the unsigned weights w + 128).
  * The AVX2 kernel works on two rows at a time, sharing the activation loads. The inner loops
  * over whole chunks make no calls (a row's partial last chunk is handled after them), so the
  * accumulators, tables and activations stay in registers.
@@ -27,8 +26,6 @@
 #include <string.h>
 
 #include "simd_avx2.h"
-
-#define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
 
 /* 32 columns of one row: int32 lanes of m * sum(q * w) (perm32 order, G % 32 == 0). */
 AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q, __m256i a,
@@ -166,51 +163,115 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     for (; r < r1; r += 2) rows2_avx2(y, qa, L, r, r + 1 < r1 ? r + 1 : r, cols, T0, T1);
 }
 
-/* 32 columns at c (index bytes at ip): lo and hi gain the VNNI dot products. */
-AVXVNNI_FN static inline void vnni_step32(const uint8_t *ip, __m256i tbl, const QuantActs *qa,
-                                          int c, __m256i *lo, __m256i *hi) {
-    __m256i w = _mm256_shuffle_epi8(tbl, nibbles32(ip));
-    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
-    __m256i ws = _mm256_sign_epi8(w, q);
-    *lo = _mm256_dpbusd_avx_epi32(
-        *lo, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_lo + c)), ws);
-    *hi = _mm256_dpbusd_avx_epi32(
-        *hi, _mm256_loadu_si256((const __m256i *)(const void *)(qa->mq_hi + c)), ws);
-}
+/* ---- b = 4 over 128 columns per step (perm128 activations), ymm VNNI ----
+ * qgemv_avx512.c's 128-column kernel in 256-bit registers: per 64 columns (32 index bytes)
+ * the low nibbles (vpand 0x0f) and the high nibbles (16-bit shift by 4, vpand) are looked up
+ * with vpshufb in the table of w + 128 (both halves), and four vpdpbusd multiply them by the
+ * signed bytes ml, mh of m * q in perm128 order (the even columns of the 64 are perm128
+ * entries 0..31 or 32..63 of their chunk, the odd ones 64 further); T = lo + 256 hi - corr
+ * (qgemv.h act_vnni_corrections), formed modulo 2^32 (G <= 512: |T| < 2^31). Four rows at
+ * a time; other G and the last r1 - r0 mod 4 rows go to the AVX2 kernel (the same bits).
+ * (The same with the EVEX vpdpbusd on ymm0..31 was slower than the zmm kernel on the
+ * Sapphire Rapids measured: docs/KERNELS.md.) */
+#define AVXVNNI_F16C_FN __attribute__((target("avx2,f16c,avxvnni")))
+#define DPBUSD_VEX(acc, a, b) _mm256_dpbusd_avx_epi32((acc), (a), (b))
 
-AVXVNNI_FN void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0,
-                                     int r1, int cols) {
-    int64_t T[L->n_sub];
-    const __m256i zero = _mm256_setzero_si256();
-    const int full = cols & ~31; /* columns in whole chunks */
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        for (int s = 0; s < L->n_sub; s++) {
-            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;
-            const __m256i tbl =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb));
-            int c0 = s * L->group_size;
-            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-            int64_t t = 0;
-            for (int c = c0; c < c1;) {
-                int stop = c + 8192 * 32 < c1 ? c + 8192 * 32 : c1;
-                int stop_full = stop < full ? stop : full;
-                __m256i lo = zero, hi = zero;
-                for (; c < stop_full; c += 32) /* no calls: everything stays in registers */
-                    vnni_step32(row + c / 2, tbl, qa, c, &lo, &hi);
-                if (c < stop) { /* the row's last, partial chunk: a zero-padded copy */
-                    uint8_t tail[16];
-                    i8_tail_indices(tail, row, c, cols);
-                    vnni_step32(tail, tbl, qa, c, &lo, &hi);
-                    c = stop;
-                }
-                t += hsum_epi32_wide(lo) + 256 * hsum_epi32_wide(hi);
-            }
-            T[s] = t;
-        }
-        y[r] = combine_f16c(L, r, T, qa->D);
+/* 64 columns (index bytes at ip, activations at perm128 entry e of chunk c) of one row */
+#define STEP64Y(DP, ip, e, tbl, lo, hi)                                                        \
+    do {                                                                                       \
+        __m256i v_ = _mm256_loadu_si256((const __m256i *)(const void *)(ip));                  \
+        __m256i we_ = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v_, low4));                    \
+        __m256i wo_ =                                                                          \
+            _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v_, 4), low4));        \
+        lo = DP(DP(lo, we_, LD256(qa->ml + c + (e))), wo_, LD256(qa->ml + c + (e) + 64));      \
+        hi = DP(DP(hi, we_, LD256(qa->mh + c + (e))), wo_, LD256(qa->mh + c + (e) + 64));      \
+    } while (0)
+#define LD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+
+#define I8CB_B4_ROWS4_128Y(NAME, FN, DP)                                                       \
+    FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
+                                int cols, const uint32_t *corr) {                              \
+        const uint8_t *row[4];                                                                 \
+        for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;     \
+        const int full = cols & ~127;                                                          \
+        const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);  \
+        prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,           \
+                       (size_t)(L->end - L->indices));                                         \
+        prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u,                      \
+                       4 * (size_t)L->n_sub * 16u, cent_bytes);                                \
+        const __m256i low4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(-128);            \
+        __m256d acc = _mm256_setzero_pd();                                                     \
+        for (int s = 0; s < L->n_sub; s++) {                                                   \
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;     \
+            const size_t cs = (size_t)L->n_sub * 16u;                                          \
+            const __m256i t0 = _mm256_xor_si256(flip, _mm256_broadcastsi128_si256(             \
+                                                          LD128(cb)));                         \
+            const __m256i t1 = _mm256_xor_si256(flip, _mm256_broadcastsi128_si256(             \
+                                                          LD128(cb + cs)));                    \
+            const __m256i t2 = _mm256_xor_si256(flip, _mm256_broadcastsi128_si256(             \
+                                                          LD128(cb + 2 * cs)));                \
+            const __m256i t3 = _mm256_xor_si256(flip, _mm256_broadcastsi128_si256(             \
+                                                          LD128(cb + 3 * cs)));                \
+            int c0 = s * L->group_size;                                                        \
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;                    \
+            int stop = c1 < full ? c1 : full;                                                  \
+            __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0;                    \
+            __m256i h0 = l0, h1 = l0, h2 = l0, h3 = l0;                                        \
+            int c = c0;                                                                        \
+            for (; c < stop; c += 128) { /* no calls: everything stays in registers */        \
+                STEP64Y(DP, row[0] + c / 2, 0, t0, l0, h0);                                    \
+                STEP64Y(DP, row[1] + c / 2, 0, t1, l1, h1);                                    \
+                STEP64Y(DP, row[2] + c / 2, 0, t2, l2, h2);                                    \
+                STEP64Y(DP, row[3] + c / 2, 0, t3, l3, h3);                                    \
+                STEP64Y(DP, row[0] + c / 2 + 32, 32, t0, l0, h0);                              \
+                STEP64Y(DP, row[1] + c / 2 + 32, 32, t1, l1, h1);                              \
+                STEP64Y(DP, row[2] + c / 2 + 32, 32, t2, l2, h2);                              \
+                STEP64Y(DP, row[3] + c / 2 + 32, 32, t3, l3, h3);                              \
+            }                                                                                  \
+            if (c < c1) { /* the rows' partial last step: zero-padded copies */                \
+                uint8_t tl[4][64];                                                             \
+                memset(tl, 0, sizeof tl);                                                      \
+                size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u);              \
+                for (int i = 0; i < 4; i++) memcpy(tl[i], row[i] + c / 2, nb);                 \
+                STEP64Y(DP, tl[0], 0, t0, l0, h0);                                             \
+                STEP64Y(DP, tl[1], 0, t1, l1, h1);                                             \
+                STEP64Y(DP, tl[2], 0, t2, l2, h2);                                             \
+                STEP64Y(DP, tl[3], 0, t3, l3, h3);                                             \
+                STEP64Y(DP, tl[0] + 32, 32, t0, l0, h0);                                       \
+                STEP64Y(DP, tl[1] + 32, 32, t1, l1, h1);                                       \
+                STEP64Y(DP, tl[2] + 32, 32, t2, l2, h2);                                       \
+                STEP64Y(DP, tl[3] + 32, 32, t3, l3, h3);                                       \
+            }                                                                                  \
+            __m128i T = _mm_sub_epi32(                                                         \
+                hsum4_epi32(_mm256_add_epi32(l0, _mm256_slli_epi32(h0, 8)),                    \
+                            _mm256_add_epi32(l1, _mm256_slli_epi32(h1, 8)),                    \
+                            _mm256_add_epi32(l2, _mm256_slli_epi32(h2, 8)),                    \
+                            _mm256_add_epi32(l3, _mm256_slli_epi32(h3, 8))),                   \
+                _mm_set1_epi32((int)corr[s]));                                                 \
+            const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;          \
+            __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub],                     \
+                                        (short)sc[2 * L->n_sub], (short)sc[3 * L->n_sub], 0,   \
+                                        0, 0, 0);                                              \
+            __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));                                 \
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, _mm256_cvtepi32_pd(T)));            \
+        }                                                                                      \
+        _mm_storeu_ps(y + r,                                                                   \
+                      _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));     \
+    }                                                                                          \
+    FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
+        if (L->group_size % 128 != 0 || L->group_size > 512) {                                 \
+            i8cb_b4_rows_avx2(y, qa, L, r0, r1, cols);                                         \
+            return;                                                                            \
+        }                                                                                      \
+        uint32_t corr[L->n_sub];                                                               \
+        act_vnni_corrections(corr, qa, L->n_sub, L->group_size, cols);                         \
+        int r = r0;                                                                            \
+        for (; r + 4 <= r1; r += 4) NAME##_rows4(y, qa, L, r, cols, corr);                     \
+        if (r < r1) i8cb_b4_rows_avx2(y, qa, L, r, r1, cols);                                  \
     }
-}
+#define LD128(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
+
+I8CB_B4_ROWS4_128Y(i8cb_b4_rows_avxvnni, AVXVNNI_F16C_FN, DPBUSD_VEX)
 
 
 /* ---- any b in 1..8 (natural column order), AVX2 + BMI2 ----

@@ -1,15 +1,6 @@
-/* qgemv_avx512.c: integer GEMV for int8 codebook tensors with b = 4, AVX-512 VNNI and AVX-512
- * VBMI (definitions in qgemv.h; docs/KERNELS.md "Integer kernels").
- *
- * Per 64 columns (two activation blocks of the same sub-block, G % 64 == 0): the 32 index bytes
- * are spread over the four 128-bit lanes as [bytes 0-15, bytes 0-15, bytes 16-31, bytes 16-31]
- * (vshufi64x2), shifted right by 0 / 4 bits per lane (vpsrlvw) and masked, which gives each
- * block's indices in the perm32 order of the quantized activations. The lookup in the
- * sub-block's 16 int8 centroids is one vpshufb (table in every lane; AVX-512 VNNI) or one
- * vpermb (AVX-512 VBMI). The sign of q moves onto the weight with a masked subtract from zero
- * (the mask is the precomputed sign bits of q), and two vpdpbusd multiply the unsigned low and
- * high bytes of |m q| by it: T = sum(lo) + 256 * sum(hi). A lane gains at most 4*255*127 per
- * step, so the int32 lanes are moved to int64 every 4096 steps.
+/* qgemv_avx512.c: integer GEMV for int8 codebook tensors with b = 4, AVX-512 VNNI (+ VBMI):
+ * 128 columns per step in zmm registers (definitions in qgemv.h; docs/KERNELS.md "Integer
+ * kernels").
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -19,82 +10,128 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define VNNI512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define VBMI512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+#include "simd_avx2.h"
 
-/* 64 b = 4 indices from 32 bytes, each 32-column block in perm32 order. */
-#define NIBBLES64(p, shift, low4)                                                              \
-    _mm512_and_si512(                                                                          \
-        _mm512_srlv_epi16(                                                                     \
-            _mm512_shuffle_i64x2(                                                              \
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(p))), \
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(p))), \
-                0x50),                                                                         \
-            shift),                                                                            \
-        low4)
+/* ---- b = 4 over 128 columns per step (perm128 activations), zmm ----
+ * The 64 index bytes of 128 columns are one load; their low nibbles (the even columns) and,
+ * after a 16-bit shift right by 4, their high nibbles (the odd columns) are looked up in the
+ * sub-block's 16 centroids, stored as the unsigned bytes w + 128 (the table xor 0x80). With
+ * VBMI the lookup is vpermb on the table repeated in all four lanes: it reads index bits 0..5,
+ * and bits 4..5 (the neighbouring nibble) only pick which copy, so no mask is needed; without
+ * VBMI it is vpand 0x0f + vpshufb. vpdpbusd multiplies those unsigned weights by the signed
+ * bytes ml and mh of m * q (qgemv.h), so per sub-block
+ *   sum (w + 128) (256 mh + ml) = T + 128 * sum m q,  T = (lo lanes) + 256 (hi lanes) - corr.
+ * Four rows at a time (one activation load per four rows, 8 accumulators); G <= 512 keeps
+ * |T| < 2^31, so every sum is formed modulo 2^32 (wrapping int32 lanes) and comes out exact.
+ * Other G, and the last r1 - r0 mod 4 rows, go to the AVX2 kernel (the same bits). */
 
-/* int64 sum of the 16 int32 lanes of v */
-#define HSUM_WIDE(v)                                                                           \
-    _mm512_reduce_add_epi64(_mm512_add_epi64(                                                  \
-        _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),                                      \
-        _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))))
+#define VNNI512_F16C_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")))
+#define VBMI512_F16C_FN                                                                        \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,f16c")))
 
-/* 64 columns at c from the index bytes at ip: lo/hi gain the VNNI dot products. */
-#define STEP64(LOOKUP, ip)                                                                     \
+void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+#define LOOKUP128_PERMB(tbl, v) _mm512_permutexvar_epi8((v), (tbl))
+#define LOOKUP128_PSHUFB(tbl, v) _mm512_shuffle_epi8((tbl), _mm512_and_si512((v), low4))
+
+/* 128 columns of one row (index bytes at ip): lo and hi gain the dot products. */
+#define STEP128(LOOKUP, ip, tbl, lo, hi)                                                       \
     do {                                                                                       \
-        __m512i w = LOOKUP(tbl, NIBBLES64((ip), shift, low4));                                 \
-        __m512i ws = _mm512_mask_sub_epi8(w, (__mmask64)qa->neg[c / 64], zero, w);             \
-        lo = _mm512_dpbusd_epi32(lo, _mm512_loadu_si512((const void *)(qa->mq_lo + c)), ws);   \
-        hi = _mm512_dpbusd_epi32(hi, _mm512_loadu_si512((const void *)(qa->mq_hi + c)), ws);   \
+        __m512i v_ = _mm512_loadu_si512((const void *)(ip));                                   \
+        __m512i we_ = LOOKUP(tbl, v_), wo_ = LOOKUP(tbl, _mm512_srli_epi16(v_, 4));            \
+        lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo, we_, ale), wo_, alo);                 \
+        hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi, we_, ahe), wo_, aho);                 \
     } while (0)
 
-/* The row loop, for a lookup LOOKUP(table, idx) of one ISA. */
-#define I8CB_B4_ROWS_512(LOOKUP)                                                               \
-    int64_t T[L->n_sub];                                                                       \
-    const int full = cols & ~63; /* columns in whole 64-column steps */                       \
-    const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,       \
-                                           0x0004000400040004, 0x0004000400040004, 0, 0);      \
-    const __m512i low4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();               \
-    for (int r = r0; r < r1; r++) {                                                            \
-        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;                           \
+#define ACTS128(c)                                                                             \
+    const __m512i ale = _mm512_loadu_si512((const void *)(qa->ml + (c)));                      \
+    const __m512i alo = _mm512_loadu_si512((const void *)(qa->ml + (c) + 64));                 \
+    const __m512i ahe = _mm512_loadu_si512((const void *)(qa->mh + (c)));                      \
+    const __m512i aho = _mm512_loadu_si512((const void *)(qa->mh + (c) + 64))
+
+/* lo + 256 hi, 16 lanes folded to 8 (wrapping int32) */
+__attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i lo, __m512i hi) {
+    __m512i t = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+    return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP)                                                    \
+    FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
+                                int cols, const uint32_t *corr) {                              \
+        const uint8_t *row[4];                                                                 \
+        for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;     \
+        const int full = cols & ~127;                                                          \
+        const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);  \
+        prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,           \
+                       (size_t)(L->end - L->indices));                                         \
+        prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u,                      \
+                       4 * (size_t)L->n_sub * 16u, cent_bytes);                                \
+        const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(-128);            \
+        (void)low4;                                                                            \
+        __m256d acc = _mm256_setzero_pd();                                                     \
         for (int s = 0; s < L->n_sub; s++) {                                                   \
+            __m512i t0, t1, t2, t3;                                                            \
             const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;     \
-            const __m512i tbl =                                                                \
-                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)cb));    \
+            const size_t cs = (size_t)L->n_sub * 16u;                                          \
+            t0 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)cb)));              \
+            t1 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + cs))));       \
+            t2 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + 2 * cs))));   \
+            t3 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + 3 * cs))));   \
             int c0 = s * L->group_size;                                                        \
             int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;                    \
-            int64_t t = 0;                                                                     \
-            for (int c = c0; c < c1;) {                                                        \
-                int stop = c + 4096 * 64 < c1 ? c + 4096 * 64 : c1;                            \
-                int stop_full = stop < full ? stop : full;                                     \
-                __m512i lo = zero, hi = zero;                                                  \
-                for (; c < stop_full; c += 64) /* no calls: everything stays in registers */   \
-                    STEP64(LOOKUP, row + c / 2);                                               \
-                if (c < stop) { /* the row's last, partial step: a zero-padded copy */         \
-                    uint8_t tail[32] = {0};                                                    \
-                    memcpy(tail, row + c / 2,                                                  \
-                           (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u));              \
-                    STEP64(LOOKUP, tail);                                                      \
-                    c = stop;                                                                  \
-                }                                                                              \
-                t += HSUM_WIDE(lo) + 256 * HSUM_WIDE(hi);                                      \
+            int stop = c1 < full ? c1 : full;                                                  \
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;                    \
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;                                        \
+            int c = c0;                                                                        \
+            for (; c < stop; c += 128) { /* no calls: everything stays in registers */        \
+                ACTS128(c);                                                                    \
+                STEP128(LOOKUP, row[0] + c / 2, t0, l0, h0);                                   \
+                STEP128(LOOKUP, row[1] + c / 2, t1, l1, h1);                                   \
+                STEP128(LOOKUP, row[2] + c / 2, t2, l2, h2);                                   \
+                STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
             }                                                                                  \
-            T[s] = t;                                                                          \
+            if (c < c1) { /* the rows' partial last step: zero-padded copies */                \
+                uint8_t tl[4][64];                                                             \
+                memset(tl, 0, sizeof tl);                                                      \
+                size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u);              \
+                for (int i = 0; i < 4; i++) memcpy(tl[i], row[i] + c / 2, nb);                 \
+                ACTS128(c);                                                                    \
+                STEP128(LOOKUP, tl[0], t0, l0, h0);                                            \
+                STEP128(LOOKUP, tl[1], t1, l1, h1);                                            \
+                STEP128(LOOKUP, tl[2], t2, l2, h2);                                            \
+                STEP128(LOOKUP, tl[3], t3, l3, h3);                                            \
+            }                                                                                  \
+            __m128i T = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),    \
+                                                  fold_lohi(l3, h3)),                               \
+                                      _mm_set1_epi32((int)corr[s]));                           \
+            const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;          \
+            __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub],                     \
+                                        (short)sc[2 * L->n_sub], (short)sc[3 * L->n_sub], 0,   \
+                                        0, 0, 0);                                              \
+            __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));                                 \
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, _mm256_cvtepi32_pd(T)));            \
         }                                                                                      \
-        y[r] = i8_combine(L, r, T, qa->D);                                                     \
+        _mm_storeu_ps(y + r,                                                                   \
+                      _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));     \
+    }                                                                                          \
+    FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
+        if (L->group_size % 128 != 0 || L->group_size > 512) {                                 \
+            i8cb_b4_rows_avx2(y, qa, L, r0, r1, cols);                                         \
+            return;                                                                            \
+        }                                                                                      \
+        uint32_t corr[L->n_sub];                                                               \
+        act_vnni_corrections(corr, qa, L->n_sub, L->group_size, cols);                         \
+        int r = r0;                                                                            \
+        for (; r + 4 <= r1; r += 4) NAME##_rows4(y, qa, L, r, cols, corr);                     \
+        if (r < r1) i8cb_b4_rows_avx2(y, qa, L, r, r1, cols);                                  \
     }
 
-#define LOOKUP_PSHUFB(tbl, idx) _mm512_shuffle_epi8(tbl, idx)
-#define LOOKUP_PERMB(tbl, idx) _mm512_permutexvar_epi8(idx, tbl)
-
-VNNI512_FN void i8cb_b4_rows_avx512vnni(float *y, const QuantActs *qa, const I8Layout *L,
-                                        int r0, int r1, int cols) {
-    I8CB_B4_ROWS_512(LOOKUP_PSHUFB)
-}
-
-VBMI512_FN void i8cb_b4_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,
-                                        int r0, int r1, int cols) {
-    I8CB_B4_ROWS_512(LOOKUP_PERMB)
-}
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB)
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB)
 
 #endif

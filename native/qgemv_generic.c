@@ -17,9 +17,9 @@ void act_free(QuantActs *qa) {
     free(qa->q);
     free(qa->qp);
     free(qa->aqp);
-    free(qa->mq_lo);
-    free(qa->mq_hi);
-    free(qa->neg);
+    free(qa->ml);
+    free(qa->mh);
+    free(qa->msum);
     memset(qa, 0, sizeof *qa);
 }
 
@@ -33,10 +33,10 @@ int act_reserve(QuantActs *qa, size_t n_pad) {
     t.q = malloc(n_pad);
     t.qp = malloc(n_pad);
     t.aqp = malloc(n_pad);
-    t.mq_lo = malloc(n_pad);
-    t.mq_hi = malloc(n_pad);
-    t.neg = malloc(n_pad / 64 * sizeof *t.neg);
-    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.mq_lo || !t.mq_hi || !t.neg) {
+    t.ml = malloc(n_pad + 64);
+    t.mh = malloc(n_pad + 64);
+    t.msum = malloc(nb * sizeof *t.msum);
+    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.ml || !t.mh || !t.msum) {
         act_free(&t);
         return -1;
     }
@@ -56,21 +56,32 @@ int act_block_m(float a, float D, int finite, float *inv) {
 }
 
 void act_fill_vnni(QuantActs *qa) {
-    size_t n_pad = (size_t)qa->n_pad; /* a multiple of QA_PAD = 64 */
-    for (size_t w = 0; w < n_pad / 64; w++) {
-        /* the sign word in a register: or-ed into neg[w] in memory, every column would wait
-         * on the previous one's store (the uint8_t stores may alias it) */
-        uint64_t neg = 0;
-        for (size_t c = 64 * w; c < 64 * w + 64; c++) {
-            int v = qa->qp[c];
-            unsigned mq = (unsigned)(v < 0 ? -v : v) * qa->m[c / QA_BLOCK];
-            qa->mq_lo[c] = (uint8_t)(mq & 0xffu);
-            qa->mq_hi[c] = (uint8_t)(mq >> 8);
-            neg |= (uint64_t)(v < 0) << (c % 64);
+    size_t n_pad = (size_t)qa->n_pad;
+    memset(qa->ml, 0, n_pad + 64);
+    memset(qa->mh, 0, n_pad + 64);
+    for (size_t j = 0; j < n_pad / QA_BLOCK; j++) {
+        int32_t sum = 0;
+        for (size_t c = j * QA_BLOCK; c < (j + 1) * QA_BLOCK; c++) {
+            int v = qa->m[j] * qa->q[c];       /* |v| <= 32385 */
+            int l = ((v + 128) & 0xff) - 128; /* v's low byte as a signed byte */
+            size_t pos = c / 128 * 128 + (c % 2) * 64 + c % 128 / 2; /* perm128 */
+            qa->ml[pos] = (int8_t)l;
+            qa->mh[pos] = (int8_t)((v - l) / 256);
+            sum += v;
         }
-        qa->neg[w] = neg;
+        qa->msum[j] = sum;
     }
     qa->has_vnni = 1;
+}
+
+void act_vnni_corrections(uint32_t *corr, const QuantActs *qa, int n_sub, int G, int cols) {
+    for (int s = 0; s < n_sub; s++) {
+        int c0 = s * G, c1 = c0 + G < cols ? c0 + G : cols;
+        uint32_t sum = 0;
+        for (int j = c0 / QA_BLOCK; j < (c1 + QA_BLOCK - 1) / QA_BLOCK; j++)
+            sum += (uint32_t)qa->msum[j];
+        corr[s] = 128u * sum;
+    }
 }
 
 int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {

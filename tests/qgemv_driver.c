@@ -31,6 +31,40 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kernel %s: unknown or not supported by this CPU\n", kernel);
         return 2;
     }
+    /* the table's act_quantize into one QuantActs reused across lengths (as decode reuses
+     * its buffers), its arrays dirtied in between, against act_quantize_generic on a fresh one:
+     * the same bytes in everything a kernel reads */
+    uint64_t rng_saved = rng_state; /* the cases below see the same random stream as without it */
+    if (K->act_quant) {
+        static const int ns[] = {4200, 65, 1000, 33, 576, 100, 7, 4200, 1, 130, 64};
+        QuantActs qa, ref;
+        memset(&qa, 0, sizeof qa);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            int n = ns[i];
+            float *x = malloc((size_t)n * sizeof *x);
+            if (!x) return 3;
+            for (int c = 0; c < n; c++) x[c] = rnd_float() * (float)(1 + c % 7);
+            memset(&ref, 0, sizeof ref);
+            if (K->act_quant(&qa, x, n, 1) || act_quantize_generic(&ref, x, n, 1)) return 3;
+            size_t np = (size_t)ref.n_pad, n128 = (np + 127) / 128 * 128;
+            if (qa.n_pad != ref.n_pad || qa.has_vnni != 1 || memcmp(&qa.D, &ref.D, sizeof qa.D) ||
+                memcmp(qa.m, ref.m, np / 32) || memcmp(qa.q, ref.q, np) ||
+                memcmp(qa.qp, ref.qp, np) || memcmp(qa.aqp, ref.aqp, np) ||
+                memcmp(qa.ml, ref.ml, n128) || memcmp(qa.mh, ref.mh, n128) ||
+                memcmp(qa.msum, ref.msum, np / 32 * sizeof *qa.msum)) {
+                printf("MISMATCH act_quantize kernel=%s n=%d (reused buffers)\n", kernel, n);
+                return 1;
+            }
+            memset(qa.ml, 0x5a, qa.cap + 64); /* garbage for the next, shorter input */
+            memset(qa.mh, 0xa5, qa.cap + 64);
+            act_free(&ref);
+            free(x);
+        }
+        act_free(&qa);
+        printf("act_quantize: %zu lengths with reused buffers equal the reference\n",
+               sizeof ns / sizeof ns[0]);
+    }
+    rng_state = rng_saved;
     static const int groups[] = {32, 64, 128, 256, 576, 4160, 2, 7, 48, 100};
     static const int lengths[] = {1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200};
     int cases = 0, simd = 0, gemm = 0;

@@ -283,7 +283,7 @@ def _build_driver(tmp_path, *extra, cc="clang-22"):
 DRIVER_GROUPS = (32, 64, 128, 256, 576, 4160, 2, 7, 48, 100)
 DRIVER_LENGTHS = (1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200)
 #: per table: (chunk of its b = 4 kernel, whether it has an any-b kernel for G % 32 == 0)
-TABLE_PATHS = {"avx512vbmi": (64, True), "avx512vnni": (64, True), "avxvnni": (32, True),
+TABLE_PATHS = {"avx512vbmi": (32, True), "avx512vnni": (32, True), "avxvnni": (32, True),
                "avx2": (32, True), "neon": (32, True), "generic": (None, False)}
 
 
@@ -379,6 +379,36 @@ def test_neon_equals_reference_under_qemu(tmp_path):
             p = subprocess.run(["qemu-aarch64", "-L", str(AARCH64_SYSROOT), str(exe), kernel],
                                capture_output=True, text=True, timeout=600)
             _check_driver_output(p, kernel)
+
+
+@pytest.mark.parametrize("G", [128, 256, 384, 512])
+def test_b4_extreme_sums_are_exact_on_every_table(lib, G):
+    """The largest sub-block sums (every |m q| = 255 * 127 = 32385 against centroids of
+    magnitude 127: |T| up to 512 * 127 * 32385 = 2.1e9, near 2^31) and sign patterns that give
+    negative low and high bytes of m q: the 128-column VNNI kernels form T modulo 2^32 from
+    (w + 128) * m q and a correction, which must come out exact."""
+    rows, cols = 9, 3 * G + 100  # whole steps, a partial last sub-block, a partial chunk
+    S = -(-cols // G)
+    rng = np.random.default_rng(G)
+    cent = np.empty((rows, S, 16))
+    cent[0] = 127.0  # all centroids +127 (row 0) and -127 (row 1): the extreme sums
+    cent[1] = -127.0
+    cent[2:] = rng.choice([-127.0, 127.0, -1.0, 0.0, 64.0], size=(rows - 2, S, 16))
+    idx = rng.integers(0, 16, size=(rows, cols), dtype=np.uint8)
+    ct = CodebookTensor(bits=4, group_size=G, codebooks=cent, indices=idx, codebook_type="int8",
+                        scales=np.ones((rows, S), np.float16))
+    for x in (np.ones(cols, np.float32),  # m = 255, q = 127 everywhere
+              np.where(np.arange(cols) % 3 == 0, -1.0, 1.0).astype(np.float32),
+              (rng.normal(size=cols) * rng.choice([1e-3, 1, 50], size=cols)).astype(np.float32)):
+        want = i8_gemv_np(ct, x)
+        if x.min() == 1:  # T = (columns of the sub-block) * 127 * 32385, D = 1 / 32385
+            D = float(np.float32(1) / np.float32(127 * 255))
+            assert want[0] == np.float32(float(cols * 127 * 32385) * D) == -want[1]
+        for kernel, need in X86_TABLES.items():
+            if need <= cpu_flags():
+                got, rc = run_kernel(lib, kernel, ct, x)
+                assert rc == (kernel != "generic"), kernel
+                np.testing.assert_array_equal(got, want, err_msg=kernel)
 
 
 def test_threads_do_not_change_bits(lib):
