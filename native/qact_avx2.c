@@ -37,7 +37,8 @@ AVX2_FN static inline __m256i quantize32(const float *x, __m256 inv) {
 /* act_fill_vnni() from qp: per block j of 32 (perm32: its 16 evens, then its 16 odds), m * q
  * in int16 (vpmullw, |m q| <= 32385), mh = (m q + 128) >> 8 (arithmetic: the floor),
  * ml = m q - 256 mh; the block's evens go to perm128 entries 16 (j mod 4) .. + 16 of its
- * 128-column chunk and its odds 64 further (the same bytes as act_fill_vnni). */
+ * 128-column chunk and its odds 64 further; nl, nh the same from q in column order (the same
+ * bytes as act_fill_vnni). */
 AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
     size_t n_pad = (size_t)qa->n_pad;
     /* the entries no block writes: with n_pad % 128 == 64, the last chunk's missing half */
@@ -63,6 +64,18 @@ AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
         _mm_storeu_si128((__m128i *)(void *)(qa->ml + e + 64), _mm256_extracti128_si256(l, 1));
         _mm_storeu_si128((__m128i *)(void *)(qa->mh + e), _mm256_castsi256_si128(h));
         _mm_storeu_si128((__m128i *)(void *)(qa->mh + e + 64), _mm256_extracti128_si256(h, 1));
+        /* natural order: m q from q itself (the block's 32 columns in order) */
+        __m256i qn = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + 32 * j));
+        __m256i va = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qn)), m);
+        __m256i vb = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qn, 1)), m);
+        __m256i ha = _mm256_srai_epi16(_mm256_add_epi16(va, r128), 8);
+        __m256i hb = _mm256_srai_epi16(_mm256_add_epi16(vb, r128), 8);
+        __m256i la = _mm256_sub_epi16(va, _mm256_slli_epi16(ha, 8));
+        __m256i lb = _mm256_sub_epi16(vb, _mm256_slli_epi16(hb, 8));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->nl + 32 * j),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi16(la, lb), 0xd8));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->nh + 32 * j),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi16(ha, hb), 0xd8));
         __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ve, ones), _mm256_madd_epi16(vo, ones));
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));

@@ -47,8 +47,10 @@ typedef struct {
      * covers the columns), zero past n. */
     int8_t *ml;
     int8_t *mh;
+    int8_t *nl;     /* ml and mh in natural column order (n_pad entries), for b = 6 */
+    int8_t *nh;
     int32_t *msum;  /* [n_pad / 32] sum of m * q over block j (natural order) */
-    int has_vnni;   /* ml, mh and msum are filled */
+    int has_vnni;   /* ml, mh, nl, nh and msum are filled */
     size_t cap;     /* allocated n_pad */
 } QuantActs;
 

@@ -106,9 +106,9 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
                 STEP128(LOOKUP, tl[2], t2, l2, h2);                                            \
                 STEP128(LOOKUP, tl[3], t3, l3, h3);                                            \
             }                                                                                  \
-            __m128i T = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),    \
-                                                  fold_lohi(l3, h3)),                               \
-                                      _mm_set1_epi32((int)corr[s]));                           \
+            __m128i T = hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),   \
+                                    fold_lohi(l3, h3));                                        \
+            T = _mm_sub_epi32(T, _mm_set1_epi32((int)corr[s]));                                \
             const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;          \
             __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub],                     \
                                         (short)sc[2 * L->n_sub], (short)sc[3 * L->n_sub], 0,   \
@@ -133,5 +133,110 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
 
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB)
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB)
+
+/* ---- b = 6, AVX-512 VBMI: 64 columns per step (natural column order) ----
+ * 64 indices are 48 bytes (eight groups of 6 bytes, FORMAT.md). One vpermb puts group k into
+ * qword k, one vpmultishiftqb takes the 8 bits at offsets 0, 6, ..., 42 of each qword (index
+ * j of the group in bits 0..5 of byte j), and one vpermb looks the indices up in the
+ * sub-block's 64 centroids (one zmm, stored as w + 128; vpermb reads bits 0..5 only). Two
+ * vpdpbusd multiply them by the signed bytes nl, nh of m * q (qgemv.h) as in the b = 4 kernel
+ * above. Four rows at a time; a sub-block is summed in runs of at most 512 columns, each run's
+ * int32 sum exact (|run| < 2^31) and added in double (exact: integers below 2^53). G % 64 != 0,
+ * inputs without the VNNI arrays and the last rows mod 4 go to the AVX2 b = 6 kernel. */
+
+void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+#define B6_LOAD_MASK ((__mmask64)0x0000ffffffffffffull) /* the 48 index bytes of 64 columns */
+
+/* 64 b = 6 indices (the 48 bytes of v) as bytes, index in bits 0..5 */
+VBMI512_F16C_FN static inline __m512i b6_idx64(__m512i v, __m512i place, __m512i offsets) {
+    return _mm512_multishift_epi64_epi8(offsets, _mm512_permutexvar_epi8(place, v));
+}
+
+#define B6_STEP(ip, tbl, lo, hi)                                                               \
+    do {                                                                                       \
+        __m512i w_ = _mm512_permutexvar_epi8(                                                  \
+            b6_idx64(_mm512_maskz_loadu_epi8(B6_LOAD_MASK, (ip)), place, offsets), (tbl));     \
+        lo = _mm512_dpbusd_epi32(lo, w_, _mm512_loadu_si512((const void *)(qa->nl + c)));     \
+        hi = _mm512_dpbusd_epi32(hi, w_, _mm512_loadu_si512((const void *)(qa->nh + c)));     \
+    } while (0)
+
+VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L,
+                                          int r, int cols) {
+    static const uint8_t PLACE[64] = {
+        0,  1,  2,  3,  4,  5,  5,  5,  6,  7,  8,  9,  10, 11, 11, 11,
+        12, 13, 14, 15, 16, 17, 17, 17, 18, 19, 20, 21, 22, 23, 23, 23,
+        24, 25, 26, 27, 28, 29, 29, 29, 30, 31, 32, 33, 34, 35, 35, 35,
+        36, 37, 38, 39, 40, 41, 41, 41, 42, 43, 44, 45, 46, 47, 47, 47};
+    const __m512i place = _mm512_loadu_si512((const void *)PLACE);
+    const __m512i offsets = _mm512_set1_epi64(0x2a241e18120c0600ll); /* 0, 6, ..., 42 */
+    const __m512i flip = _mm512_set1_epi8(-128);
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
+    const int full = cols & ~63;
+    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
+                   (size_t)(L->end - L->indices));
+    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 64u, 4 * (size_t)L->n_sub * 64u,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    __m256d acc = _mm256_setzero_pd();
+    for (int s = 0; s < L->n_sub; s++) {
+        const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u;
+        const size_t cs = (size_t)L->n_sub * 64u;
+        const __m512i t0 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)cb));
+        const __m512i t1 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + cs)));
+        const __m512i t2 =
+            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 2 * cs)));
+        const __m512i t3 =
+            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 3 * cs)));
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        __m256d T = _mm256_setzero_pd();
+        for (int c = c0; c < c1;) {
+            int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
+            int stop = run < full ? run : full;
+            uint32_t corr = 0;
+            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+                corr += (uint32_t)qa->msum[j];
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            for (; c < stop; c += 64) { /* no calls: everything stays in registers */
+                const size_t off = (size_t)c / 64 * 48;
+                B6_STEP(row[0] + off, t0, l0, h0);
+                B6_STEP(row[1] + off, t1, l1, h1);
+                B6_STEP(row[2] + off, t2, l2, h2);
+                B6_STEP(row[3] + off, t3, l3, h3);
+            }
+            if (c < run) { /* the rows' partial last step: zero-padded copies */
+                uint8_t tl[4][64];
+                memset(tl, 0, sizeof tl);
+                size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u);
+                for (int i = 0; i < 4; i++) memcpy(tl[i], row[i] + (size_t)c / 64 * 48, nb);
+                B6_STEP(tl[0], t0, l0, h0);
+                B6_STEP(tl[1], t1, l1, h1);
+                B6_STEP(tl[2], t2, l2, h2);
+                B6_STEP(tl[3], t3, l3, h3);
+                c = run;
+            }
+            __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),
+                                                  fold_lohi(l2, h2), fold_lohi(l3, h3)),
+                                      _mm_set1_epi32((int)(128u * corr)));
+            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
+        }
+        const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
+        __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub], (short)sc[2 * L->n_sub],
+                                    (short)sc[3 * L->n_sub], 0, 0, 0, 0);
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+    }
+    _mm_storeu_ps(y + r, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));
+}
+
+VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,
+                                             int r0, int r1, int cols) {
+    int r = r0;
+    if (L->group_size % 64 == 0 && qa->has_vnni)
+        for (; r + 4 <= r1; r += 4) b6_rows4_vbmi(y, qa, L, r, cols);
+    if (r < r1) i8cb_b6_rows_avx2(y, qa, L, r, r1, cols);
+}
 
 #endif

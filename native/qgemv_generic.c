@@ -19,6 +19,8 @@ void act_free(QuantActs *qa) {
     free(qa->aqp);
     free(qa->ml);
     free(qa->mh);
+    free(qa->nl);
+    free(qa->nh);
     free(qa->msum);
     memset(qa, 0, sizeof *qa);
 }
@@ -35,8 +37,11 @@ int act_reserve(QuantActs *qa, size_t n_pad) {
     t.aqp = malloc(n_pad);
     t.ml = malloc(n_pad + 64);
     t.mh = malloc(n_pad + 64);
+    t.nl = malloc(n_pad);
+    t.nh = malloc(n_pad);
     t.msum = malloc(nb * sizeof *t.msum);
-    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.ml || !t.mh || !t.msum) {
+    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.ml || !t.mh || !t.nl || !t.nh ||
+        !t.msum) {
         act_free(&t);
         return -1;
     }
@@ -65,8 +70,8 @@ void act_fill_vnni(QuantActs *qa) {
             int v = qa->m[j] * qa->q[c];       /* |v| <= 32385 */
             int l = ((v + 128) & 0xff) - 128; /* v's low byte as a signed byte */
             size_t pos = c / 128 * 128 + (c % 2) * 64 + c % 128 / 2; /* perm128 */
-            qa->ml[pos] = (int8_t)l;
-            qa->mh[pos] = (int8_t)((v - l) / 256);
+            qa->ml[pos] = qa->nl[c] = (int8_t)l;
+            qa->mh[pos] = qa->nh[c] = (int8_t)((v - l) / 256);
             sum += v;
         }
         qa->msum[j] = sum;

@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
                 memcmp(qa.m, ref.m, np / 32) || memcmp(qa.q, ref.q, np) ||
                 memcmp(qa.qp, ref.qp, np) || memcmp(qa.aqp, ref.aqp, np) ||
                 memcmp(qa.ml, ref.ml, n128) || memcmp(qa.mh, ref.mh, n128) ||
+                memcmp(qa.nl, ref.nl, np) || memcmp(qa.nh, ref.nh, np) ||
                 memcmp(qa.msum, ref.msum, np / 32 * sizeof *qa.msum)) {
                 printf("MISMATCH act_quantize kernel=%s n=%d (reused buffers)\n", kernel, n);
                 return 1;

@@ -381,21 +381,23 @@ def test_neon_equals_reference_under_qemu(tmp_path):
             _check_driver_output(p, kernel)
 
 
-@pytest.mark.parametrize("G", [128, 256, 384, 512])
-def test_b4_extreme_sums_are_exact_on_every_table(lib, G):
+@pytest.mark.parametrize("bits,G", [(4, 128), (4, 256), (4, 384), (4, 512), (6, 64), (6, 576),
+                                    (6, 1088)])
+def test_extreme_sums_are_exact_on_every_table(lib, bits, G):
     """The largest sub-block sums (every |m q| = 255 * 127 = 32385 against centroids of
-    magnitude 127: |T| up to 512 * 127 * 32385 = 2.1e9, near 2^31) and sign patterns that give
-    negative low and high bytes of m q: the 128-column VNNI kernels form T modulo 2^32 from
-    (w + 128) * m q and a correction, which must come out exact."""
+    magnitude 127: |T| up to G * 127 * 32385, above 2^31 for G > 521) and sign patterns that
+    give negative low and high bytes of m q: the VNNI kernels form T modulo 2^32 from
+    (w + 128) * m q and a correction (b = 6: in runs of at most 512 columns), which must come
+    out exact."""
     rows, cols = 9, 3 * G + 100  # whole steps, a partial last sub-block, a partial chunk
-    S = -(-cols // G)
+    S, K = -(-cols // G), 1 << bits
     rng = np.random.default_rng(G)
-    cent = np.empty((rows, S, 16))
+    cent = np.empty((rows, S, K))
     cent[0] = 127.0  # all centroids +127 (row 0) and -127 (row 1): the extreme sums
     cent[1] = -127.0
-    cent[2:] = rng.choice([-127.0, 127.0, -1.0, 0.0, 64.0], size=(rows - 2, S, 16))
-    idx = rng.integers(0, 16, size=(rows, cols), dtype=np.uint8)
-    ct = CodebookTensor(bits=4, group_size=G, codebooks=cent, indices=idx, codebook_type="int8",
+    cent[2:] = rng.choice([-127.0, 127.0, -1.0, 0.0, 64.0], size=(rows - 2, S, K))
+    idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
+    ct = CodebookTensor(bits=bits, group_size=G, codebooks=cent, indices=idx, codebook_type="int8",
                         scales=np.ones((rows, S), np.float16))
     for x in (np.ones(cols, np.float32),  # m = 255, q = 127 everywhere
               np.where(np.arange(cols) % 3 == 0, -1.0, 1.0).astype(np.float32),
