@@ -125,6 +125,37 @@ def test_portable_kernel_equals_reference(portable_kernel, kind):
     assert_same(c, n)
 
 
+@pytest.fixture(scope="module")
+def avx2_kernel(tmp_path_factory):
+    """The kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512): the four-lane AVX2 scan
+    with divisions, as on an AVX2 CPU without AVX-512. None on other architectures."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    out = tmp_path_factory.mktemp("kernel") / "avx2.so"
+    native.compile_kernel(native.find_clang(), out,
+                          tuple("-march=x86-64-v3" if f.startswith("-march") else f
+                                for f in native.FLAGS))
+    return native.load_library(out)
+
+
+@pytest.mark.parametrize("kind,cols,bits,g", [
+    ("bf16", 2048, 4, 256), ("q41", 2048, 4, 256), ("ints", 2048, 4, 256),
+    ("bf16", 4096, 6, 4096), ("ints", 1000, 5, 100),
+])
+def test_avx2_kernel_equals_reference(avx2_kernel, kind, cols, bits, g):
+    """The AVX2-only build (no AVX-512 eight-lane scan, no table-permute reciprocals) gives
+    the reference's bytes; the -march=native build on an AVX-512 CPU runs the other paths."""
+    if avx2_kernel is None:
+        pytest.skip("not x86-64")
+    rng = np.random.default_rng([cols, bits, g])
+    W = {"bf16": student_bf16, "q41": q41_grid,
+         "ints": lambda r, a, b: small_ints(r, a, b, 41)}[kind](rng, 16 if g > 1000 else 48,
+                                                                cols)
+    c, n = both(W, g, 1 << bits, fn=avx2_kernel)
+    assert_same(c, n)
+
+
 def test_c_kernel_thread_count_independent():
     rng = np.random.default_rng(7)
     W = student_bf16(rng, 64, 2048)

@@ -34,6 +34,15 @@
  * what (k, m) depends on are never computed: on bf16 blocks at b = 4, G = 256, 410 groups of
  * four and 25 single cells per sub-block instead of 712 and 184, 21 % fewer union-window steps.
  *
+ * On CPUs with AVX-512VL and blocks of mostly distinct values (bf16 weights; ``tab``), two
+ * more things: the groups hold eight cells (two AVX2 vectors sharing each candidate's loads:
+ * half the groups, so half the latency at the end of each scan that the group below waits
+ * for), and a lane's reciprocal inv[c] is picked out of eight consecutive table entries by a
+ * permute instead of a division (the counts of four consecutive cells span at most 8 there;
+ * the value is the same).  On blocks with many repeated values (Q4_1 grids) the choice would
+ * mispredict group by group, and the four-cell scan with divisions is kept.  Together ~12 %
+ * fewer CPU seconds on bf16 blocks at b = 4, G = 256 (docs/QUANT.md, "Speed").
+ *
  * Entry point: ``ditto_kmeans_optimal_matrix`` (all sub-blocks, worker threads taking units
  * of 16 sub-blocks from a shared counter; sub-blocks share nothing, so the bytes do not depend
  * on the thread count).  Without AVX2 the lanes are plain C arrays the compiler may vectorise.
@@ -51,6 +60,7 @@
 
 #define UNIT_BLOCKS 16 /* sub-blocks per unit of work */
 #define PAD 8          /* slack before index 0 of the work rows (lanes below the layer) */
+#define INV_PAD 16     /* entries after the reciprocal table that the lane scans may load */
 
 /* per-thread work arrays for sub-blocks of up to n distinct values and k clusters */
 typedef struct {
@@ -63,13 +73,16 @@ typedef struct {
     double *D;            /* D[q][i], [(k + 1) x ld] */
     int32_t *arg;         /* arg-minima [(k + 1) x ld] */
     int64_t *low;         /* lowest cell computed so far in each layer [k + 1] */
+    int64_t *p0i;         /* the prefix sums of w as integers [ld] */
+    int tab;              /* most values of the block distinct (optimal_block): the lane scans
+                           * take the reciprocals from the table, eight cells a group */
     void *mem;
 } work_t;
 
 static int work_init(work_t *wk, int64_t n, int64_t k)
 {
     int64_t ld = n + 1 + 2 * PAD;
-    size_t nd = (size_t)(n + (5 + k) * ld), ni = (size_t)(n + k + 1),
+    size_t nd = (size_t)(n + (5 + k) * ld), ni = (size_t)(n + k + 1 + ld),
            na = (size_t)((k + 1) * ld);
     wk->mem = malloc(nd * sizeof(double) + ni * sizeof(int64_t) + na * sizeof(int32_t));
     if (!wk->mem)
@@ -88,7 +101,9 @@ static int work_init(work_t *wk, int64_t n, int64_t k)
     wk->dprev = wk->dcur = wk->D;
     wk->w = (int64_t *)(d + (5 + k) * ld);
     wk->low = wk->w + n;
-    wk->arg = (int32_t *)(wk->low + k + 1);
+    wk->p0i = wk->low + k + 1 + PAD;
+    memset(wk->p0i - PAD, 0, (size_t)ld * sizeof(int64_t));
+    wk->arg = (int32_t *)(wk->p0i - PAD + ld);
     memset(d, 0, (size_t)(5 + k) * (size_t)ld * sizeof(double));
     return 0;
 }
@@ -120,18 +135,22 @@ static inline void scan_window(const work_t *wk, const double *inv, int64_t i, i
  * ends at min(ibot + l - 1, bj[l + 1]), that of ibot + 3 at min(ibot + 2, jmax)) and then
  * stores the four cells' values and arg-minima itself; returns 0 to leave the check to the
  * caller. */
-static inline int scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64_t jmax,
-                             int32_t *A, double best[4], double bj[4])
+static inline int scan_lanes(const work_t *wk, const double *inv, int64_t ibot, int64_t jmin,
+                             int64_t jmax, int32_t *A, double best[4], double bj[4])
 {
     const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
+    (void)inv;
 #if defined(__AVX2__)
     const __m256d one = _mm256_set1_pd(1.0);
     __m256d S0 = _mm256_loadu_pd(p0f + ibot), S1 = _mm256_loadu_pd(p1 + ibot);
     __m256d S2 = _mm256_loadu_pd(p2 + ibot);
     __m256d B = _mm256_set1_pd(INFINITY), BJ = _mm256_set1_pd((double)jmin);
-    /* two running minima (even and odd offsets from jmin) halve the compare-and-blend chain */
+    /* two running minima (even and odd offsets from jmin) halve the dependency chain; the
+     * minimum itself by vminpd (v < B ? v : B, the blend's rule), the candidate index as a
+     * running vector */
     __m256d B2 = B, BJ2 = BJ;
-#define CAND(Bx, BJx, jj)                                                                        \
+    __m256d JV = BJ, JV2 = _mm256_add_pd(BJ, one), two = _mm256_set1_pd(2.0);
+#define CAND(Bx, BJx, JVx, jj)                                                                   \
     do {                                                                                         \
         __m256d a_ = _mm256_sub_pd(S1, _mm256_set1_pd(p1[jj]));                                   \
         /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */               \
@@ -140,16 +159,48 @@ static inline int scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64
             _mm256_add_pd(_mm256_set1_pd(dprev[jj]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[jj]))), \
             _mm256_mul_pd(_mm256_mul_pd(a_, a_), iv_));                                           \
         __m256d lt_ = _mm256_cmp_pd(v_, Bx, _CMP_LT_OQ);                                          \
-        Bx = _mm256_blendv_pd(Bx, v_, lt_);                                                      \
-        BJx = _mm256_blendv_pd(BJx, _mm256_set1_pd((double)(jj)), lt_);                          \
+        Bx = _mm256_min_pd(v_, Bx);                                                              \
+        BJx = _mm256_blendv_pd(BJx, JVx, lt_);                                                   \
+        JVx = _mm256_add_pd(JVx, two);                                                           \
     } while (0)
     int64_t j = jmin;
-    for (; j + 1 <= jmax; j += 2) {
-        CAND(B, BJ, j);
-        CAND(B2, BJ2, j + 1);
+#if defined(__AVX512VL__)
+    const int64_t *p0i = wk->p0i, s00 = p0i[ibot];
+    if (wk->tab && p0i[ibot + 3] - s00 <= 7) {
+        /* the reciprocals picked out of inv[c0 .. c0 + 7] as in scan_lanes8 */
+        const __m256i dl = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(p0i + ibot)),
+                                            _mm256_set1_epi64x(s00));
+#define CANDT(Bx, BJx, JVx, jj)                                                                  \
+    do {                                                                                         \
+        const double *t_ = inv + (s00 - p0i[jj]);                                                \
+        __m256d a_ = _mm256_sub_pd(S1, _mm256_set1_pd(p1[jj]));                                   \
+        __m256d iv_ = _mm256_permutex2var_pd(_mm256_loadu_pd(t_), dl, _mm256_loadu_pd(t_ + 4));  \
+        __m256d v_ = _mm256_sub_pd(                                                              \
+            _mm256_add_pd(_mm256_set1_pd(dprev[jj]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[jj]))), \
+            _mm256_mul_pd(_mm256_mul_pd(a_, a_), iv_));                                           \
+        __mmask8 lt_ = _mm256_cmp_pd_mask(v_, Bx, _CMP_LT_OQ);                                    \
+        Bx = _mm256_min_pd(v_, Bx);                                                              \
+        BJx = _mm256_mask_blend_pd(lt_, BJx, JVx);                                               \
+        JVx = _mm256_add_pd(JVx, two);                                                           \
+    } while (0)
+        for (; j + 1 <= jmax; j += 2) {
+            CANDT(B, BJ, JV, j);
+            CANDT(B2, BJ2, JV2, j + 1);
+        }
+        if (j <= jmax)
+            CANDT(B, BJ, JV, j);
+#undef CANDT
+    } else
+#endif
+    {
+        for (; j + 1 <= jmax; j += 2) {
+            CAND(B, BJ, JV, j);
+            CAND(B2, BJ2, JV2, j + 1);
+        }
+        if (j <= jmax)
+            CAND(B, BJ, JV, j);
     }
-    if (j <= jmax)
-        CAND(B, BJ, j);
+
 #undef CAND
     /* merge: the smaller value, on equal values the lower j */
     __m256d take2 = _mm256_or_pd(_mm256_cmp_pd(B2, B, _CMP_LT_OQ),
@@ -200,6 +251,70 @@ static inline int scan_lanes(const work_t *wk, int64_t ibot, int64_t jmin, int64
 #endif
 }
 
+#if defined(__AVX2__) && defined(__AVX512VL__)
+#define LANES8 1
+/* Lane minima of eight cells ibot..ibot+7 over [jmin, jmax] (j < ibot), two AVX2 vectors of
+ * four (cells ibot..ibot+3 and ibot+4..ibot+7) sharing each candidate's loads: best[l],
+ * bj[l] for cell ibot + l, ties to the lowest j, with the operations of scan_window per
+ * lane.  The caller checks the lanes (accept_lanes). */
+static inline void scan_lanes8(const work_t *wk, const double *inv, int64_t ibot, int64_t jmin,
+                               int64_t jmax, double best[8], double bj[8])
+{
+    const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
+    const int64_t *p0i = wk->p0i;
+    const __m256d one = _mm256_set1_pd(1.0);
+    __m256d S0a = _mm256_loadu_pd(p0f + ibot), S1a = _mm256_loadu_pd(p1 + ibot);
+    __m256d S2a = _mm256_loadu_pd(p2 + ibot);
+    __m256d S0b = _mm256_loadu_pd(p0f + ibot + 4), S1b = _mm256_loadu_pd(p1 + ibot + 4);
+    __m256d S2b = _mm256_loadu_pd(p2 + ibot + 4);
+    __m256d Ba = _mm256_set1_pd(INFINITY), BJa = _mm256_set1_pd((double)jmin);
+    __m256d Bb = Ba, BJb = BJa, JV = BJa;
+    /* one candidate j for both vectors; IVA/IVB give the reciprocals 1/c of the lanes' counts
+     * (exactly the reference's inv[c]) */
+#define CAND8(IVA, IVB)                                                                          \
+    for (int64_t j = jmin; j <= jmax; j++) {                                                     \
+        __m256d pj1 = _mm256_set1_pd(p1[j]), pj2 = _mm256_set1_pd(p2[j]);                        \
+        __m256d dj = _mm256_set1_pd(dprev[j]);                                                   \
+        __m256d aa = _mm256_sub_pd(S1a, pj1), ab = _mm256_sub_pd(S1b, pj1);                      \
+        __m256d va = _mm256_sub_pd(_mm256_add_pd(dj, _mm256_sub_pd(S2a, pj2)),                   \
+                                   _mm256_mul_pd(_mm256_mul_pd(aa, aa), IVA));                    \
+        __m256d vb = _mm256_sub_pd(_mm256_add_pd(dj, _mm256_sub_pd(S2b, pj2)),                   \
+                                   _mm256_mul_pd(_mm256_mul_pd(ab, ab), IVB));                    \
+        __m256d lta = _mm256_cmp_pd(va, Ba, _CMP_LT_OQ), ltb = _mm256_cmp_pd(vb, Bb, _CMP_LT_OQ); \
+        Ba = _mm256_min_pd(va, Ba);                                                              \
+        Bb = _mm256_min_pd(vb, Bb);                                                              \
+        BJa = _mm256_blendv_pd(BJa, JV, lta);                                                    \
+        BJb = _mm256_blendv_pd(BJb, JV, ltb);                                                    \
+        JV = _mm256_add_pd(JV, one);                                                             \
+    }
+    const int64_t sa = p0i[ibot], sb = p0i[ibot + 4];
+    if (p0i[ibot + 3] - sa <= 7 && p0i[ibot + 7] - sb <= 7) {
+        /* lane l's count is c0 + d[l] (c0 = p0[ibot] - p0[j], d[l] = p0[ibot + l] - p0[ibot]
+         * <= 7): its reciprocal is picked out of inv[c0 .. c0 + 7] by a permute (two loads
+         * in place of a division; the same value) */
+        const __m256i da = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(p0i + ibot)),
+                                            _mm256_set1_epi64x(sa));
+        const __m256i db = _mm256_sub_epi64(
+            _mm256_loadu_si256((const __m256i *)(p0i + ibot + 4)), _mm256_set1_epi64x(sb));
+#define IV_PERM(s_, d_)                                                                          \
+    _mm256_permutex2var_pd(_mm256_loadu_pd(inv + (s_ - p0i[j])), d_,                            \
+                           _mm256_loadu_pd(inv + (s_ - p0i[j]) + 4))
+        CAND8(IV_PERM(sa, da), IV_PERM(sb, db))
+#undef IV_PERM
+    } else {
+        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */
+#define IV_DIV(S_) _mm256_div_pd(one, _mm256_sub_pd(S_, _mm256_set1_pd(p0f[j])))
+        CAND8(IV_DIV(S0a), IV_DIV(S0b))
+#undef IV_DIV
+    }
+#undef CAND8
+    _mm256_storeu_pd(best, Ba);
+    _mm256_storeu_pd(best + 4, Bb);
+    _mm256_storeu_pd(bj, BJa);
+    _mm256_storeu_pd(bj + 4, BJb);
+}
+#endif
+
 /* Cell (q, i)'s window starts at J[q-1][min(i, top of layer q-1)] (at 1 in layer 2): the lower
  * Knuth bound, as the reference takes it. The cell it names must be computed. */
 static inline int64_t window_low(const work_t *wk, int64_t q, int64_t i, int64_t ihi)
@@ -224,6 +339,32 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
         if (qq_ >= 2 && wk->low[qq_] > ii_)                                                      \
             ensure(wk, inv, m, width, qq_, ii_);                                                 \
     } while (0)
+
+/* After a lane scan that did not pass as a whole: cell c = ibot + l (l = L - 1 .. 0) takes its
+ * lane's minimum when its exact window [lo[l], min(c - 1, A[c + 1])] lies in [.., ub] and
+ * holds the lane's arg-minimum; otherwise its exact window is scanned. */
+static void accept_lanes(work_t *wk, const double *inv, int32_t *A, double *Dq, int64_t ibot,
+                         int L, const int64_t *lo, int64_t ub, const double *best,
+                         const double *bjd)
+{
+    for (int64_t c = ibot + L - 1; c >= ibot; c--) {
+        int l = (int)(c - ibot);
+        int64_t jlo = lo[l];
+        int64_t thi = c - 1;
+        if (A[c + 1] < thi)
+            thi = A[c + 1];
+        int64_t bj = (int64_t)bjd[l];
+        if (thi <= ub && bj <= thi && bj >= jlo) {
+            Dq[c] = best[l];
+            A[c] = (int32_t)bj;
+        } else {
+            double b;
+            scan_window(wk, inv, c, jlo, thi, &b, &bj);
+            Dq[c] = b;
+            A[c] = (int32_t)bj;
+        }
+    }
+}
 
 static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int64_t q, int64_t i)
 {
@@ -253,6 +394,29 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
             wk->low[q] = itop;
             continue;
         }
+#if defined(LANES8)
+        /* eight cells a group on blocks of mostly distinct values: half the groups, so half
+         * the per-group latency (the scan's end, the checks) that the next group waits for;
+         * the union window grows by ~4 candidates, shared by eight lanes */
+        int64_t ib8 = itop - 7;
+        if (wk->tab && ib8 >= ilo && ub <= ib8 - 1) {
+            ENSURE(q - 1, ib8 < ihi - 1 ? ib8 : ihi - 1);
+            int64_t lo8[8], jmin8;
+            for (int l = 0; l < 8; l++)
+                lo8[l] = window_low(wk, q, ib8 + l, ihi);
+            jmin8 = lo8[0];
+            for (int l = 1; l < 8; l++)
+                jmin8 = lo8[l] < jmin8 ? lo8[l] : jmin8;
+            ENSURE(q - 1, jmin8);
+            wk->dprev = Dp;
+            wk->dcur = Dq;
+            double best8[8], bjd8[8];
+            wk->low[q] = ib8;
+            scan_lanes8(wk, inv, ib8, jmin8, ub, best8, bjd8);
+            accept_lanes(wk, inv, A, Dq, ib8, 8, lo8, ub, best8, bjd8);
+            continue;
+        }
+#endif
         ENSURE(q - 1, ibot < ihi - 1 ? ibot : ihi - 1);
         int64_t lo[4], jmin;
         for (int l = 0; l < 4; l++)
@@ -267,27 +431,9 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
             wk->lorow[ibot + l] = (double)lo[l];
         double best[4], bjd[4];
         wk->low[q] = ibot;
-        if (scan_lanes(wk, ibot, jmin, ub, A, best, bjd))
+        if (scan_lanes(wk, inv, ibot, jmin, ub, A, best, bjd))
             continue;
-        /* accept a lane when its exact window lies in [jmin, ub] and holds its
-         * arg-minimum; otherwise scan its exact window */
-        for (int64_t c = itop; c >= ibot; c--) {
-            int l = (int)(c - ibot);
-            int64_t jlo = lo[l];
-            int64_t thi = c - 1;
-            if (A[c + 1] < thi)
-                thi = A[c + 1];
-            int64_t bj = (int64_t)bjd[l];
-            if (thi <= ub && bj <= thi && bj >= jlo) {
-                Dq[c] = best[l];
-                A[c] = (int32_t)bj;
-            } else {
-                double b;
-                scan_window(wk, inv, c, jlo, thi, &b, &bj);
-                Dq[c] = b;
-                A[c] = (int32_t)bj;
-            }
-        }
+        accept_lanes(wk, inv, A, Dq, ibot, 4, lo, ub, best, bjd);
     }
 }
 
@@ -311,6 +457,7 @@ static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv,
     int64_t c0 = 0;
     double a1 = 0.0, a2 = 0.0;
     p0f[0] = 0.0;
+    wk->p0i[0] = 0;
     p1[0] = 0.0;
     p2[0] = 0.0;
     for (int64_t i = 0; i < m; i++) {
@@ -319,10 +466,16 @@ static double optimal_block(work_t *wk, int64_t m, int64_t k, const double *inv,
         a1 += w[i] * d;
         a2 += w[i] * d * d;
         p0f[i + 1] = (double)c0;
+        wk->p0i[i + 1] = c0;
         p1[i + 1] = a1;
         p2[i + 1] = a2;
     }
     int64_t width = m - k + 1; /* layer q < k is needed for i in [q, q + width - 1] */
+    /* most of the values distinct (bf16 weights: ~230 of 256): the counts of four
+     * consecutive cells then nearly always span at most 8 (see scan_lanes); on blocks with
+     * many repeats (a Q4_1 grid: ~100 of 256) the per-group choice of the reciprocals would
+     * mispredict, and the four-cell division scan is kept */
+    wk->tab = 8 * m >= 7 * c0;
     double *D1 = wk->D + ld;
     for (int64_t i = 1; i <= width; i++) {
         double s1 = p1[i];
@@ -414,12 +567,15 @@ int ditto_kmeans_optimal_matrix(const float *W, int64_t rows, int64_t cols, int6
                                 int64_t k, double *cent, double *sse, int64_t nthreads)
 {
     int64_t n = g < cols ? g : cols;
-    double *inv = malloc((size_t)(n + 1) * sizeof(double));
+    /* inv[c] = 1/c, then INV_PAD zeros: the lane scans load inv[c .. c + 15] */
+    double *inv = malloc((size_t)(n + 1 + INV_PAD) * sizeof(double));
     if (!inv)
         return -1;
     inv[0] = 0.0;
     for (int64_t c = 1; c <= n; c++)
         inv[c] = 1.0 / c;
+    for (int64_t c = n + 1; c <= n + INV_PAD; c++)
+        inv[c] = 0.0;
     job_t job = {.W = W, .rows = rows, .cols = cols, .g = g, .k = k, .cent = cent, .sse = sse,
                  .inv = inv};
     atomic_init(&job.next, 0);
