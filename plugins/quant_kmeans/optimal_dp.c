@@ -256,9 +256,13 @@ static inline int scan_lanes(const work_t *wk, const double *inv, int64_t ibot, 
 /* Lane minima of eight cells ibot..ibot+7 over [jmin, jmax] (j < ibot), two AVX2 vectors of
  * four (cells ibot..ibot+3 and ibot+4..ibot+7) sharing each candidate's loads: best[l],
  * bj[l] for cell ibot + l, ties to the lowest j, with the operations of scan_window per
- * lane.  The caller checks the lanes (accept_lanes). */
-static inline void scan_lanes8(const work_t *wk, const double *inv, int64_t ibot, int64_t jmin,
-                               int64_t jmax, double best[8], double bj[8])
+ * lane.  Returns 1 when every lane passes the check of accept_lanes against its exact window
+ * (lower end lo[l]; upper end min(ibot + l - 1, bj[l + 1]), for cell ibot + 7 min(ibot + 6,
+ * jmax)), having stored the eight cells' values and arg-minima; 0 leaves the check to the
+ * caller. */
+static inline int scan_lanes8(const work_t *wk, const double *inv, int64_t ibot, int64_t jmin,
+                              int64_t jmax, const int64_t *lo, int32_t *A, double best[8],
+                              double bj[8])
 {
     const double *p0f = wk->p0f, *p1 = wk->p1, *p2 = wk->p2, *dprev = wk->dprev;
     const int64_t *p0i = wk->p0i;
@@ -308,10 +312,31 @@ static inline void scan_lanes8(const work_t *wk, const double *inv, int64_t ibot
 #undef IV_DIV
     }
 #undef CAND8
+    /* the exact upper ends if the lanes above are accepted: lane l takes lane l + 1's
+     * arg-minimum, lane 7 the bound jmax */
+    __m256d na = _mm256_permutex2var_pd(BJa, _mm256_setr_epi64x(1, 2, 3, 4), BJb);
+    __m256d nb = _mm256_blend_pd(_mm256_permute4x64_pd(BJb, 0xF9), _mm256_set1_pd((double)jmax),
+                                 0x8);
+    __m256d ia = _mm256_add_pd(_mm256_set1_pd((double)(ibot - 1)), _mm256_setr_pd(0, 1, 2, 3));
+    __m256d ib = _mm256_add_pd(ia, _mm256_set1_pd(4.0));
+    __m256d loa = _mm256_cvtepi64_pd(_mm256_loadu_si256((const __m256i *)lo));
+    __m256d lob = _mm256_cvtepi64_pd(_mm256_loadu_si256((const __m256i *)(lo + 4)));
+    __mmask8 oka = _mm256_cmp_pd_mask(BJa, _mm256_min_pd(ia, na), _CMP_LE_OQ) &
+                   _mm256_cmp_pd_mask(BJa, loa, _CMP_GE_OQ);
+    __mmask8 okb = _mm256_cmp_pd_mask(BJb, _mm256_min_pd(ib, nb), _CMP_LE_OQ) &
+                   _mm256_cmp_pd_mask(BJb, lob, _CMP_GE_OQ);
+    if ((oka & okb) == 0xF) {
+        _mm256_storeu_pd(wk->dcur + ibot, Ba);
+        _mm256_storeu_pd(wk->dcur + ibot + 4, Bb);
+        _mm_storeu_si128((__m128i *)(A + ibot), _mm256_cvttpd_epi32(BJa));
+        _mm_storeu_si128((__m128i *)(A + ibot + 4), _mm256_cvttpd_epi32(BJb));
+        return 1;
+    }
     _mm256_storeu_pd(best, Ba);
     _mm256_storeu_pd(best + 4, Bb);
     _mm256_storeu_pd(bj, BJa);
     _mm256_storeu_pd(bj + 4, BJb);
+    return 0;
 }
 #endif
 
@@ -402,18 +427,34 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
         if (wk->tab && ib8 >= ilo && ub <= ib8 - 1) {
             ENSURE(q - 1, ib8 < ihi - 1 ? ib8 : ihi - 1);
             int64_t lo8[8], jmin8;
-            for (int l = 0; l < 8; l++)
-                lo8[l] = window_low(wk, q, ib8 + l, ihi);
-            jmin8 = lo8[0];
-            for (int l = 1; l < 8; l++)
-                jmin8 = lo8[l] < jmin8 ? lo8[l] : jmin8;
+            if (q > 2 && itop < ihi - 1) {
+                /* window_low of the eight cells: max(q - 1, J[q - 1][i]) */
+                __m256i a = _mm256_max_epi32(
+                    _mm256_loadu_si256((const __m256i *)(wk->arg + (q - 1) * ld + ib8)),
+                    _mm256_set1_epi32((int32_t)(q - 1)));
+                _mm256_storeu_si256((__m256i *)lo8,
+                                    _mm256_cvtepi32_epi64(_mm256_castsi256_si128(a)));
+                _mm256_storeu_si256((__m256i *)(lo8 + 4),
+                                    _mm256_cvtepi32_epi64(_mm256_extracti128_si256(a, 1)));
+                __m128i mn = _mm_min_epi32(_mm256_castsi256_si128(a),
+                                           _mm256_extracti128_si256(a, 1));
+                mn = _mm_min_epi32(mn, _mm_shuffle_epi32(mn, 0x4E));
+                mn = _mm_min_epi32(mn, _mm_shuffle_epi32(mn, 0xB1));
+                jmin8 = _mm_cvtsi128_si32(mn);
+            } else {
+                for (int l = 0; l < 8; l++)
+                    lo8[l] = window_low(wk, q, ib8 + l, ihi);
+                jmin8 = lo8[0];
+                for (int l = 1; l < 8; l++)
+                    jmin8 = lo8[l] < jmin8 ? lo8[l] : jmin8;
+            }
             ENSURE(q - 1, jmin8);
             wk->dprev = Dp;
             wk->dcur = Dq;
             double best8[8], bjd8[8];
             wk->low[q] = ib8;
-            scan_lanes8(wk, inv, ib8, jmin8, ub, best8, bjd8);
-            accept_lanes(wk, inv, A, Dq, ib8, 8, lo8, ub, best8, bjd8);
+            if (!scan_lanes8(wk, inv, ib8, jmin8, ub, lo8, A, best8, bjd8))
+                accept_lanes(wk, inv, A, Dq, ib8, 8, lo8, ub, best8, bjd8);
             continue;
         }
 #endif
