@@ -11,6 +11,13 @@
 #include <math.h>
 #include <string.h>
 
+#ifdef __clang__
+/* D and x * inv are the generic definition's roundings (qgemv_generic.c), under Ditto's
+ * fast-math policy too: no reassociation, reciprocal or contraction rewrites. */
+#pragma STDC FP_CONTRACT OFF
+#pragma float_control(precise, on)
+#endif
+
 #define AVX2_FN __attribute__((target("avx2")))
 
 AVX2_FN static inline float hmax8(__m256 v) {

@@ -7,8 +7,13 @@
 #include <string.h>
 
 #ifdef __clang__
-/* the float steps below are defined one rounding at a time: no fused multiply-add */
+/* The float steps below are defined one IEEE rounding at a time, and every kernel must
+ * reproduce them bit for bit: no fused multiply-add, and none of the reassociation or
+ * reciprocal rewrites that Ditto's fast-math policy (plugins/emit_clang: -fassociative-math
+ * -freciprocal-math -ffp-contract=fast) would otherwise license, e.g. in act_block_m's
+ * a / (127 D), whose ceiling picks the block multiplier m. */
 #pragma STDC FP_CONTRACT OFF
+#pragma float_control(precise, on)
 #endif
 
 void act_free(QuantActs *qa) {
