@@ -34,7 +34,6 @@ int main(int argc, char **argv) {
     /* the table's act_quantize into one QuantActs reused across lengths (as decode reuses
      * its buffers), its arrays dirtied in between, against act_quantize_generic on a fresh one:
      * the same bytes in everything a kernel reads */
-    uint64_t rng_saved = rng_state; /* the cases below see the same random stream as without it */
     if (K->act_quant) {
         static const int ns[] = {4200, 65, 1000, 33, 576, 100, 7, 4200, 1, 130, 64};
         QuantActs qa, ref;
@@ -65,7 +64,6 @@ int main(int argc, char **argv) {
         printf("act_quantize: %zu lengths with reused buffers equal the reference\n",
                sizeof ns / sizeof ns[0]);
     }
-    rng_state = rng_saved;
     static const int groups[] = {32, 64, 128, 256, 576, 4160, 2, 7, 48, 100};
     static const int lengths[] = {1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200};
     int cases = 0, simd = 0, gemm = 0;
