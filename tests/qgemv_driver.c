@@ -1,13 +1,14 @@
 /* qgemv_driver.c: every integer GEMV kernel table against the scalar reference, bit for bit.
  *
- * Usage: qgemv_driver KERNEL [CASES]. For b = 1..8, a list of group sizes G (multiples of 32
- * and 64, and not) and row lengths (with partial blocks and partial index groups), random int8
+ * Usage: qgemv_driver KERNEL [CASES [-v]]. For b = 1..8, a list of group sizes G (multiples of
+ * 32 and 64, and not) and row lengths (with partial blocks and partial index groups), random int8
  * codebook payloads allocated at their exact size (so ASan sees any read past the end), with
  * fully random index bytes (including the padding of a row's last group), random centroids in
  * -127..127 and random f16 scales; x random with a few zero blocks and one large outlier.
  * Each case also runs the table's GEMM (gemm_i8) on 1..14 inputs, every one of them equal to
  * the reference GEMV of that input. Prints "ok N cases (M through the SIMD path, K through the
- * GEMM kernel)" and exits 0, or prints the first mismatch and
+ * GEMM kernel)" and exits 0 (with -v, first one line "gemm b=B G=G cols=C T=T: equal" per
+ * GEMM case that ran), or prints the first mismatch and
  * exits 1; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
  * natively, also under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
  */
@@ -21,11 +22,12 @@
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s KERNEL [CASES]\n", argv[0]);
+        fprintf(stderr, "usage: %s KERNEL [CASES [-v]]\n", argv[0]);
         return 2;
     }
     const char *kernel = argv[1];
     int max_cases = argc > 2 ? atoi(argv[2]) : 1 << 30;
+    int verbose = argc > 3 && strcmp(argv[3], "-v") == 0;
     const KernelTable *K = kernel_table_by_name(kernel);
     if (!K || !K->supported()) {
         fprintf(stderr, "kernel %s: unknown or not supported by this CPU\n", kernel);
@@ -121,6 +123,8 @@ int main(int argc, char **argv) {
                         }
                     }
                 }
+                if (verbose && rg > 0)
+                    printf("gemm b=%d G=%d cols=%d T=%d: equal\n", b, G, cols, T);
                 free(X);
                 free(Y);
                 free(p);
