@@ -46,6 +46,25 @@ AVX2_FN static inline __m256i quantize32(const float *x, __m256 inv) {
  * ml = m q - 256 mh; the block's evens go to perm128 entries 16 (j mod 4) .. + 16 of its
  * 128-column chunk and its odds 64 further; nl, nh the same from q in column order (the same
  * bytes as act_fill_vnni). */
+/* The 32 int8 q times the block multiplier m (int16: q's low 16 in *va, high 16 in *vb),
+ * split into signed bytes m q = lo + 256 hi (lo in -128..127), lo and hi packed back into
+ * q's column order. */
+AVX2_FN static inline void split_mq(__m256i q, __m256i m, __m256i *va, __m256i *vb, __m256i *lo,
+                                    __m256i *hi) {
+    const __m256i r128 = _mm256_set1_epi16(128);
+    __m256i a = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), m);
+    __m256i b = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), m);
+    __m256i ha = _mm256_srai_epi16(_mm256_add_epi16(a, r128), 8);
+    __m256i hb = _mm256_srai_epi16(_mm256_add_epi16(b, r128), 8);
+    __m256i la = _mm256_sub_epi16(a, _mm256_slli_epi16(ha, 8));
+    __m256i lb = _mm256_sub_epi16(b, _mm256_slli_epi16(hb, 8));
+    /* packs works per 128-bit half; 0,2,1,3 restores the order */
+    *lo = _mm256_permute4x64_epi64(_mm256_packs_epi16(la, lb), 0xd8);
+    *hi = _mm256_permute4x64_epi64(_mm256_packs_epi16(ha, hb), 0xd8);
+    *va = a;
+    *vb = b;
+}
+
 AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
     size_t n_pad = (size_t)qa->n_pad;
     /* the entries no block writes: with n_pad % 128 == 64, the last chunk's missing half */
@@ -53,19 +72,12 @@ AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
         memset(qa->ml + n_pad - 64, 0, 128);
         memset(qa->mh + n_pad - 64, 0, 128);
     }
-    const __m256i r128 = _mm256_set1_epi16(128), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (size_t j = 0; j < n_pad / QA_BLOCK; j++) {
         __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + 32 * j));
         __m256i m = _mm256_set1_epi16(qa->m16[j]);
-        __m256i ve = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), m);
-        __m256i vo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), m);
-        __m256i he = _mm256_srai_epi16(_mm256_add_epi16(ve, r128), 8);
-        __m256i ho = _mm256_srai_epi16(_mm256_add_epi16(vo, r128), 8);
-        __m256i le = _mm256_sub_epi16(ve, _mm256_slli_epi16(he, 8));
-        __m256i lo = _mm256_sub_epi16(vo, _mm256_slli_epi16(ho, 8));
-        /* packs per 128-bit half, then 0,2,1,3: the 16 evens, then the 16 odds */
-        __m256i l = _mm256_permute4x64_epi64(_mm256_packs_epi16(le, lo), 0xd8);
-        __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi16(he, ho), 0xd8);
+        __m256i ve, vo, l, h; /* perm32 order: the 16 evens, then the 16 odds */
+        split_mq(q, m, &ve, &vo, &l, &h);
         size_t e = j / 4 * 128 + j % 4 * 16;
         _mm_storeu_si128((__m128i *)(void *)(qa->ml + e), _mm256_castsi256_si128(l));
         _mm_storeu_si128((__m128i *)(void *)(qa->ml + e + 64), _mm256_extracti128_si256(l, 1));
@@ -73,16 +85,10 @@ AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
         _mm_storeu_si128((__m128i *)(void *)(qa->mh + e + 64), _mm256_extracti128_si256(h, 1));
         /* natural order: m q from q itself (the block's 32 columns in order) */
         __m256i qn = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + 32 * j));
-        __m256i va = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qn)), m);
-        __m256i vb = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qn, 1)), m);
-        __m256i ha = _mm256_srai_epi16(_mm256_add_epi16(va, r128), 8);
-        __m256i hb = _mm256_srai_epi16(_mm256_add_epi16(vb, r128), 8);
-        __m256i la = _mm256_sub_epi16(va, _mm256_slli_epi16(ha, 8));
-        __m256i lb = _mm256_sub_epi16(vb, _mm256_slli_epi16(hb, 8));
-        _mm256_storeu_si256((__m256i *)(void *)(qa->nl + 32 * j),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi16(la, lb), 0xd8));
-        _mm256_storeu_si256((__m256i *)(void *)(qa->nh + 32 * j),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi16(ha, hb), 0xd8));
+        __m256i va, vb, nl, nh;
+        split_mq(qn, m, &va, &vb, &nl, &nh);
+        _mm256_storeu_si256((__m256i *)(void *)(qa->nl + 32 * j), nl);
+        _mm256_storeu_si256((__m256i *)(void *)(qa->nh + 32 * j), nh);
         __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ve, ones), _mm256_madd_epi16(vo, ones));
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));

@@ -248,26 +248,13 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                             _mm256_add_epi32(l2, _mm256_slli_epi32(h2, 8)),                    \
                             _mm256_add_epi32(l3, _mm256_slli_epi32(h3, 8))),                   \
                 _mm_set1_epi32((int)corr[s]));                                                 \
-            const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;          \
-            __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub],                     \
-                                        (short)sc[2 * L->n_sub], (short)sc[3 * L->n_sub], 0,   \
-                                        0, 0, 0);                                              \
-            __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));                                 \
-            acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, _mm256_cvtepi32_pd(T)));            \
+            acc = _mm256_add_pd(acc,                                                           \
+                                _mm256_mul_pd(scales4_pd(L, r, s), _mm256_cvtepi32_pd(T)));    \
         }                                                                                      \
-        _mm_storeu_ps(y + r,                                                                   \
-                      _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));     \
+        store4_combined(y + r, acc, qa->D);                                                    \
     }                                                                                          \
     FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
-        if (L->group_size % 128 != 0 || L->group_size > 512) {                                 \
-            i8cb_b4_rows_avx2(y, qa, L, r0, r1, cols);                                         \
-            return;                                                                            \
-        }                                                                                      \
-        uint32_t corr[L->n_sub];                                                               \
-        act_vnni_corrections(corr, qa, L->n_sub, L->group_size, cols);                         \
-        int r = r0;                                                                            \
-        for (; r + 4 <= r1; r += 4) NAME##_rows4(y, qa, L, r, cols, corr);                     \
-        if (r < r1) i8cb_b4_rows_avx2(y, qa, L, r, r1, cols);                                  \
+        i8cb_b4_rows4_run(NAME##_rows4, i8cb_b4_rows_avx2, y, qa, L, r0, r1, cols);            \
     }
 #define LD128(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
 

@@ -109,26 +109,13 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
             __m128i T = hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),   \
                                     fold_lohi(l3, h3));                                        \
             T = _mm_sub_epi32(T, _mm_set1_epi32((int)corr[s]));                                \
-            const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;          \
-            __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub],                     \
-                                        (short)sc[2 * L->n_sub], (short)sc[3 * L->n_sub], 0,   \
-                                        0, 0, 0);                                              \
-            __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));                                 \
-            acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, _mm256_cvtepi32_pd(T)));            \
+            acc = _mm256_add_pd(acc,                                                           \
+                                _mm256_mul_pd(scales4_pd(L, r, s), _mm256_cvtepi32_pd(T)));    \
         }                                                                                      \
-        _mm_storeu_ps(y + r,                                                                   \
-                      _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));     \
+        store4_combined(y + r, acc, qa->D);                                                    \
     }                                                                                          \
     FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
-        if (L->group_size % 128 != 0 || L->group_size > 512) {                                 \
-            i8cb_b4_rows_avx2(y, qa, L, r0, r1, cols);                                         \
-            return;                                                                            \
-        }                                                                                      \
-        uint32_t corr[L->n_sub];                                                               \
-        act_vnni_corrections(corr, qa, L->n_sub, L->group_size, cols);                         \
-        int r = r0;                                                                            \
-        for (; r + 4 <= r1; r += 4) NAME##_rows4(y, qa, L, r, cols, corr);                     \
-        if (r < r1) i8cb_b4_rows_avx2(y, qa, L, r, r1, cols);                                  \
+        i8cb_b4_rows4_run(NAME##_rows4, i8cb_b4_rows_avx2, y, qa, L, r0, r1, cols);            \
     }
 
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB)
@@ -223,12 +210,9 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
                                       _mm_set1_epi32((int)(128u * corr)));
             T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
         }
-        const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
-        __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub], (short)sc[2 * L->n_sub],
-                                    (short)sc[3 * L->n_sub], 0, 0, 0, 0);
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), T));
     }
-    _mm_storeu_ps(y + r, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));
+    store4_combined(y + r, acc, qa->D);
 }
 
 VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "qgemv.h"
 
 #define AVX2_FN __attribute__((target("avx2,f16c")))
@@ -54,6 +55,40 @@ AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t
         acc = acc + p;
     }
     return (float)(acc * (double)D);
+}
+
+/* The f16 scales of sub-block s of rows r..r+3 as doubles (F16C: exact). */
+AVX2_FN static inline __m256d scales4_pd(const I8Layout *L, int r, int s) {
+    const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
+    __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub], (short)sc[2 * L->n_sub],
+                                (short)sc[3 * L->n_sub], 0, 0, 0, 0);
+    return _mm256_cvtps_pd(_mm_cvtph_ps(sh));
+}
+
+/* y[0..3] = (float)(acc * D): i8_combine's last step for four rows at once. */
+AVX2_FN static inline void store4_combined(float *y, __m256d acc, float D) {
+    _mm_storeu_ps(y, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)D))));
+}
+
+/* Four rows r..r+3 of a VNNI b = 4 kernel, given the GEMV's per-sub-block corrections. */
+typedef void (*I8Rows4Fn)(float *y, const QuantActs *qa, const I8Layout *L, int r, int cols,
+                          const uint32_t *corr);
+
+/* The entry of the four-row VNNI b = 4 kernels: when G is a multiple of 128 up to 512, the
+ * corrections (act_vnni_corrections) once, then rows in fours through rows4; other G and the
+ * last (r1 - r0) mod 4 rows through `rest` (the AVX2 kernel: the same bits). */
+static inline void i8cb_b4_rows4_run(I8Rows4Fn rows4, I8RowsFn rest, float *y,
+                                     const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                                     int cols) {
+    if (L->group_size % 128 != 0 || L->group_size > 512) {
+        rest(y, qa, L, r0, r1, cols);
+        return;
+    }
+    uint32_t corr[L->n_sub];
+    act_vnni_corrections(corr, qa, L->n_sub, L->group_size, cols);
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) rows4(y, qa, L, r, cols, corr);
+    if (r < r1) rest(y, qa, L, r, r1, cols);
 }
 
 /* 32 b = 6 indices (natural column order) from the 24 bytes at p (qgemv_avx2.c explains how). */

@@ -350,6 +350,18 @@ static inline int64_t window_low(const work_t *wk, int64_t q, int64_t i, int64_t
     return a > q - 1 ? a : q - 1;
 }
 
+/* window_low of the n cells i..i+n-1 into lo[0..n); returns the smallest. */
+static inline int64_t window_lows(const work_t *wk, int64_t q, int64_t i, int64_t ihi, int n,
+                                  int64_t *lo)
+{
+    int64_t m = lo[0] = window_low(wk, q, i, ihi);
+    for (int l = 1; l < n; l++) {
+        lo[l] = window_low(wk, q, i + l, ihi);
+        m = lo[l] < m ? lo[l] : m;
+    }
+    return m;
+}
+
 /* Layer q computed down to cell i (at least), top down as the reference fills it: the cells
  * of layer q - 1 that the scans read (the windows' lower ends and the candidates j) are
  * computed first, on demand, by the same rule.  Every cell so computed has the inputs, and so
@@ -442,11 +454,7 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
                 mn = _mm_min_epi32(mn, _mm_shuffle_epi32(mn, 0xB1));
                 jmin8 = _mm_cvtsi128_si32(mn);
             } else {
-                for (int l = 0; l < 8; l++)
-                    lo8[l] = window_low(wk, q, ib8 + l, ihi);
-                jmin8 = lo8[0];
-                for (int l = 1; l < 8; l++)
-                    jmin8 = lo8[l] < jmin8 ? lo8[l] : jmin8;
+                jmin8 = window_lows(wk, q, ib8, ihi, 8, lo8);
             }
             ENSURE(q - 1, jmin8);
             wk->dprev = Dp;
@@ -459,12 +467,8 @@ static void ensure(work_t *wk, const double *inv, int64_t m, int64_t width, int6
         }
 #endif
         ENSURE(q - 1, ibot < ihi - 1 ? ibot : ihi - 1);
-        int64_t lo[4], jmin;
-        for (int l = 0; l < 4; l++)
-            lo[l] = window_low(wk, q, ibot + l, ihi);
-        jmin = lo[0];
-        for (int l = 1; l < 4; l++)
-            jmin = lo[l] < jmin ? lo[l] : jmin;
+        int64_t lo[4];
+        int64_t jmin = window_lows(wk, q, ibot, ihi, 4, lo);
         ENSURE(q - 1, jmin);
         wk->dprev = Dp;
         wk->dcur = Dq;
