@@ -192,13 +192,8 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
-        for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;     \
+        i8_b4_rows4_begin(L, r, row);                                                          \
         const int full = cols & ~127;                                                          \
-        const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);  \
-        prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,           \
-                       (size_t)(L->end - L->indices));                                         \
-        prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u,                      \
-                       4 * (size_t)L->n_sub * 16u, cent_bytes);                                \
         const __m256i low4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(-128);            \
         __m256d acc = _mm256_setzero_pd();                                                     \
         for (int s = 0; s < L->n_sub; s++) {                                                   \

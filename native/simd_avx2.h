@@ -57,6 +57,17 @@ AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t
     return (float)(acc * (double)D);
 }
 
+/* The index rows r..r+3 of a b = 4 tensor (16 centroids per sub-block) into row[], and the
+ * indices and centroids of rows r+8..r+11 prefetched. */
+static inline void i8_b4_rows4_begin(const I8Layout *L, int r, const uint8_t *row[4]) {
+    for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
+    const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
+    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
+                   (size_t)(L->end - L->indices));
+    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
+                   cent_bytes);
+}
+
 /* The f16 scales of sub-block s of rows r..r+3 as doubles (F16C: exact). */
 AVX2_FN static inline __m256d scales4_pd(const I8Layout *L, int r, int s) {
     const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
