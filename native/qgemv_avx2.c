@@ -34,6 +34,26 @@ AVX2_FN static inline __m256i block32(const uint8_t *ip, __m256i tbl, __m256i q,
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w, q)), m);
 }
 
+/* Two 128-bit loads as one vector: lo at p_lo, hi at p_hi. */
+#define LOAD2X128(p_hi, p_lo)                                                                  \
+    _mm256_inserti128_si256(                                                                   \
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p_lo))),        \
+        _mm_loadu_si128((const __m128i *)(const void *)(p_hi)), 1)
+
+/* 64 columns of one row from 32 index bytes: the low nibbles are the even columns of the two
+ * activation blocks (block A in the low half, B in the high), the high nibbles the odd ones;
+ * qe/ae and qo/ao hold the perm32 activations in that order and m the two blocks' multipliers
+ * (A's in the low half). int32 lanes of mA * sum_A(q * w) and mB * sum_B(q * w). */
+AVX2_FN static inline __m256i block64(const uint8_t *ip, __m256i tbl, __m256i qe, __m256i qo,
+                                      __m256i ae, __m256i ao, __m256i m, __m256i low4) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)ip);
+    __m256i we = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, low4));
+    __m256i wo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+    __m256i pe = _mm256_madd_epi16(_mm256_maddubs_epi16(ae, _mm256_sign_epi8(we, qe)), m);
+    __m256i po = _mm256_madd_epi16(_mm256_maddubs_epi16(ao, _mm256_sign_epi8(wo, qo)), m);
+    return _mm256_add_epi32(pe, po);
+}
+
 /* Full 32-column chunks [c, stop) of two rows (index bytes i0, i1 at column 0 of the rows):
  * int32 lanes added to *acc0 and *acc1. No calls inside, so the accumulators, tables and
  * activations stay in registers. */
@@ -111,6 +131,10 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                    (size_t)(L->end - L->indices));
     prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
                    cent_bytes);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    /* (m[c/32], m[c/32 + 1]) as one dword -> the first in the low half, the second in the high */
+    const __m256i m_pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
     __m256d acc = _mm256_setzero_pd();
     for (int s = 0; s < L->n_sub; s++) {
         __m256i tbl[4];
@@ -124,7 +148,20 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
         int stop = c1 < full ? c1 : full;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         int c = c0;
-        for (; c < stop; c += 32) { /* no calls: everything stays in registers */
+        for (; c + 64 <= stop; c += 64) { /* no calls: everything stays in registers */
+            const int8_t *qp = qa->qp + c;
+            const uint8_t *ap = qa->aqp + c;
+            __m256i qe = LOAD2X128(qp + 32, qp), qo = LOAD2X128(qp + 48, qp + 16);
+            __m256i ae = LOAD2X128(ap + 32, ap), ao = LOAD2X128(ap + 48, ap + 16);
+            int32_t mm;
+            memcpy(&mm, qa->m16 + c / 32, sizeof mm);
+            __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
+            a0 = _mm256_add_epi32(a0, block64(row[0] + c / 2, tbl[0], qe, qo, ae, ao, m, low4));
+            a1 = _mm256_add_epi32(a1, block64(row[1] + c / 2, tbl[1], qe, qo, ae, ao, m, low4));
+            a2 = _mm256_add_epi32(a2, block64(row[2] + c / 2, tbl[2], qe, qo, ae, ao, m, low4));
+            a3 = _mm256_add_epi32(a3, block64(row[3] + c / 2, tbl[3], qe, qo, ae, ao, m, low4));
+        }
+        for (; c < stop; c += 32) { /* a last 32 columns of the sub-block */
             __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
             __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
             __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
