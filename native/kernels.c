@@ -34,6 +34,9 @@ void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
+void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
 int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                     int rows, int cols);
@@ -60,16 +63,17 @@ static int has_avx512vbmi(void) {
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi, i8cb_rows_avx2_any,
-     i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2},
+     i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2, NULL, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
-     codebook_gemv_avx512, act_quantize_avx2},
+     codebook_gemv_avx512, act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
-     act_quantize_avx2},
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
-     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
+     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
+     i8_dec8_rows_avx2, i8_decode_rows_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
 };
 
 #elif defined(__aarch64__)
@@ -92,13 +96,13 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
 };
 #endif
 
@@ -191,6 +195,21 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1) {
     *r1 = b1 * 16 < rows ? b1 * 16 : rows;
 }
 
+/* fn over rows [0, rows), split across the OpenMP threads (split_rows). */
+static void rows_over_threads(I8RowsFn fn, float *y, const QuantActs *qa, const I8Layout *L,
+                              int rows, int cols) {
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1) fn(y, qa, L, r0, r1, cols);
+    }
+#else
+    fn(y, qa, L, 0, rows, cols);
+#endif
+}
+
 void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
     const KernelTable *K = kernels_active();
     /* a sub-block longer than the row is the whole row (G <= cols keeps int arithmetic) */
@@ -198,16 +217,95 @@ void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     I8Layout L = i8_layout(W->data, bits, G, rows, cols);
     I8RowsFn fn = kernel_pick_i8(K, bits, G, qa->has_vnni);
+    if (W->w8 && K->i8_dec8 && G % 32 == 0) {
+        L.w8 = W->w8;
+        fn = K->i8_dec8;
+    }
+    rows_over_threads(fn, y, qa, &L, rows, cols);
+}
+
+/* Whether table K decodes a tensor of bit width b and group size G (G <= cols). */
+static int decodes(const KernelTable *K, int bits, int G) {
+    return K->i8_dec8 && bits >= DEC8_MIN_BITS && G % 32 == 0;
+}
+
+void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols) {
+    const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+    size_t stride = ((size_t)cols + 31) / 32 * 32;
+    for (int c = c0; c < cols; c += 8) {
+        uint64_t v = ditto_cb_group(row, (uint64_t)c, (uint32_t)L->bits);
+        for (int j = 0; j < 8 && c + j < cols; j++) {
+            int s = (c + j) / L->group_size;
+            size_t idx = (size_t)(v >> (j * L->bits)) & (size_t)(L->k - 1);
+            out[c + j] = L->cent[((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + idx];
+        }
+    }
+    memset(out + cols, 0, stride - (size_t)cols);
+}
+
+void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols) {
+    size_t stride = ((size_t)cols + 31) / 32 * 32;
+    for (int r = r0; r < r1; r++) i8_decode_cols_generic(w8 + (size_t)r * stride, L, r, 0, cols);
+}
+
+/* All rows decoded through K's decoder, the rows split across the OpenMP threads. */
+static void decode_i8(const KernelTable *K, int8_t *w8, const I8Layout *L, int rows, int cols) {
+    I8DecodeFn fn = K->i8_decode ? K->i8_decode : i8_decode_rows_generic;
 #ifdef _OPENMP
 #pragma omp parallel
     {
         int r0, r1;
         split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        if (r0 < r1) fn(y, qa, &L, r0, r1, cols);
+        if (r0 < r1) fn(w8, L, r0, r1, cols);
     }
 #else
-    fn(y, qa, &L, 0, rows, cols);
+    fn(w8, L, 0, rows, cols);
 #endif
+}
+
+static int8_t *decoded_copy(const KernelTable *K, const I8Layout *L, int rows, int cols) {
+    int8_t *w8 = malloc((size_t)rows * (((size_t)cols + 31) / 32 * 32));
+    if (w8) decode_i8(K, w8, L, rows, cols);
+    return w8;
+}
+
+int kernels_decode_tensor(Tensor *W) {
+    if (W->encoding != DITTO_ENC_CODEBOOK || W->codebook_type != DITTO_CB_I8 || W->w8) return 0;
+    int rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    if (!decodes(kernels_active(), (int)W->bits, G)) return 0;
+    I8Layout L = i8_layout(W->data, (int)W->bits, G, rows, cols);
+    W->w8 = decoded_copy(kernels_active(), &L, rows, cols);
+    return W->w8 ? 1 : -1;
+}
+
+void kernels_free_tensor(Tensor *W) {
+    free(W->w8);
+    W->w8 = NULL;
+}
+
+int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                           int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
+    if (group_size > cols) group_size = cols;
+    if (!decodes(K, bits, group_size)) {
+        int ran = i8cb_gemv_with(kernel, y, x, payload, bits, group_size, rows, cols);
+        return ran < 0 ? -1 : 0;
+    }
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
+    int8_t *w8 = decoded_copy(K, &L, rows, cols);
+    if (!w8 || act_quantize_by(K, &qa, x, cols, 1)) {
+        free(w8);
+        return -1;
+    }
+    L.w8 = w8;
+    rows_over_threads(K->i8_dec8, y, &qa, &L, rows, cols);
+    free(w8);
+    act_free(&qa);
+    return 1;
 }
 
 int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
@@ -221,16 +319,7 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
     I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
     I8RowsFn fn = kernel_pick_i8(K, bits, group_size, 1);
     int fast = fn != i8cb_rows_generic;
-#ifdef _OPENMP
-#pragma omp parallel
-    {
-        int r0, r1;
-        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        if (r0 < r1) fn(y, &qa, &L, r0, r1, cols);
-    }
-#else
-    fn(y, &qa, &L, 0, rows, cols);
-#endif
+    rows_over_threads(fn, y, &qa, &L, rows, cols);
     act_free(&qa);
     return fast;
 }

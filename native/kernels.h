@@ -27,6 +27,14 @@ typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L
 typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
 
+/* rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
+ * past cols): w8[r][c] = the centroid of index (r, c) */
+typedef void (*I8DecodeFn)(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
+void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
+/* Row r's columns [c0, cols) (c0 a multiple of 8) into out[c0..), zero up to roundup(cols, 32):
+ * the scalar decoder of the SIMD ones' row ends. */
+void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols);
+
 /* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
 typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int with_vnni);
 
@@ -44,7 +52,15 @@ typedef struct {
     int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
     FloatCbFn float_cb;   /* f16/f32 codebooks */
     ActQuantFn act_quant; /* activation quantization; NULL: act_quantize_generic */
+    I8RowsFn i8_dec8;     /* int8 codebooks with b >= DEC8_MIN_BITS decoded at load to int8
+                             weights (L->w8), G % 32 == 0; NULL: the table decodes nothing */
+    I8DecodeFn i8_decode; /* that decoding for rows [r0, r1); NULL: i8_decode_rows_generic */
 } KernelTable;
+
+/* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the
+ * default classifier) needs ~20 AVX2 instructions per 32 weights to unpack and look up, a
+ * plain int8 weight 4 (docs/KERNELS.md "Decoded classifier"). */
+#define DEC8_MIN_BITS 5
 
 /* Every table compiled into this program, best first; *n gets their number. */
 const KernelTable *kernel_tables(int *n);
@@ -94,6 +110,14 @@ void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W);
 void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
                                int n);
 
+/* Decode W's weights to int8 once (W->w8, rows * roundup(cols, 32) bytes, OpenMP over rows)
+ * when the active table reads decoded weights faster than its lookup kernel: W an int8
+ * codebook tensor with b >= DEC8_MIN_BITS and G % 32 == 0, and the table has i8_dec8. gemv_i8
+ * then runs i8_dec8 on W->w8: the same integer sums, so the same bits. Returns 1 when decoded,
+ * 0 when not needed, -1 when out of memory (W unchanged). kernels_free_tensor() frees W->w8. */
+int kernels_decode_tensor(Tensor *W);
+void kernels_free_tensor(Tensor *W);
+
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);
 
@@ -103,6 +127,12 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1);
  * reference did, -1 for an unknown kernel, one this CPU cannot run, or no memory. */
 int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
                    int bits, int group_size, int rows, int cols);
+
+/* For tests: i8cb_gemv_with() with the weights decoded first as kernels_decode_tensor() does
+ * for that table. Returns 1 when the table's decoded-weight kernel ran, 0 when the table
+ * decodes nothing for these b and G (then the row kernels ran), -1 as i8cb_gemv_with(). */
+int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                           int bits, int group_size, int rows, int cols);
 
 /* For tests: Y[T][rows] = X[T][cols] · Wᵀ for an int8 codebook payload through the table named
  * `kernel` (gemm_i8() with that table; each X row quantized by its act_quantize). Returns 1 when

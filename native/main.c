@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -690,6 +691,18 @@ static int generate(Run *r, const Args *a) {
     return EXIT_OK;
 }
 
+/* Generation's classifier GEMV (a quarter of SmolLM2's weights, stored at b = 6) through
+ * weights decoded to int8 once, when the kernel table reads those faster than it looks up b = 6
+ * indices (kernels_decode_tensor; vocab x dim bytes). Without the memory for it, the lookup
+ * kernel serves, with the same bits. --score and --dump-logits take the classifier through the
+ * batched GEMM, which decodes each row itself. */
+static void decode_classifier(Model *m) {
+    Tensor *out = &m->tensors[m->output - m->tensors];
+    if (kernels_decode_tensor(out) < 0)
+        fprintf(stderr, "%s: warning: no memory to decode %s for the GEMV kernel (%" PRIu64
+                " bytes); using the lookup kernel\n", prog, out->name, out->rows * out->cols);
+}
+
 /* Opens the model and its tokenizer, reads the input tokens and runs the chosen mode. */
 static int run(const Args *a, Run *r) {
     char err[1024] = "";
@@ -714,6 +727,7 @@ static int run(const Args *a, Run *r) {
     if (a->tokens_only) return print_tokens(r);
     rc = prepare_context(a, r);
     if (rc != EXIT_OK) return rc;
+    if (!a->score_file && !a->dump_file) decode_classifier(&r->model);
     r->t_loaded = now_s();
     if (a->score_file) return score(r);
     if (a->dump_file) return dump_logits(r, a);

@@ -435,6 +435,8 @@ bad:
 }
 
 void model_close(Model *m) {
+    for (uint32_t i = 0; m->tensors && i < m->n_tensors; i++)
+        free(m->tensors[i].w8); /* decoded weights (kernels_decode_tensor), malloc'd */
     if (m->map) munmap(m->map, m->size);
     free(m->tensors);
     free(m->layers);

@@ -24,6 +24,9 @@ typedef struct {
     uint64_t rows, cols;   /* [out_features, in_features]; a vector is rows = 1 */
     const uint8_t *data;   /* payload start (mmapped) */
     uint64_t nbytes;
+    /* int8 codebooks: the weights decoded to int8 at load, [rows][roundup(cols, 32)] (the
+     * centroid of each index, zero past cols; kernels_decode_tensor), or NULL */
+    int8_t *w8;
 } Tensor;
 
 /* The tensors of one transformer block (FORMAT.md "Tensor names"). */

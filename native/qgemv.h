@@ -91,6 +91,7 @@ typedef struct {
     const uint8_t *end;    /* one past the last index byte */
     int bits, group_size, n_sub, k;
     size_t row_bytes;
+    const int8_t *w8;      /* the decoded weights (Tensor.w8), NULL when not decoded */
 } I8Layout;
 
 I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, int cols);

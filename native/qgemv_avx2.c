@@ -401,6 +401,105 @@ AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     }
 }
 
+/* ---- weights decoded to int8 at load (L->w8; kernels_decode_tensor), natural order ----
+ * Per 32 columns and row: one 32-byte load of the weights, then as dot32_natural (the sign of q
+ * onto w, |q| unsigned, vpmaddubsw, vpmaddwd by m). Four rows at a time share the activation
+ * loads; the int32 lanes move to int64 every 128 chunks, as in the lookup kernels, and each
+ * row's sub-block sums are combined by combine_f16c: the same bits. */
+#define DEC8_ROWS 4
+AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    const size_t stride = ((size_t)cols + 31) / 32 * 32;
+    int64_t T[DEC8_ROWS][L->n_sub];
+    for (int r = r0; r < r1; r += DEC8_ROWS) {
+        int n = r1 - r < DEC8_ROWS ? r1 - r : DEC8_ROWS;
+        const int8_t *w[DEC8_ROWS];
+        for (int i = 0; i < DEC8_ROWS; i++) /* a short last group repeats its last row */
+            w[i] = L->w8 + (size_t)(r + (i < n ? i : n - 1)) * stride;
+        prefetch_bytes(L->w8, (size_t)(r + 2 * DEC8_ROWS) * stride, DEC8_ROWS * stride,
+                       (size_t)r1 * stride);
+        for (int s = 0; s < L->n_sub; s++) {
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+            int64_t t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+            for (int c = c0; c < c1;) {
+                int stop = c + 128 * 32 < c1 ? c + 128 * 32 : c1; /* int32 lanes stay exact */
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+                for (; c < stop; c += 32) { /* no calls: everything stays in registers */
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
+                    __m256i aq = _mm256_abs_epi8(q);
+                    __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+#define DEC8_DOT(wi, acc)                                                                      \
+    acc = _mm256_add_epi32(                                                                    \
+        acc, _mm256_madd_epi16(                                                                \
+                 _mm256_maddubs_epi16(                                                         \
+                     aq, _mm256_sign_epi8(                                                     \
+                             _mm256_loadu_si256((const __m256i *)(const void *)((wi) + c)), q)), \
+                 m))
+                    DEC8_DOT(w[0], a0);
+                    DEC8_DOT(w[1], a1);
+                    DEC8_DOT(w[2], a2);
+                    DEC8_DOT(w[3], a3);
+#undef DEC8_DOT
+                }
+                t0 += hsum_epi32_wide(a0);
+                t1 += hsum_epi32_wide(a1);
+                t2 += hsum_epi32_wide(a2);
+                t3 += hsum_epi32_wide(a3);
+            }
+            T[0][s] = t0;
+            T[1][s] = t1;
+            T[2][s] = t2;
+            T[3][s] = t3;
+        }
+        for (int i = 0; i < n; i++) y[r + i] = combine_f16c(L, r + i, T[i], qa->D);
+    }
+}
+
+/* kernels_decode_tensor's decoding with the lookup kernels' own steps, 32 columns at a time:
+ * b = 6 through b6_indices + b6_lookup, other b through pdep + lookup_k; a row's partial last
+ * chunk (and, for other b, chunks whose 8-byte group reads would pass the payload) through the
+ * scalar decoder. */
+__attribute__((always_inline)) AVX2_BMI2_FN static inline void
+decode_rows_k(int8_t *w8, const I8Layout *L, int r0, int r1, int cols, const int k) {
+    const size_t stride = ((size_t)cols + 31) / 32 * 32;
+    const int b = L->bits;
+    const uint64_t dep = ((UINT64_C(1) << b) - 1u) * UINT64_C(0x0101010101010101);
+    __m256i tbl[16];
+    for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        int fast = cols & ~31;
+        while (b != 6 && fast > 0 &&
+               L->end - (row + (size_t)((fast - 32) / 8) * (size_t)b) < 3 * b + 8)
+            fast -= 32;
+        for (int s = 0; s < L->n_sub; s++) {
+            load_tables(tbl, L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k,
+                        L->k, k);
+            int c0 = s * L->group_size;
+            int c1 = c0 + L->group_size < fast ? c0 + L->group_size : fast;
+            for (int c = c0; c < c1; c += 32) {
+                __m256i w = b == 6 ? b6_lookup(b6_indices(row + (size_t)c / 32 * 24u), tbl[0],
+                                               tbl[1], tbl[2], tbl[3])
+                                   : lookup_k(chunk_indices(row, c, cols, b, dep, L->end, 1),
+                                              tbl, k);
+                _mm256_storeu_si256((__m256i *)(void *)(w8 + (size_t)r * stride + (size_t)c), w);
+            }
+        }
+        if (fast < cols) i8_decode_cols_generic(w8 + (size_t)r * stride, L, r, fast, cols);
+    }
+}
+
+AVX2_BMI2_FN void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols) {
+    switch (L->k) {
+    case 32: decode_rows_k(w8, L, r0, r1, cols, 32); break;
+    case 64: decode_rows_k(w8, L, r0, r1, cols, 64); break;
+    case 128: decode_rows_k(w8, L, r0, r1, cols, 128); break;
+    case 256: decode_rows_k(w8, L, r0, r1, cols, 256); break;
+    default: i8_decode_rows_generic(w8, L, r0, r1, cols); break;
+    }
+}
+
 AVX2_BMI2_FN void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                                      int r1, int cols) {
     switch (L->k) {

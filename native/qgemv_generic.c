@@ -157,6 +157,7 @@ I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, i
     L.indices = payload + ditto_cb_codebook_bytes((uint64_t)rows, (uint64_t)cols, (uint32_t)bits,
                                                   (uint64_t)group_size, DITTO_CB_I8);
     L.end = L.indices + (size_t)rows * L.row_bytes;
+    L.w8 = NULL;
     return L;
 }
 

@@ -56,6 +56,9 @@ def lib(tmp_path_factory):
     assert p.returncode == 0, p.stderr
     L = ctypes.CDLL(str(out))
     L.i8cb_gemv_with.argtypes = [ctypes.c_char_p, P, P, P] + [ctypes.c_int] * 4
+    L.i8cb_gemv_decoded_with.argtypes = [ctypes.c_char_p, P, P, P] + [ctypes.c_int] * 4
+    L.kernels_decode_tensor.argtypes = [P]
+    L.kernels_free_tensor.argtypes = [P]
     L.act_quantize_copy.argtypes = [P, ctypes.c_int, P, P, P]
     L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int, P, P, P, P, P]
     L.kernel_name_at.restype = ctypes.c_char_p
@@ -562,7 +565,8 @@ class _Tensor(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("encoding", ctypes.c_uint32),
                 ("codebook_type", ctypes.c_uint32), ("bits", ctypes.c_uint32),
                 ("group_size", ctypes.c_uint32), ("rows", ctypes.c_uint64),
-                ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64)]
+                ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64),
+                ("w8", ctypes.c_void_p)]
 
 
 @pytest.mark.parametrize("bits,G,cols", [(4, 256, 576), (6, 576, 576), (4, 32, 100), (3, 7, 50),
@@ -620,3 +624,60 @@ def test_gemm_multi_equals_one_tensor_at_a_time(lib):
     lib.matmul_batch_multi(Yp, X.ctypes.data, T, Wp, 3)
     for got, w in zip(outs, want):
         np.testing.assert_array_equal(got, w)
+
+
+#: the x86 tables that read weights decoded to int8 for b >= 5 (native/kernels.c i8_dec8)
+DECODING_TABLES = {"avx512vnni", "avxvnni", "avx2"}
+
+
+@pytest.mark.parametrize("bits,G,cols", [(6, 576, 576), (6, 64, 100), (6, 32, 4200),
+                                         (5, 64, 200), (7, 32, 77), (8, 96, 300),
+                                         (6, 4160, 4200), (4, 256, 576), (6, 7, 50)])
+def test_decoded_weights_give_the_reference_bits(lib, bits, G, cols):
+    """Weights decoded to int8 once (the classifier at load: kernels_decode_tensor) and the
+    table's decoded-weight kernel give the definition's bits: b >= 5 with G % 32 == 0 on the
+    tables that decode (b = 6 at G = cols is the default classifier; 4200 columns pass the
+    int32 lanes' 128-chunk limit; 77 and 100 leave a partial chunk), and b = 4 or G % 32 != 0
+    fall back to the row kernels (return 0)."""
+    rng = np.random.default_rng(bits * 1000 + G)
+    rows = 13  # three groups of four rows and a short one
+    ct = random_int8_tensor(rng, rows, cols, bits, G)
+    x = (rng.normal(size=cols) * rng.choice([1e-3, 1, 50], size=cols)).astype(np.float32)
+    want = i8_gemv_np(ct, x)
+    payload = np.frombuffer(codebook_payload(ct), np.uint8)
+    for kernel, need in X86_TABLES.items():
+        if not need <= cpu_flags():
+            continue
+        y = np.full(rows, np.nan, np.float32)
+        rc = lib.i8cb_gemv_decoded_with(kernel.encode(), y.ctypes.data, x.ctypes.data,
+                                        payload.ctypes.data, bits, G, rows, cols)
+        decodes = kernel in DECODING_TABLES and bits >= 5 and min(G, cols) % 32 == 0
+        assert rc == int(decodes), kernel
+        np.testing.assert_array_equal(y, want, err_msg=kernel)
+
+
+def test_gemv_reads_the_decoded_tensor(lib):
+    """kernels_decode_tensor fills Tensor.w8 on a decoding table for a b = 6 tensor (and not for
+    b = 4), gemv() then reads w8 with the reference bits, and kernels_free_tensor clears it."""
+    if lib.kernel_active_name().decode() not in DECODING_TABLES:
+        pytest.skip(f"the default table here ({lib.kernel_active_name().decode()}) decodes "
+                    "nothing: it has its own b = 6 kernel")
+    rng = np.random.default_rng(3)
+    rows, cols = 70, 576
+    for bits, decoded in ((6, 1), (4, 0)):
+        ct = random_int8_tensor(rng, rows, cols, bits, cols)
+        payload = np.frombuffer(codebook_payload(ct), np.uint8)
+        W = _Tensor(b"w", 1, 2, bits, cols, rows, cols, payload.ctypes.data, payload.size)
+        assert lib.kernels_decode_tensor(ctypes.byref(W)) == decoded
+        assert bool(W.w8) == bool(decoded)
+        if decoded:  # the decoded weights are the centroids of the indices, zero-padded
+            w8 = np.ctypeslib.as_array(ctypes.cast(W.w8, ctypes.POINTER(ctypes.c_int8)),
+                                       (rows, 576))
+            cent = np.rint(ct.codebooks / ct.scales.astype(np.float64)[..., None])
+            np.testing.assert_array_equal(w8, cent[np.arange(rows)[:, None], 0, ct.indices])
+        x = rng.normal(size=cols).astype(np.float32)
+        y = np.full(rows, np.nan, np.float32)
+        lib.gemv(y.ctypes.data, x.ctypes.data, ctypes.byref(W))
+        np.testing.assert_array_equal(y, i8_gemv_np(ct, x))
+        lib.kernels_free_tensor(ctypes.byref(W))
+        assert not W.w8
