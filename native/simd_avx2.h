@@ -46,7 +46,12 @@ static inline void prefetch_bytes(const void *base, size_t off, size_t n, size_t
         _mm_prefetch((const char *)base + o, _MM_HINT_T1);
 }
 
-/* i8_combine() with the f16 scales converted by F16C (exact, as the scalar conversion). */
+/* i8_combine() with the f16 scales converted by F16C (exact, as the scalar conversion).
+ * This and the kernels' four-lane forms of acc + s * T may be contracted into a fused
+ * multiply-add where the function's target has FMA (AVX-512F implies it) under Ditto's
+ * -ffp-contract=fast: that rounds as the definition's multiply, then add, because s * T is
+ * exact in double (an 11-bit f16 significand times |T| < 2^42 for any row of fewer than
+ * 2^20 columns: |T| <= cols * 127 * 32385). */
 AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t *T, float D) {
     const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub;
     double acc = 0.0;
