@@ -94,10 +94,10 @@ double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int 
 }
 
 /* STREAM-style read: sum of n floats (n a multiple of 64) in four independent 8-float vector
- * accumulators per thread (GCC/clang vector types, so the loop is vector loads and adds on
- * every ISA whatever the compiler's vectorizer does with an OpenMP-outlined loop: a float
- * array of accumulators stayed on the stack there, one scalar load-add-store per element,
- * which capped the figure at about half the memory bandwidth). */
+ * accumulators per thread. GCC/clang vector types make the loop vector loads and adds on every
+ * ISA without relying on the vectorizer, which keeps an array of float accumulators in an
+ * OpenMP-outlined loop on the stack (a scalar load-add-store per element, about half the
+ * memory bandwidth). */
 typedef float v8f __attribute__((vector_size(32)));
 static float stream_sum(const float *a, long n) {
     float total = 0.0f;

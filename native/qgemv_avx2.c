@@ -307,6 +307,17 @@ AVX2_FN static inline __m256i dot32_natural(const QuantActs *qa, int c, __m256i 
     return _mm256_madd_epi16(p, _mm256_set1_epi16(qa->m16[c / 32]));
 }
 
+/* The columns of the row at `row` whose 32-column chunks chunk_indices() may read with whole
+ * 8-byte group loads (none of them past the payload's end): a multiple of 32. */
+static inline int group_load_cols(const I8Layout *L, const uint8_t *row, int cols) {
+    const size_t b = (size_t)L->bits;
+    int fast = cols & ~31;
+    while (fast > 0 &&
+           L->end - (row + (size_t)((fast - 32) / 8) * b) < (ptrdiff_t)(3 * b + 8))
+        fast -= 32;
+    return fast;
+}
+
 /* Rows [r0, r1) for a table of k (>= 16: b < 4 pads to 16) entries. */
 __attribute__((always_inline)) AVX2_BMI2_FN static inline void
 rows_any_k(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols,
@@ -318,10 +329,7 @@ rows_any_k(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int
     for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        /* columns whose chunk can be read with whole 8-byte group loads */
-        int fast = cols & ~31;
-        while (fast > 0 && L->end - (row + (size_t)((fast - 32) / 8) * (size_t)b) < 3 * b + 8)
-            fast -= 32;
+        int fast = group_load_cols(L, row, cols);
         for (int s = 0; s < L->n_sub; s++) {
             load_tables(tbl, L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k,
                         L->k, k);
@@ -469,10 +477,7 @@ decode_rows_k(int8_t *w8, const I8Layout *L, int r0, int r1, int cols, const int
     for (int i = 0; i < 16; i++) tbl[i] = _mm256_setzero_si256();
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-        int fast = cols & ~31;
-        while (b != 6 && fast > 0 &&
-               L->end - (row + (size_t)((fast - 32) / 8) * (size_t)b) < 3 * b + 8)
-            fast -= 32;
+        int fast = b == 6 ? cols & ~31 : group_load_cols(L, row, cols);
         for (int s = 0; s < L->n_sub; s++) {
             load_tables(tbl, L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k,
                         L->k, k);
