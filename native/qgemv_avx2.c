@@ -229,7 +229,7 @@ AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
-        i8_b4_rows4_begin(L, r, row);                                                          \
+        i8_b4_rows4_begin(L, r, row, 1);                                                        \
         const int full = cols & ~127;                                                          \
         const __m256i low4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8(-128);            \
         __m256d acc = _mm256_setzero_pd();                                                     \

@@ -8,7 +8,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
-#include <string.h>
 
 #include "simd_avx2.h"
 
@@ -37,11 +36,25 @@ void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
 
 /* 128 columns of one row (index bytes at ip): lo and hi gain the dot products. */
 #define STEP128(LOOKUP, ip, tbl, lo, hi)                                                       \
+    STEP128_V(LOOKUP, _mm512_loadu_si512((const void *)(ip)), tbl, lo, hi)
+
+/* The same on 64 index bytes already loaded (v). */
+#define STEP128_V(LOOKUP, v, tbl, lo, hi)                                                      \
     do {                                                                                       \
-        __m512i v_ = _mm512_loadu_si512((const void *)(ip));                                   \
+        __m512i v_ = (v);                                                                      \
         __m512i we_ = LOOKUP(tbl, v_), wo_ = LOOKUP(tbl, _mm512_srli_epi16(v_, 4));            \
         lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo, we_, ale), wo_, alo);                 \
         hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi, we_, ahe), wo_, aho);                 \
+    } while (0)
+
+/* The index line at byte off of each of the four rows into L2: one line per row per step,
+ * i8_prefetch_ahead() past the row, so the loads of the rows the kernel reaches next are in
+ * flight while these compute (the hardware prefetcher alone, or one burst per four-row group,
+ * kept fewer of them in flight: docs/KERNELS.md "In-loop prefetch"). */
+#define PREFETCH4(row, off)                                                                    \
+    do {                                                                                       \
+        for (int i_ = 0; i_ < 4; i_++)                                                         \
+            _mm_prefetch((const char *)(row)[i_] + (off), _MM_HINT_T1);                        \
     } while (0)
 
 #define ACTS128(c)                                                                             \
@@ -49,6 +62,13 @@ void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
     const __m512i alo = _mm512_loadu_si512((const void *)(qa->ml + (c) + 64));                 \
     const __m512i ahe = _mm512_loadu_si512((const void *)(qa->mh + (c)));                      \
     const __m512i aho = _mm512_loadu_si512((const void *)(qa->mh + (c) + 64))
+
+/* The mask of the index bytes of the last n < 128 columns of a b = 4 row (ceil(n / 2) bytes):
+ * a masked load reads none of the bytes past it, so it never touches memory past the tensor,
+ * and gives the zero-padded step that index 0 times zero activations makes exact. */
+static inline __mmask64 tail_mask64(int n) {
+    return (__mmask64)(~0ull >> (64u - (unsigned)(n + 1) / 2u));
+}
 
 /* lo + 256 hi, 16 lanes folded to 8 (wrapping int32) */
 __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i lo, __m512i hi) {
@@ -60,7 +80,8 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
-        i8_b4_rows4_begin(L, r, row);                                                          \
+        i8_b4_rows4_begin(L, r, row, 0);                                                       \
+        const size_t ahead = i8_prefetch_ahead(L, row[3]);                                     \
         const int full = cols & ~127;                                                          \
         const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(-128);            \
         (void)low4;                                                                            \
@@ -84,22 +105,21 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;                                        \
             int c = c0;                                                                        \
             for (; c < stop; c += 128) { /* no calls: everything stays in registers */        \
+                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS128(c);                                                                    \
                 STEP128(LOOKUP, row[0] + c / 2, t0, l0, h0);                                   \
                 STEP128(LOOKUP, row[1] + c / 2, t1, l1, h1);                                   \
                 STEP128(LOOKUP, row[2] + c / 2, t2, l2, h2);                                   \
                 STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
             }                                                                                  \
-            if (c < c1) { /* the rows' partial last step: zero-padded copies */                \
-                uint8_t tl[4][64];                                                             \
-                memset(tl, 0, sizeof tl);                                                      \
-                size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 4u);              \
-                for (int i = 0; i < 4; i++) memcpy(tl[i], row[i] + c / 2, nb);                 \
+            if (c < c1) { /* the rows' partial last step: masked loads, zero past the row */   \
+                const __mmask64 m_ = tail_mask64(cols - c);                                    \
+                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS128(c);                                                                    \
-                STEP128(LOOKUP, tl[0], t0, l0, h0);                                            \
-                STEP128(LOOKUP, tl[1], t1, l1, h1);                                            \
-                STEP128(LOOKUP, tl[2], t2, l2, h2);                                            \
-                STEP128(LOOKUP, tl[3], t3, l3, h3);                                            \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[0] + c / 2), t0, l0, h0);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[1] + c / 2), t1, l1, h1);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);    \
             }                                                                                  \
             __m128i T = hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),   \
                                     fold_lohi(l3, h3));                                        \
@@ -136,10 +156,13 @@ VBMI512_F16C_FN static inline __m512i b6_idx64(__m512i v, __m512i place, __m512i
     return _mm512_multishift_epi64_epi8(offsets, _mm512_permutexvar_epi8(place, v));
 }
 
-#define B6_STEP(ip, tbl, lo, hi)                                                               \
+#define B6_STEP(ip, tbl, lo, hi) B6_STEP_M(B6_LOAD_MASK, ip, tbl, lo, hi)
+
+/* The same reading only the index bytes in mask (the others zero). */
+#define B6_STEP_M(mask, ip, tbl, lo, hi)                                                       \
     do {                                                                                       \
         __m512i w_ = _mm512_permutexvar_epi8(                                                  \
-            b6_idx64(_mm512_maskz_loadu_epi8(B6_LOAD_MASK, (ip)), place, offsets), (tbl));     \
+            b6_idx64(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (tbl));           \
         lo = _mm512_dpbusd_epi32(lo, w_, _mm512_loadu_si512((const void *)(qa->nl + c)));     \
         hi = _mm512_dpbusd_epi32(hi, w_, _mm512_loadu_si512((const void *)(qa->nh + c)));     \
     } while (0)
@@ -157,8 +180,7 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
     const uint8_t *row[4];
     for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
     const int full = cols & ~63;
-    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
-                   (size_t)(L->end - L->indices));
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
     prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 64u, 4 * (size_t)L->n_sub * 64u,
                    (size_t)((const int8_t *)(const void *)L->scale - L->cent));
     __m256d acc = _mm256_setzero_pd();
@@ -184,20 +206,20 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
                 const size_t off = (size_t)c / 64 * 48;
+                PREFETCH4(row, ahead + off);
                 B6_STEP(row[0] + off, t0, l0, h0);
                 B6_STEP(row[1] + off, t1, l1, h1);
                 B6_STEP(row[2] + off, t2, l2, h2);
                 B6_STEP(row[3] + off, t3, l3, h3);
             }
-            if (c < run) { /* the rows' partial last step: zero-padded copies */
-                uint8_t tl[4][64];
-                memset(tl, 0, sizeof tl);
-                size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 6u);
-                for (int i = 0; i < 4; i++) memcpy(tl[i], row[i] + (size_t)c / 64 * 48, nb);
-                B6_STEP(tl[0], t0, l0, h0);
-                B6_STEP(tl[1], t1, l1, h1);
-                B6_STEP(tl[2], t2, l2, h2);
-                B6_STEP(tl[3], t3, l3, h3);
+            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
+                const size_t off = (size_t)c / 64 * 48;
+                const __mmask64 m = (__mmask64)(
+                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c), 6u)));
+                B6_STEP_M(m, row[0] + off, t0, l0, h0);
+                B6_STEP_M(m, row[1] + off, t1, l1, h1);
+                B6_STEP_M(m, row[2] + off, t2, l2, h2);
+                B6_STEP_M(m, row[3] + off, t3, l3, h3);
                 c = run;
             }
             __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),

@@ -63,14 +63,27 @@ AVX2_FN static inline float combine_f16c(const I8Layout *L, int r, const int64_t
 }
 
 /* The index rows r..r+3 of a b = 4 tensor (16 centroids per sub-block) into row[], and the
- * indices and centroids of rows r+8..r+11 prefetched. */
-static inline void i8_b4_rows4_begin(const I8Layout *L, int r, const uint8_t *row[4]) {
+ * centroids of rows r+8..r+11 prefetched, with their indices too when `indices` is set (the
+ * kernels that prefetch indices inside their column loop pass 0). */
+static inline void i8_b4_rows4_begin(const I8Layout *L, int r, const uint8_t *row[4],
+                                     int indices) {
     for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
     const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
-    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
-                   (size_t)(L->end - L->indices));
+    if (indices)
+        prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
+                       (size_t)(L->end - L->indices));
     prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
                    cent_bytes);
+}
+
+/* How far past a row the kernels that prefetch inside their column loop read ahead: whole
+ * rows, at least 8 KiB (measured on SmolLM2 decode, docs/KERNELS.md "In-loop prefetch"), or 0
+ * when those rows would be past the tensor (the kernel then prefetches its own rows again,
+ * which is harmless). row_last is the last of the rows the kernel is reading. */
+#define PREFETCH_AHEAD_BYTES 8192u
+static inline size_t i8_prefetch_ahead(const I8Layout *L, const uint8_t *row_last) {
+    size_t n = (PREFETCH_AHEAD_BYTES + L->row_bytes - 1) / L->row_bytes;
+    return (size_t)(L->end - row_last) >= (n + 1) * L->row_bytes ? n * L->row_bytes : 0;
 }
 
 /* The f16 scales of sub-block s of rows r..r+3 as doubles (F16C: exact). */
