@@ -77,12 +77,14 @@ static inline void i8_b4_rows4_begin(const I8Layout *L, int r, const uint8_t *ro
 }
 
 /* How far past a row the kernels that prefetch inside their column loop read ahead: whole
- * rows, at least 8 KiB (measured on SmolLM2 decode, docs/KERNELS.md "In-loop prefetch"), or 0
- * when those rows would be past the tensor (the kernel then prefetches its own rows again,
- * which is harmless). row_last is the last of the rows the kernel is reading. */
+ * rows, at least 8 KiB and at least four rows (measured on SmolLM2 decode and 4096 x 11008,
+ * docs/KERNELS.md "In-loop prefetch"), or 0 when those rows would be past the tensor (the
+ * kernel then prefetches its own rows again, which is harmless). row_last is the last of the
+ * rows the kernel is reading. */
 #define PREFETCH_AHEAD_BYTES 8192u
 static inline size_t i8_prefetch_ahead(const I8Layout *L, const uint8_t *row_last) {
     size_t n = (PREFETCH_AHEAD_BYTES + L->row_bytes - 1) / L->row_bytes;
+    if (n < 4) n = 4; /* fewer would land in the rows being read (four at a time) */
     return (size_t)(L->end - row_last) >= (n + 1) * L->row_bytes ? n * L->row_bytes : 0;
 }
 
