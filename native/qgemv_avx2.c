@@ -125,10 +125,9 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     const uint8_t *row[4];
     for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
     const int full = cols & ~31;
-    /* the index bytes and centroids of the rows 8 ahead, into L2 */
+    /* the centroids of the rows 8 ahead into L2 here, their index lines in the column loop */
     const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
-    prefetch_bytes(L->indices, (size_t)(r + 8) * L->row_bytes, 4 * L->row_bytes,
-                   (size_t)(L->end - L->indices));
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
     prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
                    cent_bytes);
     const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -156,6 +155,9 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
             int32_t mm;
             memcpy(&mm, qa->m16 + c / 32, sizeof mm);
             __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
+            if (!(c & 64)) /* one line of each row per 128 columns */
+                for (int i = 0; i < 4; i++)
+                    _mm_prefetch((const char *)row[i] + ahead + c / 2, _MM_HINT_T1);
             a0 = _mm256_add_epi32(a0, block64(row[0] + c / 2, tbl[0], qe, qo, ae, ao, m, low4));
             a1 = _mm256_add_epi32(a1, block64(row[1] + c / 2, tbl[1], qe, qo, ae, ao, m, low4));
             a2 = _mm256_add_epi32(a2, block64(row[2] + c / 2, tbl[2], qe, qo, ae, ao, m, low4));
