@@ -63,6 +63,7 @@ def lib(tmp_path_factory):
     L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int, P, P, P, P, P]
     L.kernel_name_at.restype = ctypes.c_char_p
     L.kernel_active_name.restype = ctypes.c_char_p
+    L.kernels_select.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     L.omp_set_num_threads.argtypes = [ctypes.c_int]
     L.gemv.argtypes = [P, P, P]
     L.gemm_i8_float_input.argtypes = [P, P, ctypes.c_int, P]
@@ -657,14 +658,27 @@ def test_decoded_weights_give_the_reference_bits(lib, bits, G, cols):
 
 
 def test_gemv_reads_the_decoded_tensor(lib):
-    """kernels_decode_tensor fills Tensor.w8 on a decoding table for a b = 6 tensor (and not for
-    b = 4), gemv() then reads w8 with the reference bits, and kernels_free_tensor clears it."""
-    if lib.kernel_active_name().decode() not in DECODING_TABLES:
-        pytest.skip(f"the default table here ({lib.kernel_active_name().decode()}) decodes "
-                    "nothing: it has its own b = 6 kernel")
+    """kernels_decode_tensor fills Tensor.w8 on each decoding table this CPU runs (selected as
+    --kernel does) for a b = 6 tensor (and not for b = 4), gemv() then reads w8 with the
+    reference bits, and kernels_free_tensor clears it; on a table that decodes nothing
+    (avx512vbmi), kernels_decode_tensor leaves w8 NULL."""
+    tables = [k for k in X86_TABLES if X86_TABLES[k] <= cpu_flags()]
+    if not any(k in DECODING_TABLES for k in tables):
+        pytest.skip("this CPU runs none of the tables that decode")
+    err = ctypes.create_string_buffer(256)
+    try:
+        for kernel in tables:
+            assert lib.kernels_select(kernel.encode(), err, len(err)) == 0, err.value
+            assert lib.kernel_active_name().decode() == kernel
+            _check_decoded_gemv(lib, kernel in DECODING_TABLES)
+    finally:
+        assert lib.kernels_select(None, err, len(err)) == 0, err.value
+
+
+def _check_decoded_gemv(lib, decodes):
     rng = np.random.default_rng(3)
     rows, cols = 70, 576
-    for bits, decoded in ((6, 1), (4, 0)):
+    for bits, decoded in ((6, int(decodes)), (4, 0)):
         ct = random_int8_tensor(rng, rows, cols, bits, cols)
         payload = np.frombuffer(codebook_payload(ct), np.uint8)
         W = _Tensor(b"w", 1, 2, bits, cols, rows, cols, payload.ctypes.data, payload.size)
