@@ -1,7 +1,7 @@
 """The libFuzzer targets of native/fuzz (clang-22, ASan + UBSan): the model loader + forward
 pass, the tokenizer (block, encode with and without --special, decode) and the token file
 parser. Each runs for a bounded time from seeds made of the real bundled models (CI:
-$DITTO_FUZZ_TEST_SECONDS, default 20 s per target; `make -C native fuzz` runs longer), after
+$DITTO_FUZZ_TEST_SECONDS, default 10 s per target; `make -C native fuzz` runs longer), after
 replaying every known crash input (tests/data/fuzz_regressions, plus model files generated here
 from the seeds). Any crash, sanitizer report or leak fails the test. docs/RELIABILITY.md has
 the longer runs and their results."""
@@ -21,7 +21,7 @@ from tests.modelfile_edit import ModelImage
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
 REGRESSIONS = ROOT / "tests" / "data" / "fuzz_regressions"
-SECONDS = int(os.environ.get("DITTO_FUZZ_TEST_SECONDS", "20"))
+SECONDS = int(os.environ.get("DITTO_FUZZ_TEST_SECONDS", "10"))
 TARGETS = ("model", "tokenizer", "tokenfile")
 
 
