@@ -11,12 +11,12 @@
  * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time (a last
  * group of fewer repeats its last input and drops those sums): per column pair, two loads of
  * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
- * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI, VEX, or AVX-512 VNNI + VL,
- * EVEX on ymm), whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal
+ * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal
  * reduction), in twelve accumulator registers. Every weight load serves six inputs and every
  * activation load sixteen rows. At the end of a sub-block the lanes are combined with the
- * rows' f16 scales in double, in sub-block order, exactly as i8_combine does. The three
- * public functions differ only in the micro-kernel's multiply-add.
+ * rows' f16 scales in double, in sub-block order, exactly as i8_combine does. The AVX2 and
+ * AVX-VNNI GEMMs differ only in the micro-kernel's multiply-add; the AVX-512 tables' GEMM
+ * takes the same panels as unsigned bytes in groups of four columns ("the quad form" below).
  */
 #include "qgemv.h"
 #include "kernels.h"
@@ -36,11 +36,12 @@
 #define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
 #define VNNI512_FN __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-/* Sub-blocks [s0, s1) of row r as int16 in natural column order from w[0] (column s0 * G), for
- * all of their columns rounded up to whole 32-column chunks (padding columns get centroid 0;
- * their activations are 0). */
-AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int cols, int s0,
-                                      int s1) {
+/* Sub-blocks [s0, s1) of row r in natural column order from column s0 * G, for all of their
+ * columns rounded up to whole 32-column chunks (padding columns get centroid 0; their
+ * activations are 0): as int16 into w16, or, when w16 is NULL, as the unsigned bytes w + 128
+ * into u8 (the quad form below). */
+AVX2_BMI2_FN static void decode_row(int16_t *w16, uint8_t *u8, const I8Layout *L, int r,
+                                    int cols, int s0, int s1) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
     const int b = L->bits, full = cols & ~31, base = s0 * L->group_size;
     const uint64_t dep = ((UINT64_C(1) << b) - 1u) * UINT64_C(0x0101010101010101);
@@ -94,9 +95,14 @@ AVX2_BMI2_FN static void decode_row16(int16_t *w, const I8Layout *L, int r, int 
                     break;
                 }
             }
-            _mm256_storeu_si256((__m256i *)(void *)(w + c - base),
+            if (!w16) {
+                _mm256_storeu_si256((__m256i *)(void *)(u8 + c - base),
+                                    _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
+                continue;
+            }
+            _mm256_storeu_si256((__m256i *)(void *)(w16 + c - base),
                                 _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
-            _mm256_storeu_si256((__m256i *)(void *)(w + c - base + 16),
+            _mm256_storeu_si256((__m256i *)(void *)(w16 + c - base + 16),
                                 _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
         }
     }
@@ -175,15 +181,12 @@ typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int16_t *const *x
 
 #define MADD_AVX2(c, w, a) _mm256_add_epi32((c), _mm256_madd_epi16((w), (a)))
 #define MADD_AVXVNNI(c, w, a) _mm256_dpwssd_avx_epi32((c), (w), (a))     /* VEX vpdpwssd */
-#define MADD_AVX512VNNI(c, w, a) _mm256_dpwssd_epi32((c), (w), (a))      /* EVEX vpdpwssd */
 MICRO6(micro6_avx2, AVX2_FN, MADD_AVX2)
 MICRO6(micro6_avxvnni, AVXVNNI_FN, MADD_AVXVNNI)
-MICRO6(micro6_avx512vnni, VNNI512_FN, MADD_AVX512VNNI)
 #undef MICRO6
 #undef MQ_PAIR
 #undef MADD_AVX2
 #undef MADD_AVXVNNI
-#undef MADD_AVX512VNNI
 
 /* dacc[j][i] = dacc[j][i] + sc[i] * T[j][i] (double; the definition's multiply, then add) for
  * the 16 rows i and inputs j < n, T given as int32 lanes (one run) or int64 (t64). */
@@ -271,6 +274,24 @@ static void *alloc_or_die(size_t n, const char *what) {
     return p;
 }
 
+/* scd[s][i] = the f16 scale of sub-block s of row rp + i as a double, 0 past the R rows. */
+AVX2_FN static void panel_scales(double *scd, const I8Layout *L, int rp, int R) {
+    for (int s = 0; s < L->n_sub; s++)
+        for (int i = 0; i < PANEL; i++)
+            scd[(size_t)s * PANEL + i] =
+                i < R ? (double)_cvtsh_ss(L->scale[(size_t)(rp + i) * (size_t)L->n_sub + s])
+                      : 0.0;
+}
+
+/* Y[t][rp + i] = (float)(dacc[t][i] * D_t) for the panel's R rows: i8_combine's last step. */
+static void store_panel(float *Y, const double *dacc, const QuantActs *qa, int T, int rows,
+                        int rp, int R) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < R; i++)
+            Y[(size_t)t * (size_t)rows + (size_t)(rp + i)] =
+                (float)(dacc[(size_t)t * PANEL + i] * (double)qa[t].D);
+}
+
 /* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
 AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, int T,
                               const I8Layout *L, int r0, int r1, int rows, int cols) {
@@ -285,18 +306,14 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
     for (int t = 0; t < T; t++) scale_acts(mq + (size_t)t * (size_t)n_pad, &qa[t]);
     for (int rp = r0; rp < r1; rp += PANEL) {
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
-        for (int s = 0; s < n_sub; s++)
-            for (int i = 0; i < PANEL; i++)
-                scd[(size_t)s * PANEL + i] =
-                    i < R ? (double)_cvtsh_ss(L->scale[(size_t)(rp + i) * (size_t)n_sub + s])
-                          : 0.0;
+        panel_scales(scd, L, rp, R);
         memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
         for (int s0 = 0; s0 < n_sub; s0 += sb_per_block) {
             const int s1 = s0 + sb_per_block < n_sub ? s0 + sb_per_block : n_sub;
             const int c_end = s1 * G < cols ? s1 * G : cols;
             const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
             for (int i = 0; i < PANEL; i++) {
-                if (i < R) decode_row16(tmp + (size_t)i * kmax, L, rp + i, cols, s0, s1);
+                if (i < R) decode_row(tmp + (size_t)i * kmax, NULL, L, rp + i, cols, s0, s1);
                 else memset(tmp + (size_t)i * kmax, 0, (size_t)kc * sizeof *tmp);
             }
             transpose_pairs(P, (const int32_t *)(const void *)tmp, (size_t)kmax / 2, kc / 2);
@@ -309,10 +326,7 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
                 block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
-        for (int t = 0; t < T; t++)
-            for (int i = 0; i < R; i++)
-                Y[(size_t)t * (size_t)rows + (size_t)(rp + i)] =
-                    (float)(dacc[(size_t)t * PANEL + i] * (double)qa[t].D);
+        store_panel(Y, dacc, qa, T, rows, rp, R);
     }
     free(scd);
     free(dacc);
@@ -321,9 +335,162 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
     free(mq);
 }
 
+/* ---- The quad form (AVX-512 VNNI + VL: 32 ymm registers) ----
+ * vpdpbusd multiplies unsigned by signed bytes, four products per int32 lane: twice the
+ * products of a vpdpwssd, but m * q does not fit a byte. So per 32-column block j the panel's
+ * unsigned weights w + 128 (P[k][i] = the four bytes of columns 4k..4k+3 of row i) meet the
+ * input's bytes q, and the block's lanes are multiplied by m_j:
+ *   sum_c w m q = sum_j m_j sum_{c in j} (w + 128) q  -  128 sum_j m_j sum_{c in j} q,
+ * the last term one number per input and run of columns (corr). Per 32 columns and input: 8
+ * vpdpbusd, one vpmulld, one vpaddd per 8 rows, against 16 vpdpwssd in the pair form. The
+ * block sums (|.| <= 32 * 255 * 127) and everything after them wrap modulo 2^32 and come out
+ * exact because a run's true sum fits int32 (RUN columns, as above). Six inputs: 12 block and
+ * 12 run accumulators, two weight vectors, a broadcast and a multiplier. */
+#define MQ_QUAD(j)                                                                            \
+    {                                                                                         \
+        int32_t quad;                                                                         \
+        memcpy(&quad, x##j + 4 * kk, sizeof quad);                                            \
+        __m256i a = _mm256_set1_epi32(quad);                                                  \
+        b##j##0 = _mm256_dpbusd_epi32(b##j##0, w0, a);                                        \
+        b##j##1 = _mm256_dpbusd_epi32(b##j##1, w1, a);                                        \
+    }
+#define MQ_BLOCK_M(j)                                                                         \
+    {                                                                                         \
+        __m256i m = _mm256_set1_epi32((int)m##j[k / 8]);                                      \
+        c##j##0 = _mm256_add_epi32(c##j##0, _mm256_mullo_epi32(b##j##0, m));                  \
+        c##j##1 = _mm256_add_epi32(c##j##1, _mm256_mullo_epi32(b##j##1, m));                  \
+    }
+
+/* acc[2j + h] = int32 lanes, rows 8h..8h+7, of the sum over the 32-column blocks of quads
+ * [k0, k1) (both multiples of 8) of mb[j][block] * sum of P[k] . x[j][4k..4k+3], for the six
+ * inputs j (x, mb and P all indexed from the same first column). */
+VNNI512_FN static void micro6q(__m256i *acc, const int32_t *P, const int8_t *const *x,
+                               const uint8_t *const *mb, int k0, int k1) {
+    const int8_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
+    const uint8_t *m0 = mb[0], *m1 = mb[1], *m2 = mb[2], *m3 = mb[3], *m4 = mb[4], *m5 = mb[5];
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int k = k0; k < k1; k += 8) {
+        __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00,
+                b21 = b00, b30 = b00, b31 = b00, b40 = b00, b41 = b00, b50 = b00, b51 = b00;
+        for (int kk = k; kk < k + 8; kk++) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)kk * PANEL));
+            __m256i w1 =
+                _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)kk * PANEL + 8));
+            MQ_QUAD(0) MQ_QUAD(1) MQ_QUAD(2) MQ_QUAD(3) MQ_QUAD(4) MQ_QUAD(5)
+        }
+        MQ_BLOCK_M(0) MQ_BLOCK_M(1) MQ_BLOCK_M(2) MQ_BLOCK_M(3) MQ_BLOCK_M(4) MQ_BLOCK_M(5)
+    }
+    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
+    acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51;
+}
+#undef MQ_QUAD
+#undef MQ_BLOCK_M
+
+/* acc[2j + h] -= 128 * sum over the blocks [b0, b1) of input j's m * (sum of q): the bias of
+ * the unsigned weights (wrapping, as the lanes). */
+VNNI512_FN static void unbias_lanes(__m256i *acc, const int32_t *const *mqs, int b0, int b1) {
+    for (int j = 0; j < NB; j++) {
+        uint32_t corr = 0;
+        for (int b = b0; b < b1; b++) corr += (uint32_t)mqs[j][b];
+        __m256i c = _mm256_set1_epi32((int)(128u * corr));
+        acc[2 * j] = _mm256_sub_epi32(acc[2 * j], c);
+        acc[2 * j + 1] = _mm256_sub_epi32(acc[2 * j + 1], c);
+    }
+}
+
+/* block() of the quad form: x[j] the inputs' q and mb[j] their block multipliers, mqs[j] their
+ * per-block m * (sum of q), all from column s0 * G (P's first column). */
+VNNI512_FN static void block_quads(double *dacc, const int32_t *P, const int8_t *const *x,
+                                   const uint8_t *const *mb, const int32_t *const *mqs,
+                                   const double *scd, const I8Layout *L, int s0, int s1,
+                                   int cols, int n) {
+    const int G = L->group_size, base = s0 * G;
+    __m256i acc[2 * NB];
+    for (int s = s0; s < s1; s++) {
+        int c0 = s * G - base, c1 = (s * G + G < cols ? s * G + G : cols) - base;
+        int k1 = ((c1 + 31) & ~31) / 4;
+        if (k1 - c0 / 4 <= RUN / 4) {
+            micro6q(acc, P, x, mb, c0 / 4, k1);
+            unbias_lanes(acc, mqs, c0 / 32, k1 / 8);
+            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
+        } else {
+            int64_t t64[NB * PANEL] = {0};
+            for (int k = c0 / 4; k < k1; k += RUN / 4) {
+                int ke = k + RUN / 4 < k1 ? k + RUN / 4 : k1;
+                micro6q(acc, P, x, mb, k, ke);
+                unbias_lanes(acc, mqs, k / 8, ke / 8);
+                widen_lanes(t64, acc, n);
+            }
+            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
+        }
+    }
+}
+
+/* mqs[b] = m[b] * (sum of q over block b) for the n_pad / 32 blocks of one input: the sum of
+ * the 32 bytes q + 128 by vpsadbw against zero, less 32 * 128. */
+AVX2_FN static void block_qsums(int32_t *mqs, const QuantActs *qa) {
+    const __m256i flip = _mm256_set1_epi8(-128), zero = _mm256_setzero_si256();
+    for (int b = 0; b < qa->n_pad / 32; b++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + 32 * b));
+        __m256i s4 = _mm256_sad_epu8(_mm256_xor_si256(v, flip), zero); /* four u64 sums */
+        __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        int32_t sq = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+        mqs[b] = (int32_t)qa->m[b] * sq;
+    }
+}
+
+/* gemm() in the quad form (I8GemmFn; G % 32 == 0). */
+AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const I8Layout *L,
+                                    int r0, int r1, int rows, int cols) {
+    const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub, nblk = n_pad / 32;
+    const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
+    const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
+    int32_t *mqs = alloc_or_die((size_t)T * (size_t)nblk * sizeof *mqs, "activation sums");
+    uint8_t *tmp = alloc_or_die((size_t)PANEL * (size_t)kmax, "decoded rows");
+    int32_t *P = alloc_or_die((size_t)kmax / 4 * PANEL * sizeof *P, "weight panel");
+    double *dacc = alloc_or_die((size_t)T * PANEL * sizeof *dacc, "sums");
+    double *scd = alloc_or_die((size_t)n_sub * PANEL * sizeof *scd, "scales");
+    for (int t = 0; t < T; t++) block_qsums(mqs + (size_t)t * (size_t)nblk, &qa[t]);
+    for (int rp = r0; rp < r1; rp += PANEL) {
+        const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
+        panel_scales(scd, L, rp, R);
+        memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
+        for (int s0 = 0; s0 < n_sub; s0 += sb_per_block) {
+            const int s1 = s0 + sb_per_block < n_sub ? s0 + sb_per_block : n_sub;
+            const int c_end = s1 * G < cols ? s1 * G : cols;
+            const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
+            for (int i = 0; i < PANEL; i++) {
+                if (i < R) decode_row(NULL, tmp + (size_t)i * kmax, L, rp + i, cols, s0, s1);
+                else memset(tmp + (size_t)i * kmax, 0, (size_t)kc);
+            }
+            transpose_pairs(P, (const int32_t *)(const void *)tmp, (size_t)kmax / 4, kc / 4);
+            for (int t = 0; t < T; t += NB) {
+                const int n = T - t < NB ? T - t : NB;
+                const int8_t *x[NB];
+                const uint8_t *mb[NB];
+                const int32_t *mq[NB];
+                for (int j = 0; j < NB; j++) { /* past the last input: repeat it (not stored) */
+                    const size_t tj = (size_t)(t + (j < n ? j : n - 1));
+                    x[j] = qa[tj].q + (size_t)s0 * (size_t)G;
+                    mb[j] = qa[tj].m + (size_t)s0 * (size_t)G / 32;
+                    mq[j] = mqs + tj * (size_t)nblk + (size_t)s0 * (size_t)G / 32;
+                }
+                block_quads(dacc + (size_t)t * PANEL, P, x, mb, mq, scd, L, s0, s1, cols, n);
+            }
+        }
+        store_panel(Y, dacc, qa, T, rows, rp, R);
+    }
+    free(scd);
+    free(dacc);
+    free(P);
+    free(tmp);
+    free(mqs);
+}
+
 /* kernels.h I8GemmFn: Y[t][r] (row stride rows) for t < T, r in [r0, r1), G % 32 == 0; the
- * avx2 table's (vpmaddwd), the avxvnni table's (VEX vpdpwssd) and the AVX-512 tables' (EVEX
- * vpdpwssd on ymm: a zmm form, one register per 16-row pair, measured no faster). */
+ * avx2 table's (vpmaddwd), the avxvnni table's (VEX vpdpwssd) and the AVX-512 tables' (the
+ * quad form: vpdpbusd on ymm, which needs the 32 registers of AVX-512 VL). */
 AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                  int r0, int r1, int rows, int cols) {
     gemm(micro6_avx2, Y, qa, T, L, r0, r1, rows, cols);
@@ -336,7 +503,7 @@ AVX2_BMI2_FN void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const 
 
 AVX2_BMI2_FN void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                        int r0, int r1, int rows, int cols) {
-    gemm(micro6_avx512vnni, Y, qa, T, L, r0, r1, rows, cols);
+    gemm_quads(Y, qa, T, L, r0, r1, rows, cols);
 }
 
 #endif
