@@ -11,10 +11,11 @@
  * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time (a last
  * group of fewer repeats its last input and drops those sums): per column pair, two loads of
  * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
- * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32 lanes are the 16 rows x 6 inputs sums themselves (no horizontal
- * reduction), in twelve accumulator registers. Every weight load serves six inputs and every
- * activation load sixteen rows. At the end of a sub-block the lanes are combined with the
- * rows' f16 scales in double, in sub-block order, exactly as i8_combine does. The AVX2 and
+ * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32 lanes are the
+ * 16 rows x 6 inputs sums themselves (no horizontal reduction), in twelve accumulator
+ * registers. Every weight load serves six inputs and every activation load sixteen rows. At
+ * the end of a sub-block the lanes are combined with the rows' f16 scales in double, in
+ * sub-block order, exactly as i8_combine does. The AVX2 and
  * AVX-VNNI GEMMs differ only in the micro-kernel's multiply-add; the AVX-512 tables' GEMM
  * takes the same panels as unsigned bytes in groups of four columns ("the quad form" below).
  */
@@ -335,57 +336,59 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
     free(mq);
 }
 
-/* ---- The quad form (AVX-512 VNNI + VL: 32 ymm registers) ----
+/* ---- The quad form (AVX-512 VNNI: zmm) ----
  * vpdpbusd multiplies unsigned by signed bytes, four products per int32 lane: twice the
  * products of a vpdpwssd, but m * q does not fit a byte. So per 32-column block j the panel's
  * unsigned weights w + 128 (P[k][i] = the four bytes of columns 4k..4k+3 of row i) meet the
  * input's bytes q, and the block's lanes are multiplied by m_j:
  *   sum_c w m q = sum_j m_j sum_{c in j} (w + 128) q  -  128 sum_j m_j sum_{c in j} q,
  * the last term one number per input and run of columns (corr). Per 32 columns and input: 8
- * vpdpbusd, one vpmulld, one vpaddd per 8 rows, against 16 vpdpwssd in the pair form. The
- * block sums (|.| <= 32 * 255 * 127) and everything after them wrap modulo 2^32 and come out
- * exact because a run's true sum fits int32 (RUN columns, as above). Six inputs: 12 block and
- * 12 run accumulators, two weight vectors, a broadcast and a multiplier. */
-#define MQ_QUAD(j)                                                                            \
-    {                                                                                         \
-        int32_t quad;                                                                         \
-        memcpy(&quad, x##j + 4 * kk, sizeof quad);                                            \
-        __m256i a = _mm256_set1_epi32(quad);                                                  \
-        b##j##0 = _mm256_dpbusd_epi32(b##j##0, w0, a);                                        \
-        b##j##1 = _mm256_dpbusd_epi32(b##j##1, w1, a);                                        \
-    }
-#define MQ_BLOCK_M(j)                                                                         \
-    {                                                                                         \
-        __m256i m = _mm256_set1_epi32((int)m##j[k / 8]);                                      \
-        c##j##0 = _mm256_add_epi32(c##j##0, _mm256_mullo_epi32(b##j##0, m));                  \
-        c##j##1 = _mm256_add_epi32(c##j##1, _mm256_mullo_epi32(b##j##1, m));                  \
-    }
+ * vpdpbusd, one vpmulld and one vpaddd per 16 rows (zmm), against 16 vpdpwssd per 8 rows in
+ * the pair form. The block sums (|.| <= 32 * 255 * 127) and everything after them wrap modulo
+ * 2^32 and come out exact because a run's true sum fits int32 (RUN columns, as above). */
 
 /* acc[2j + h] = int32 lanes, rows 8h..8h+7, of the sum over the 32-column blocks of quads
  * [k0, k1) (both multiples of 8) of mb[j][block] * sum of P[k] . x[j][4k..4k+3], for the six
- * inputs j (x, mb and P all indexed from the same first column). */
+ * inputs j (x, mb and P all indexed from the same first column). One zmm per input holds the
+ * panel's 16 rows: one load of P[k] per four columns serves the six inputs. */
+#define ZQ_QUAD(j)                                                                            \
+    {                                                                                         \
+        int32_t quad;                                                                         \
+        memcpy(&quad, x##j + 4 * kk, sizeof quad);                                            \
+        b##j = _mm512_dpbusd_epi32(b##j, w, _mm512_set1_epi32(quad));                         \
+    }
+#define ZQ_BLOCK_M(j)                                                                         \
+    c##j = _mm512_add_epi32(c##j, _mm512_mullo_epi32(b##j, _mm512_set1_epi32((int)m##j[k / 8])))
+#define ZQ_OUT(j)                                                                             \
+    acc[2 * j] = _mm512_castsi512_si256(c##j), acc[2 * j + 1] = _mm512_extracti64x4_epi64(c##j, 1)
 VNNI512_FN static void micro6q(__m256i *acc, const int32_t *P, const int8_t *const *x,
                                const uint8_t *const *mb, int k0, int k1) {
     const int8_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
     const uint8_t *m0 = mb[0], *m1 = mb[1], *m2 = mb[2], *m3 = mb[3], *m4 = mb[4], *m5 = mb[5];
-    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
     for (int k = k0; k < k1; k += 8) {
-        __m256i b00 = _mm256_setzero_si256(), b01 = b00, b10 = b00, b11 = b00, b20 = b00,
-                b21 = b00, b30 = b00, b31 = b00, b40 = b00, b41 = b00, b50 = b00, b51 = b00;
+        __m512i b0 = _mm512_setzero_si512(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0;
         for (int kk = k; kk < k + 8; kk++) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)kk * PANEL));
-            __m256i w1 =
-                _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)kk * PANEL + 8));
-            MQ_QUAD(0) MQ_QUAD(1) MQ_QUAD(2) MQ_QUAD(3) MQ_QUAD(4) MQ_QUAD(5)
+            __m512i w = _mm512_loadu_si512((const void *)(P + (size_t)kk * PANEL));
+            ZQ_QUAD(0) ZQ_QUAD(1) ZQ_QUAD(2) ZQ_QUAD(3) ZQ_QUAD(4) ZQ_QUAD(5)
         }
-        MQ_BLOCK_M(0) MQ_BLOCK_M(1) MQ_BLOCK_M(2) MQ_BLOCK_M(3) MQ_BLOCK_M(4) MQ_BLOCK_M(5)
+        ZQ_BLOCK_M(0);
+        ZQ_BLOCK_M(1);
+        ZQ_BLOCK_M(2);
+        ZQ_BLOCK_M(3);
+        ZQ_BLOCK_M(4);
+        ZQ_BLOCK_M(5);
     }
-    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
-    acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51;
+    ZQ_OUT(0);
+    ZQ_OUT(1);
+    ZQ_OUT(2);
+    ZQ_OUT(3);
+    ZQ_OUT(4);
+    ZQ_OUT(5);
 }
-#undef MQ_QUAD
-#undef MQ_BLOCK_M
+#undef ZQ_QUAD
+#undef ZQ_BLOCK_M
+#undef ZQ_OUT
 
 /* acc[2j + h] -= 128 * sum over the blocks [b0, b1) of input j's m * (sum of q): the bias of
  * the unsigned weights (wrapping, as the lanes). */
