@@ -109,8 +109,8 @@ AVX2_BMI2_FN static void decode_row(int16_t *w16, uint8_t *u8, const I8Layout *L
     }
 }
 
-/* P[k][i] = src[i][k] for 16 rows i of n32 int32 column pairs (n32 % 8 == 0; row stride ld
- * pairs): 8 x 8 dword transposes. */
+/* P[k][i] = src[i][k] for 16 rows i of n32 dwords (int16 column pairs, or the quad form's
+ * groups of four byte columns; n32 % 8 == 0; row stride ld dwords): 8 x 8 dword transposes. */
 AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, int n32) {
     for (int h = 0; h < PANEL / 8; h++) {
         const int32_t *s = src + (size_t)(8 * h) * ld;
@@ -493,7 +493,7 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
 
 /* kernels.h I8GemmFn: Y[t][r] (row stride rows) for t < T, r in [r0, r1), G % 32 == 0; the
  * avx2 table's (vpmaddwd), the avxvnni table's (VEX vpdpwssd) and the AVX-512 tables' (the
- * quad form: vpdpbusd on ymm, which needs the 32 registers of AVX-512 VL). */
+ * quad form: vpdpbusd on zmm). */
 AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                  int r0, int r1, int rows, int cols) {
     gemm(micro6_avx2, Y, qa, T, L, r0, r1, rows, cols);

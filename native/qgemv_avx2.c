@@ -116,6 +116,17 @@ AVX2_FN static void rows2_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     y[rb] = combine_f16c(L, rb, T1, qa->D);
 }
 
+/* The index line at row offset p of each of the four rows, `ahead` bytes on, prefetched into
+ * L2 when the step reading bytes [b, b + len) of the rows starts a new 64-byte line (p, the
+ * first multiple of 64 at or after b, falls inside it): one line per row per 128 columns for
+ * any G % 32 == 0, whichever mix of 64- and 32-column steps its sub-blocks take. */
+static inline void prefetch4_crossing(const uint8_t *const row[4], size_t ahead, size_t b,
+                                      size_t len) {
+    const size_t p = (b + 63u) & ~(size_t)63u;
+    if (p < b + len)
+        for (int i = 0; i < 4; i++) _mm_prefetch((const char *)row[i] + ahead + p, _MM_HINT_T1);
+}
+
 /* Four rows at once (G <= 512, so every sub-block sum fits int32): four streams of index
  * bytes in flight, one activation load per four rows, the four sub-block sums reduced together
  * (vphaddd) and combined with their scales in four double lanes (the definition's multiply,
@@ -155,9 +166,7 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
             int32_t mm;
             memcpy(&mm, qa->m16 + c / 32, sizeof mm);
             __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
-            if (!(c & 64)) /* one line of each row per 128 columns */
-                for (int i = 0; i < 4; i++)
-                    _mm_prefetch((const char *)row[i] + ahead + c / 2, _MM_HINT_T1);
+            prefetch4_crossing(row, ahead, (size_t)c / 2, 32);
             a0 = _mm256_add_epi32(a0, block64(row[0] + c / 2, tbl[0], qe, qo, ae, ao, m, low4));
             a1 = _mm256_add_epi32(a1, block64(row[1] + c / 2, tbl[1], qe, qo, ae, ao, m, low4));
             a2 = _mm256_add_epi32(a2, block64(row[2] + c / 2, tbl[2], qe, qo, ae, ao, m, low4));
@@ -167,6 +176,7 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
             __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qp + c));
             __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(qa->aqp + c));
             __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+            prefetch4_crossing(row, ahead, (size_t)c / 2, 16);
             a0 = _mm256_add_epi32(a0, block32(row[0] + c / 2, tbl[0], q, a, m));
             a1 = _mm256_add_epi32(a1, block32(row[1] + c / 2, tbl[1], q, a, m));
             a2 = _mm256_add_epi32(a2, block32(row[2] + c / 2, tbl[2], q, a, m));
