@@ -293,6 +293,27 @@ static void store_panel(float *Y, const double *dacc, const QuantActs *qa, int T
                 (float)(dacc[(size_t)t * PANEL + i] * (double)qa[t].D);
 }
 
+/* The weights of sub-blocks [s0, s1) of the panel's rows rp..rp+R-1 (s1: as many as fit one
+ * KBLOCK of columns, at least one) into P, transposed: as int16 column pairs, or in the quad
+ * form (`quads`) as the bytes w + 128 in groups of four columns; the rows past R are zero.
+ * tmp holds PANEL rows of kmax columns of the form. Returns s1. */
+AVX2_BMI2_FN static int load_panel_block(int32_t *P, void *tmp, int kmax, int quads,
+                                         const I8Layout *L, int rp, int R, int cols, int s0) {
+    const int G = L->group_size, per = G >= KBLOCK ? 1 : KBLOCK / G;
+    const int s1 = s0 + per < L->n_sub ? s0 + per : L->n_sub;
+    const int c_end = s1 * G < cols ? s1 * G : cols;
+    const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
+    const size_t width = quads ? 1 : sizeof(int16_t), per_dword = 4 / width;
+    for (int i = 0; i < PANEL; i++) {
+        uint8_t *row = (uint8_t *)tmp + (size_t)i * (size_t)kmax * width;
+        if (i >= R) memset(row, 0, (size_t)kc * width);
+        else if (quads) decode_row(NULL, row, L, rp + i, cols, s0, s1);
+        else decode_row((int16_t *)(void *)row, NULL, L, rp + i, cols, s0, s1);
+    }
+    transpose_pairs(P, (const int32_t *)tmp, (size_t)kmax / per_dword, kc / (int)per_dword);
+    return s1;
+}
+
 /* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
 AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, int T,
                               const I8Layout *L, int r0, int r1, int rows, int cols) {
@@ -309,15 +330,8 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
         panel_scales(scd, L, rp, R);
         memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
-        for (int s0 = 0; s0 < n_sub; s0 += sb_per_block) {
-            const int s1 = s0 + sb_per_block < n_sub ? s0 + sb_per_block : n_sub;
-            const int c_end = s1 * G < cols ? s1 * G : cols;
-            const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
-            for (int i = 0; i < PANEL; i++) {
-                if (i < R) decode_row(tmp + (size_t)i * kmax, NULL, L, rp + i, cols, s0, s1);
-                else memset(tmp + (size_t)i * kmax, 0, (size_t)kc * sizeof *tmp);
-            }
-            transpose_pairs(P, (const int32_t *)(const void *)tmp, (size_t)kmax / 2, kc / 2);
+        for (int s0 = 0, s1; s0 < n_sub; s0 = s1) {
+            s1 = load_panel_block(P, tmp, kmax, 0, L, rp, R, cols, s0);
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int16_t *x[NB];
@@ -459,15 +473,8 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
         panel_scales(scd, L, rp, R);
         memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
-        for (int s0 = 0; s0 < n_sub; s0 += sb_per_block) {
-            const int s1 = s0 + sb_per_block < n_sub ? s0 + sb_per_block : n_sub;
-            const int c_end = s1 * G < cols ? s1 * G : cols;
-            const int kc = (c_end - s0 * G + 31) & ~31; /* columns of this block, padded */
-            for (int i = 0; i < PANEL; i++) {
-                if (i < R) decode_row(NULL, tmp + (size_t)i * kmax, L, rp + i, cols, s0, s1);
-                else memset(tmp + (size_t)i * kmax, 0, (size_t)kc);
-            }
-            transpose_pairs(P, (const int32_t *)(const void *)tmp, (size_t)kmax / 4, kc / 4);
+        for (int s0 = 0, s1; s0 < n_sub; s0 = s1) {
+            s1 = load_panel_block(P, tmp, kmax, 1, L, rp, R, cols, s0);
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int8_t *x[NB];
