@@ -50,7 +50,7 @@ void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
 /* The index line at byte off of each of the four rows into L2: one line per row per step,
  * i8_prefetch_ahead() past the row, so the loads of the rows the kernel reaches next are in
  * flight while these compute (the hardware prefetcher alone, or one burst per four-row group,
- * kept fewer of them in flight: docs/KERNELS.md "In-loop prefetch"). */
+ * keeps fewer of them in flight: docs/KERNELS.md "In-loop prefetch"). */
 #define PREFETCH4(row, off)                                                                    \
     do {                                                                                       \
         for (int i_ = 0; i_ < 4; i_++)                                                         \
