@@ -21,6 +21,7 @@ ALIGN = 64  # DITTO_ALIGN: every tensor payload starts at a multiple of this
 NAME_BYTES = 64  # DITTO_NAME_BYTES
 
 ARCH_LLAMA = 1  # DITTO_ARCH_LLAMA
+ARCH_QWEN2 = 2  # DITTO_ARCH_QWEN2: Llama + f32 biases on the q, k, v projections
 
 ENC_F32 = 0  # DITTO_ENC_F32
 ENC_CODEBOOK = 1  # DITTO_ENC_CODEBOOK
@@ -101,6 +102,7 @@ ENCODINGS = {"f32": ENC_F32, "codebook": ENC_CODEBOOK}
 TOKENIZER_KINDS = {"bpe_bytes": TOK_BPE_BYTES, "spm_bpe": TOK_SPM_BPE}
 PRE_TOKENIZERS = {"none": PRE_NONE, "gpt2": PRE_GPT2, "gpt2_digits": PRE_GPT2_DIGITS}
 CHAT_FORMATS = {"none": CHAT_NONE, "chatml": CHAT_CHATML}
+ARCHITECTURES = {"llama": ARCH_LLAMA, "qwen2": ARCH_QWEN2}  # ModelConfig.arch -> config arch
 
 #: DittoHeader (64 bytes)
 HEADER = struct.Struct("<8sIIQQ32s")

@@ -108,11 +108,14 @@ REASON_CODEBOOK_LARGER = "codebook larger than f32"
 # --------------------------------------------------------------------------------------------
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The Ditto tensor names of a Llama model (FORMAT.md "Tensor names") and their shapes,
-    in the canonical file order."""
+    """The Ditto tensor names of a model of ``config`` (FORMAT.md "Tensor names") and their
+    shapes, in the canonical file order: the Llama set, plus for ``arch == "qwen2"`` the
+    vectors ``blk.N.attn_q.bias`` [n_heads·head_dim], ``attn_k.bias`` and ``attn_v.bias``
+    [n_kv_heads·head_dim] after each layer's ``attn_v.weight``."""
     c = config
     q = c.n_heads * c.head_dim
     kv = c.n_kv_heads * c.head_dim
+    bias = c.arch == "qwen2"
     out = {"token_embd.weight": (c.vocab_size, c.dim)}
     for i in range(c.n_layers):
         p = f"blk.{i}."
@@ -120,6 +123,10 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[p + "attn_q.weight"] = (q, c.dim)
         out[p + "attn_k.weight"] = (kv, c.dim)
         out[p + "attn_v.weight"] = (kv, c.dim)
+        if bias:
+            out[p + "attn_q.bias"] = (q,)
+            out[p + "attn_k.bias"] = (kv,)
+            out[p + "attn_v.bias"] = (kv,)
         out[p + "attn_output.weight"] = (c.dim, q)
         out[p + "ffn_norm.weight"] = (c.dim,)
         out[p + "ffn_gate.weight"] = (c.hidden_dim, c.dim)
@@ -129,6 +136,10 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not c.tied_embeddings:
         out["output.weight"] = (c.vocab_size, c.dim)
     return out
+
+
+#: ModelConfig.arch -> the name messages use
+ARCH_NAMES = {"llama": "Llama", "qwen2": "Qwen2"}
 
 
 #: config field -> its upper limit (FORMAT.md "Validity rules"); every one is >= 1
@@ -142,8 +153,11 @@ def check_config_values(config: ModelConfig, where: str) -> None:
     valid model file (FORMAT.md "Validity rules", the same rules as native/model.c): every
     size an integer in 1..its limit (``CONFIG_LIMITS``), n_heads · head_dim <= MAX_DIM,
     n_kv_heads dividing n_heads, head_dim even, rope_theta and norm_eps finite and > 0 (as
-    float32, the stored type)."""
+    float32, the stored type), ``arch`` one of ``format.ARCHITECTURES``."""
     c = config
+    if c.arch not in F.ARCHITECTURES:
+        raise DittoError(f"{where}: config arch = {c.arch!r} must be one of "
+                         f"{sorted(F.ARCHITECTURES)}")
     for field, limit in CONFIG_LIMITS.items():
         v = getattr(c, field)
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= limit:
@@ -178,8 +192,8 @@ def check_config(config: ModelConfig, shapes: dict[str, tuple[int, ...]], where:
     for name, shape in shapes.items():
         if name not in want:
             raise DittoError(f"{where}: unexpected tensor {name!r} for a {c.n_layers}-layer "
-                             f"Llama model" + (" with tied embeddings" if name == "output.weight"
-                                               else ""))
+                             f"{ARCH_NAMES[c.arch]} model"
+                             + (" with tied embeddings" if name == "output.weight" else ""))
         if tuple(shape) != want[name]:
             raise DittoError(f"{where}: tensor {name!r} has shape {tuple(shape)}, the config "
                              f"implies {want[name]}")
@@ -419,7 +433,7 @@ def tokenizers_equal(a: TokenizerSpec, b: TokenizerSpec) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def _config_bytes(config: ModelConfig, n_tensors: int) -> bytes:
-    return F.pack(F.CONFIG, F.CONFIG_FIELDS, arch=F.ARCH_LLAMA, dim=config.dim,
+    return F.pack(F.CONFIG, F.CONFIG_FIELDS, arch=F.ARCHITECTURES[config.arch], dim=config.dim,
                   hidden_dim=config.hidden_dim, n_layers=config.n_layers,
                   n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
                   head_dim=config.head_dim, vocab_size=config.vocab_size,
@@ -656,8 +670,10 @@ class ModelFile:
         meta_end = F.HEADER_BYTES + self.meta_size
 
         c = F.unpack(F.CONFIG, F.CONFIG_FIELDS, mm, F.HEADER_BYTES)
-        if c["arch"] != F.ARCH_LLAMA:
-            raise DittoError(f"{where}: unknown architecture id {c['arch']}")
+        arch = next((k for k, v in F.ARCHITECTURES.items() if v == c["arch"]), None)
+        if arch is None:
+            raise DittoError(f"{where}: unknown architecture id {c['arch']} (1 = Llama, "
+                             f"2 = Qwen2)")
         if any(c["reserved"]):
             raise DittoError(f"{where}: config reserved bytes 52..63 must be zero")
         if c["tied_embeddings"] > 1:
@@ -668,7 +684,7 @@ class ModelFile:
             n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"], head_dim=c["head_dim"],
             vocab_size=c["vocab_size"], max_seq_len=c["max_seq_len"],
             rope_theta=c["rope_theta"], norm_eps=c["norm_eps"],
-            tied_embeddings=bool(c["tied_embeddings"]))
+            tied_embeddings=bool(c["tied_embeddings"]), arch=arch)
         n_t = c["n_tensors"]
         table_at = F.HEADER_BYTES + F.CONFIG.size
         tok_at = table_at + F.TENSOR_ENTRY.size * n_t

@@ -24,7 +24,10 @@ class ModelConfig:
 
     ``head_dim`` is usually ``dim // n_heads``; ``max_seq_len`` is the context length in tokens;
     ``rope_theta`` the RoPE base θ; ``norm_eps`` the RMSNorm ε; ``tied_embeddings`` means the
-    classifier reuses ``token_embd.weight`` (no ``output.weight`` tensor).
+    classifier reuses ``token_embd.weight`` (no ``output.weight`` tensor). ``arch``:
+    ``"llama"`` (transformers' LlamaForCausalLM without biases) or ``"qwen2"`` (its
+    Qwen2ForCausalLM: the same decoder plus float32 biases ``blk.N.attn_{q,k,v}.bias`` added
+    after the q, k and v projections, before RoPE); FORMAT.md "Config".
     """
 
     dim: int
@@ -38,6 +41,7 @@ class ModelConfig:
     rope_theta: float
     norm_eps: float
     tied_embeddings: bool
+    arch: str = "llama"
 
 
 @attrs.frozen

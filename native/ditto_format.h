@@ -19,8 +19,9 @@
 #define DITTO_ALIGN 64u /* every tensor payload starts at a multiple of this */
 #define DITTO_NAME_BYTES 64u
 
-/* model architectures */
-#define DITTO_ARCH_LLAMA 1u
+/* model architectures (docs/FORMAT.md "Config") */
+#define DITTO_ARCH_LLAMA 1u /* Llama decoder */
+#define DITTO_ARCH_QWEN2 2u /* Llama decoder + f32 biases on the q, k and v projections */
 
 /* tensor encodings */
 #define DITTO_ENC_F32 0u      /* row-major float32 [rows][cols] */
@@ -117,7 +118,7 @@ typedef struct {
 } DittoHeader; /* 64 bytes */
 
 typedef struct {
-    uint32_t arch; /* DITTO_ARCH_LLAMA */
+    uint32_t arch; /* DITTO_ARCH_LLAMA or DITTO_ARCH_QWEN2 */
     uint32_t dim;
     uint32_t hidden_dim;
     uint32_t n_layers;

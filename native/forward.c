@@ -1,4 +1,4 @@
-/* forward.c: Llama forward pass (see forward.h). */
+/* forward.c: Llama / Qwen2 forward pass (see forward.h). */
 #include "forward.h"
 
 #include <math.h>
@@ -126,6 +126,12 @@ void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) 
 
 static const float *f32_data(const Tensor *t) { return (const float *)(const void *)t->data; }
 
+void add_bias(float *y, const Tensor *b) {
+    if (!b) return;
+    const float *v = f32_data(b);
+    for (int i = 0; i < (int)b->cols; i++) y[i] += v[i];
+}
+
 /* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
  * positions 0..pos, then the weighted sum of values (attention.h). */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
@@ -164,6 +170,9 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
         gemv(s->q, s->xb, w->wq);
         gemv(k, s->xb, w->wk);
         gemv(v, s->xb, w->wv);
+        add_bias(s->q, w->bq); /* Qwen2: q/k/v biases, before RoPE */
+        add_bias(k, w->bk);
+        add_bias(v, w->bv);
         rope(s->q, (int)c->n_heads, d, cos_t, sin_t);
         rope(k, (int)c->n_kv_heads, d, cos_t, sin_t);
         attention(c, s, l, pos);

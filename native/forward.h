@@ -2,7 +2,8 @@
  *
  * Per layer (transformers' LlamaDecoderLayer): x += Wo·attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with
  * n = RMSNorm(x); x += Wdown·(silu(Wgate·m) ⊙ Wup·m) with m = RMSNorm(x). Then logits =
- * Wcls·RMSNorm(x). RoPE is the rotate-half form (docs/FORMAT.md "Rotary layout"); attention is
+ * Wcls·RMSNorm(x). Qwen2 (Qwen2DecoderLayer) adds the biases: RoPE(Wq·n + bq), RoPE(Wk·n +
+ * bk), Wv·n + bv. RoPE is the rotate-half form (docs/FORMAT.md "Rotary layout"); attention is
  * grouped-query (query head h reads KV head h / (n_heads / n_kv_heads)).
  */
 #ifndef DITTO_FORWARD_H
@@ -39,6 +40,10 @@ size_t runstate_bytes(const DittoConfig *c, int ctx);
 /* Run token (0 <= token < vocab_size) at position pos (0 <= pos < s->ctx), positions
  * 0..pos-1 having been run before. Returns s->logits, [vocab_size] float32. */
 float *forward(const Model *m, RunState *s, int token, int pos);
+
+/* y[i] += b[i] for i < b->cols (b an f32 vector: a Qwen2 q/k/v bias); nothing when b is
+ * NULL (Llama). */
+void add_bias(float *y, const Tensor *b);
 
 /* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019). */
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);

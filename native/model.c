@@ -127,15 +127,16 @@ static const Tensor *need(const Model *m, const char *name, uint64_t rows, uint6
                           int is_vector, int *n_found, char *err, size_t errlen) {
     const Tensor *t = find_tensor(m, name);
     if (!t) {
-        fail(m, err, errlen, "tensor %s is missing (config: n_layers=%u, tied_embeddings=%u)",
-             name, m->config.n_layers, m->config.tied_embeddings);
+        fail(m, err, errlen,
+             "tensor %s is missing (config: arch=%u, n_layers=%u, tied_embeddings=%u)", name,
+             m->config.arch, m->config.n_layers, m->config.tied_embeddings);
         return NULL;
     }
-    if (t->rows != rows || t->cols != cols) {
+    if (t->rows != rows || t->cols != cols || t->ndim != (is_vector ? 1u : 2u)) {
         fail(m, err, errlen,
-             "tensor %s has shape [%llu, %llu] but the config needs [%llu, %llu]", name,
-             (unsigned long long)t->rows, (unsigned long long)t->cols,
-             (unsigned long long)rows, (unsigned long long)cols);
+             "tensor %s has shape [%llu, %llu] (ndim %u) but the config needs [%llu, %llu] "
+             "(ndim %d)", name, (unsigned long long)t->rows, (unsigned long long)t->cols,
+             t->ndim, (unsigned long long)rows, (unsigned long long)cols, is_vector ? 1 : 2);
         return NULL;
     }
     if (is_vector && t->encoding != DITTO_ENC_F32) {
@@ -151,8 +152,9 @@ static const Tensor *need(const Model *m, const char *name, uint64_t rows, uint6
 
 static int check_config(const Model *m, char *err, size_t errlen) {
     const DittoConfig *c = &m->config;
-    if (c->arch != DITTO_ARCH_LLAMA)
-        return fail(m, err, errlen, "config: unknown architecture %u (1 = Llama)", c->arch);
+    if (c->arch != DITTO_ARCH_LLAMA && c->arch != DITTO_ARCH_QWEN2)
+        return fail(m, err, errlen, "config: unknown architecture %u (1 = Llama, 2 = Qwen2)",
+                    c->arch);
     if (!c->dim || !c->hidden_dim || !c->n_layers || !c->n_heads || !c->n_kv_heads ||
         !c->head_dim || !c->vocab_size || !c->max_seq_len)
         return fail(m, err, errlen,
@@ -276,6 +278,7 @@ static int check_tensor_table(Model *m, const DittoTensorEntry *table, uint64_t 
         t->cols = e->cols;
         t->data = m->map + e->offset;
         t->nbytes = e->nbytes;
+        t->ndim = e->ndim;
         if (t->encoding == DITTO_ENC_CODEBOOK && t->codebook_type == DITTO_CB_I8 &&
             check_int8_codebooks(m, t, err, errlen))
             return -1;
@@ -313,6 +316,11 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
         NEED(wq, "attn_q.weight", q_dim, c->dim, 0)
         NEED(wk, "attn_k.weight", kv_dim, c->dim, 0)
         NEED(wv, "attn_v.weight", kv_dim, c->dim, 0)
+        if (c->arch == DITTO_ARCH_QWEN2) { /* f32 vectors, added after the projections */
+            NEED(bq, "attn_q.bias", 1, q_dim, 1)
+            NEED(bk, "attn_k.bias", 1, kv_dim, 1)
+            NEED(bv, "attn_v.bias", 1, kv_dim, 1)
+        }
         NEED(wo, "attn_output.weight", c->dim, q_dim, 0)
         NEED(ffn_norm, "ffn_norm.weight", 1, c->dim, 1)
         NEED(w_gate, "ffn_gate.weight", c->hidden_dim, c->dim, 0)
@@ -325,14 +333,21 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
         for (uint32_t i = 0; i < m->n_tensors; i++) {
             const char *n = m->tensors[i].name;
             unsigned l;
-            int used = 0;
-            if (sscanf(n, "blk.%u.", &l) == 1) used = l < c->n_layers;
-            else used = !strcmp(n, "token_embd.weight") || !strcmp(n, "output_norm.weight") ||
-                        !strcmp(n, "output.weight");
+            int used = 0, at = 0;
+            if (sscanf(n, "blk.%u.%n", &l, &at) == 1 && at > 0) {
+                const char *rest = n + at;
+                int is_bias = !strcmp(rest, "attn_q.bias") || !strcmp(rest, "attn_k.bias") ||
+                              !strcmp(rest, "attn_v.bias");
+                used = l < c->n_layers && (!is_bias || c->arch == DITTO_ARCH_QWEN2);
+            } else {
+                used = !strcmp(n, "token_embd.weight") || !strcmp(n, "output_norm.weight") ||
+                       !strcmp(n, "output.weight");
+            }
             if (!used)
                 return fail(m, err, errlen,
                             "tensor %s does not belong to the model the config describes "
-                            "(n_layers=%u)", n, c->n_layers);
+                            "(arch=%u, n_layers=%u; only arch 2 = Qwen2 has q/k/v biases)", n,
+                            c->arch, c->n_layers);
         }
         return fail(m, err, errlen, "%u tensors in the file, the config accounts for %d",
                     m->n_tensors, found);

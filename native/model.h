@@ -27,6 +27,7 @@ typedef struct {
     /* int8 codebooks: the weights decoded to int8 at load, [rows][roundup(cols, 32)] (the
      * centroid of each index, zero past cols; kernels_decode_tensor), or NULL */
     int8_t *w8;
+    uint32_t ndim;         /* 1 (a vector) or 2 (a matrix), as in the tensor table */
 } Tensor;
 
 /* The tensors of one transformer block (FORMAT.md "Tensor names"). */
@@ -35,6 +36,9 @@ typedef struct {
     const Tensor *wq;        /* attn_q      [n_heads*head_dim, dim] */
     const Tensor *wk;        /* attn_k      [n_kv_heads*head_dim, dim] */
     const Tensor *wv;        /* attn_v      [n_kv_heads*head_dim, dim] */
+    const Tensor *bq;        /* attn_q.bias [n_heads*head_dim] f32 (Qwen2), else NULL */
+    const Tensor *bk;        /* attn_k.bias [n_kv_heads*head_dim] f32 (Qwen2), else NULL */
+    const Tensor *bv;        /* attn_v.bias [n_kv_heads*head_dim] f32 (Qwen2), else NULL */
     const Tensor *wo;        /* attn_output [dim, n_heads*head_dim] */
     const Tensor *ffn_norm;  /* [dim] f32 */
     const Tensor *w_gate;    /* ffn_gate [hidden_dim, dim] */

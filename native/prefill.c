@@ -123,6 +123,9 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
         }
 #pragma omp parallel for private(t)
         for (t = 0; t < n; t++) {
+            add_bias(p->q + (size_t)t * q_dim, w->bq); /* Qwen2: q/k/v biases, before RoPE */
+            add_bias(k + (size_t)t * kv_dim, w->bk);
+            add_bias(v + (size_t)t * kv_dim, w->bv);
             const float *cos_t = s->rope_cos + (size_t)(pos0 + t) * half;
             const float *sin_t = s->rope_sin + (size_t)(pos0 + t) * half;
             rope(p->q + (size_t)t * q_dim, (int)c->n_heads, d, cos_t, sin_t);

@@ -80,16 +80,18 @@ def byte_vocab(chat: bool = True) -> TokenizerSpec:
 
 def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
                     n_kv_heads: int = 2, cb_types=("f16", "f32"),
-                    group_sizes=(2, 3, 8, 16, 32, 37, 64, 5, 256)) -> tuple[ModelConfig, dict]:
+                    group_sizes=(2, 3, 8, 16, 32, 37, 64, 5, 256),
+                    arch: str = "llama") -> tuple[ModelConfig, dict]:
     """A random Llama model over ``byte_vocab`` (vocab 259) with GQA, tails (dim 72, hidden 100),
     and, if ``quantized``, every matrix a codebook tensor with a different (b, G, codebook
     type), b cycling through 1..8, G through ``group_sizes``, codebook type through ``cb_types``
-    (token_embd and the classifier included).
+    (token_embd and the classifier included). ``arch="qwen2"``: with q/k/v biases ~ N(0, 0.5)
+    (f32 vectors).
     Returns (config, float64 weights as the runtime sees them, "output.weight" always set)."""
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(dim=72, hidden_dim=100, n_layers=2, n_heads=6, n_kv_heads=n_kv_heads,
                       head_dim=12, vocab_size=259, max_seq_len=64, rope_theta=10000.0,
-                      norm_eps=1e-5, tied_embeddings=tied)
+                      norm_eps=1e-5, tied_embeddings=tied, arch=arch)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, n_kv_heads * cfg.head_dim
     shapes = [("token_embd.weight", (259, 72)), ("output_norm.weight", (72,))]
     if not tied:
@@ -97,14 +99,19 @@ def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
     for l in range(cfg.n_layers):
         shapes += [(f"blk.{l}.attn_norm.weight", (72,)), (f"blk.{l}.attn_q.weight", (q_dim, 72)),
                    (f"blk.{l}.attn_k.weight", (kv_dim, 72)),
-                   (f"blk.{l}.attn_v.weight", (kv_dim, 72)),
-                   (f"blk.{l}.attn_output.weight", (72, q_dim)),
+                   (f"blk.{l}.attn_v.weight", (kv_dim, 72))]
+        if arch == "qwen2":
+            shapes += [(f"blk.{l}.attn_q.bias", (q_dim,)), (f"blk.{l}.attn_k.bias", (kv_dim,)),
+                       (f"blk.{l}.attn_v.bias", (kv_dim,))]
+        shapes += [(f"blk.{l}.attn_output.weight", (72, q_dim)),
                    (f"blk.{l}.ffn_norm.weight", (72,)), (f"blk.{l}.ffn_gate.weight", (100, 72)),
                    (f"blk.{l}.ffn_up.weight", (100, 72)), (f"blk.{l}.ffn_down.weight", (72, 100))]
     infos, payloads, weights = [], [], {}
     k = 0
     for name, shape in shapes:
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            w = (0.5 * rng.normal(size=shape)).astype(np.float32)
+        elif len(shape) == 1:
             w = (1.0 + 0.1 * rng.normal(size=shape)).astype(np.float32)
         elif not quantized:
             s = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
@@ -191,12 +198,14 @@ def native_build(tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture(scope="session")
 def native_synth(tmp_path_factory) -> SimpleNamespace:
-    """Small random models: f32 tied, quantized tied (GQA), quantized untied (no GQA)."""
+    """Small random models: f32 tied, quantized tied (GQA), quantized untied (no GQA),
+    quantized untied Qwen2 (GQA, q/k/v biases)."""
     d = tmp_path_factory.mktemp("native_synth")
     out = SimpleNamespace()
     for name, kw in [("f32", dict(seed=1, tied=True, quantized=False)),
                      ("quant", dict(seed=2, tied=True, quantized=True)),
-                     ("quant_untied", dict(seed=3, tied=False, quantized=True, n_kv_heads=6))]:
+                     ("quant_untied", dict(seed=3, tied=False, quantized=True, n_kv_heads=6)),
+                     ("quant_qwen2", dict(seed=4, tied=False, quantized=True, arch="qwen2"))]:
         path = d / f"{name}.ditto"
         cfg, w = synthetic_model(path, **kw)
         setattr(out, name, SimpleNamespace(path=path, cfg=cfg, weights=w))

@@ -3,6 +3,8 @@
 Written from the definitions (transformers' LlamaModel): RMSNorm (Zhang & Sennrich 2019),
 rotate-half RoPE (Su et al. 2021; HF q/k order, docs/FORMAT.md), causal grouped-query
 attention (Ainslie et al. 2023), SwiGLU feed-forward (Shazeer 2020), final RMSNorm and classifier.
+A Qwen2 model (``cfg.arch == "qwen2"``, transformers' Qwen2Model) adds the biases
+``blk.N.attn_{q,k,v}.bias`` after the q/k/v projections, before RoPE.
 Used to check the C runtime on quantized models (weights given already dequantized).
 """
 
@@ -28,7 +30,8 @@ def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
     """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
 
     ``cfg``: a ditto_core.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
-    (matrices [out, in]; "output.weight" present, the embedding itself when tied).
+    (matrices [out, in]; "output.weight" present, the embedding itself when tied; the q/k/v
+    biases of a Qwen2 model).
     ``linear(h, name)``: the product h [T, in] @ w[name].T, by default in float64 (a caller can
     emulate a kernel's arithmetic, e.g. the int8 GEMV's activation quantization)."""
     if linear is None:
@@ -44,12 +47,15 @@ def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
     cos, sin = np.cos(ang), np.sin(ang)
     mask = np.triu(np.full((T, T), -np.inf), k=1)
     x = w["token_embd.weight"][ids]
+    bias = getattr(cfg, "arch", "llama") == "qwen2"
     for l in range(cfg.n_layers):
         p = f"blk.{l}."
         h = rmsnorm(x, w[p + "attn_norm.weight"], eps)
-        q = rope(linear(h, p + "attn_q.weight").reshape(T, H, d), cos, sin)
-        k = rope(linear(h, p + "attn_k.weight").reshape(T, KV, d), cos, sin)
-        v = linear(h, p + "attn_v.weight").reshape(T, KV, d)
+        q, k, v = (linear(h, p + f"attn_{n}.weight") + (w[p + f"attn_{n}.bias"] if bias
+                                                         else 0.0) for n in "qkv")
+        q = rope(q.reshape(T, H, d), cos, sin)
+        k = rope(k.reshape(T, KV, d), cos, sin)
+        v = v.reshape(T, KV, d)
         k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))

@@ -49,6 +49,9 @@ def test_python_enums_cover_the_c_constants():
                                                        if k.startswith("PRE_"))
     assert sorted(F.CHAT_FORMATS.values()) == sorted(int(v.rstrip("u")) for k, v in d.items()
                                                      if k.startswith("CHAT_"))
+    assert sorted(F.ARCHITECTURES.values()) == sorted(int(v.rstrip("u")) for k, v in d.items()
+                                                      if k.startswith("ARCH_"))
+    assert F.ARCHITECTURES == {"llama": 1, "qwen2": 2}
 
 
 def run_c_program(lines: list[str], exe) -> str:

@@ -104,7 +104,8 @@ CASES = [
     ("max_seq_len=2^31-1", _cfg(max_seq_len=2**31 - 1), True),
     ("max_seq_len=2^31", _cfg(max_seq_len=2**31), False),
     ("max_seq_len=0", _cfg(max_seq_len=0), False),
-    ("arch=2", _cfg(arch=2), False),
+    ("arch=2 (Qwen2 without biases)", _cfg(arch=2), False),
+    ("arch=3", _cfg(arch=3), False),
     ("tied=2", _cfg(tied_embeddings=2), False),
     ("tied=0 (no output.weight)", _cfg(tied_embeddings=0), False),
     ("n_kv_heads=4 (not a divisor)", _cfg(n_kv_heads=4), False),
@@ -214,6 +215,30 @@ def test_both_readers_agree(native_build, native_synth, tmp_path, case):
     py_ok, py_err = _py_accepts(path)
     assert (c_ok, py_ok) == (valid, valid), (name, c_err, py_err)
     if not valid:  # both name the file
+        assert str(path) in c_err and str(path) in py_err
+
+
+# cases on a Qwen2 file (q/k/v biases; kv_dim 24, q_dim 72)
+QWEN2_CASES = [
+    ("unchanged", lambda img: None, True),
+    ("arch=1 (Llama with biases)", _cfg(arch=1), False),
+    ("arch=0", _cfg(arch=0), False),
+    ("a bias renamed (missing)", _name("blk.1.attn_v.bias", b"blk.1.attn_v.biaz"), False),
+    ("q bias of kv length", _ent("blk.0.attn_q.bias", cols=24, nbytes=96), False),
+    ("bias as a 2-D [1, n] tensor", _ent("blk.0.attn_k.bias", ndim=2), False),
+]
+
+
+@pytest.mark.parametrize("case", QWEN2_CASES, ids=[c[0] for c in QWEN2_CASES])
+def test_both_readers_agree_on_qwen2_files(native_build, native_synth, tmp_path, case):
+    name, change, valid = case
+    img = ModelImage(native_synth.quant_qwen2.path)
+    change(img)
+    path = img.save(tmp_path / "case.ditto")
+    c_ok, c_err = _c_accepts(native_build.asan, path)
+    py_ok, py_err = _py_accepts(path)
+    assert (c_ok, py_ok) == (valid, valid), (name, c_err, py_err)
+    if not valid:
         assert str(path) in c_err and str(path) in py_err
 
 

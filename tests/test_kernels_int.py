@@ -567,7 +567,7 @@ class _Tensor(ctypes.Structure):
                 ("codebook_type", ctypes.c_uint32), ("bits", ctypes.c_uint32),
                 ("group_size", ctypes.c_uint32), ("rows", ctypes.c_uint64),
                 ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64),
-                ("w8", ctypes.c_void_p)]
+                ("w8", ctypes.c_void_p), ("ndim", ctypes.c_uint32)]
 
 
 @pytest.mark.parametrize("bits,G,cols", [(4, 256, 576), (6, 576, 576), (4, 32, 100), (3, 7, 50),

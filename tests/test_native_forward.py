@@ -66,7 +66,7 @@ def test_smollm2_chat_generates_coherent_answer_within_memory_bound(native_build
     assert 0 < stats["peak_rss_kib"] * 1024 <= smollm2_f32_ditto.stat().st_size + kv + 64 * 2**20
 
 
-@pytest.mark.parametrize("name", ["f32", "quant", "quant_untied"])
+@pytest.mark.parametrize("name", ["f32", "quant", "quant_untied", "quant_qwen2"])
 def test_synthetic_logits_equal_numpy_reference(native_build, native_synth, tmp_path, name):
     m = getattr(native_synth, name)
     rng = np.random.default_rng(7)

@@ -15,7 +15,8 @@ from tests.native_reference import reference_logits
 from ditto_pack_bits import codebook_payload
 
 F32P = ctypes.POINTER(ctypes.c_float)
-MODELS = ["f32", "quant", "quant_untied"]  # f32 tied GQA; codebook tied GQA; codebook untied MHA
+# f32 tied GQA; codebook tied GQA; codebook untied MHA; codebook untied GQA Qwen2 (q/k/v biases)
+MODELS = ["f32", "quant", "quant_untied", "quant_qwen2"]
 
 
 @pytest.fixture(scope="module")
