@@ -26,6 +26,15 @@ from .signals import pid_tag, sweep_stale
 #: C flags of the runtime (mirrors native/Makefile's STD and OMP).
 RUNTIME_FLAGS = ("-std=c11", "-D_POSIX_C_SOURCE=200809L")
 
+#: Extra C flags and link flags of the runtime as a shared library (``libditto.so``, the C API
+#: of native/ditto.h; native/Makefile's ``lib`` target): position-independent code, only the
+#: ``DITTO_API`` functions exported.
+LIBRARY_FLAGS = ("-fPIC", "-fvisibility=hidden")
+LIBRARY_LINK_FLAGS = ("-shared", "-Wl,-soname,libditto.so")
+
+#: The source of the command line, left out of the shared library.
+MAIN_SOURCE = "main.c"
+
 
 def native_dir() -> Path:
     """Directory of the C runtime sources (the ``ditto_native`` package)."""
@@ -47,7 +56,8 @@ def runtime_sources(src_dir: Path | None = None) -> list[Path]:
 class CompileResult:
     """What ``build_runtime`` produced: the executable, one PassReport per pass in run order,
     seconds per stage (``cc.COMPILE_STAGES``; zeros on a cache hit), whether the cache served
-    it, the cache key, and the summary lines."""
+    it, the cache key, the summary lines, and the shared library (``library``; None when none
+    was asked for)."""
 
     executable: Path
     reports: tuple[PassReport, ...]
@@ -55,6 +65,7 @@ class CompileResult:
     cached: bool
     key: str
     summary: tuple
+    library: Path | None = None
 
     @property
     def passes(self) -> list[dict]:
@@ -72,10 +83,22 @@ def plugin_fingerprint(component) -> str:
     return tree_hash(sorted(mod_file.parent.glob("*.py")))
 
 
-def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=()) -> str:
+def library_sources(sources) -> list[Path]:
+    """The runtime sources of the shared library: ``sources`` without ``main.c``. Raises
+    DittoError when nothing is left."""
+    lib = [Path(s) for s in sources if Path(s).name != MAIN_SOURCE]
+    if not lib:
+        raise DittoError(f"{Path(sources[0]).parent}: no C runtime sources besides "
+                         f"{MAIN_SOURCE} for the shared library")
+    return lib
+
+
+def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=(),
+                library: bool = False) -> str:
     """Cache key of the compile stages: runtime sources and headers, flags, every compile
     component's name, resolved options and code (emitter, passes in order, linker, BLAS target
-    with its flags), the host CPU and the llvmlite version."""
+    with its flags), the host CPU, the llvmlite version, and whether the shared library is
+    built too (its flags)."""
     import llvmlite
     import llvmlite.binding as llvm
 
@@ -91,6 +114,8 @@ def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=()) ->
         "host": [llvm.get_host_cpu_name(), platform.machine()],
         "llvmlite": llvmlite.__version__,
     }
+    if library:  # keys of builds without the library stay as they were
+        parts["library"] = [list(LIBRARY_FLAGS), list(LIBRARY_LINK_FLAGS)]
     return make_key(parts)
 
 
@@ -113,7 +138,8 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
                   rewrite: bool = True, openmp: bool = True, src_dir: Path | None = None,
                   cache: Cache | None = None, extra_flags=(),
                   on_stage: Callable[[str], None] | None = None,
-                  ir_out: Path | None = None, registry: Registry | None = None) -> CompileResult:
+                  ir_out: Path | None = None, registry: Registry | None = None,
+                  library: Path | None = None) -> CompileResult:
     """Compile the C runtime into the executable ``out`` with ``cc.compile_program``.
 
     ``stages``: the chosen emitter, passes, linker and BLAS target (``selection``); default:
@@ -121,8 +147,13 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     llvm). Stages (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the
     passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
     reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
-    is called as each stage starts (progress display). Raises DittoError (compile/link
-    failure, unknown or unavailable component); nothing is written at ``out`` then.
+    is called as each stage starts (progress display). ``library``: also compile the runtime
+    without ``main.c`` into this shared library (the C API of native/ditto.h) through the same
+    stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
+    executable (``on_stage`` is not called again); its stage seconds are added to the
+    executable's, and it is cached with it. Raises DittoError
+    (compile/link failure, unknown or unavailable component); nothing is written at ``out``
+    (or ``library``) then.
     """
     out = Path(out)
     if stages is None:
@@ -130,25 +161,41 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     rewrite = bool(stages.passes)
     sources = runtime_sources(src_dir)
     cache = cache if cache is not None else Cache(enabled=False)
-    key = compile_key(sources, stages, openmp, extra_flags)
-    meta = cache.fetch("compile", key, {"executable": out},
+    key = compile_key(sources, stages, openmp, extra_flags, library=library is not None)
+    files = {"executable": out}
+    if library is not None:
+        library = Path(library)
+        files["library"] = library
+    meta = cache.fetch("compile", key, files,
                        validate=lambda m: pass_reports_problem(m, rewrite))
     if meta is not None:
         reports = tuple(PassReport.from_json(p) for p in meta.get("passes", ()))
         return CompileResult(out, reports, {s: 0.0 for s in COMPILE_STAGES}, True, key,
-                             tuple(summary_lines(reports, rewrite)))
+                             tuple(summary_lines(reports, rewrite)), library)
     cflags = list(RUNTIME_FLAGS) + (["-fopenmp"] if openmp else []) + list(extra_flags)
     sweep_stale(Path(tempfile.gettempdir()), "ditto-compile-")  # left by killed builds
     with tempfile.TemporaryDirectory(prefix=f"ditto-compile-{pid_tag()}") as tmp:
         done = compile_program(sources, stages, out, workdir=Path(tmp),
                                include_dirs=[sources[0].parent], flags=cflags,
                                on_stage=on_stage)
+        if library is not None:
+            try:
+                lib = compile_program(library_sources(sources), stages, library,
+                                      workdir=Path(tmp) / "library",
+                                      include_dirs=[sources[0].parent],
+                                      flags=cflags + list(LIBRARY_FLAGS),
+                                      link_flags=list(LIBRARY_LINK_FLAGS))
+            except BaseException:
+                out.unlink(missing_ok=True)
+                raise
+            done = attrs.evolve(done, seconds={k: v + lib.seconds.get(k, 0.0)
+                                               for k, v in done.seconds.items()})
     if ir_out is not None:
         Path(ir_out).write_text(done.module.text)
-    cache.put("compile", key, {"executable": out},
+    cache.put("compile", key, files,
               {"passes": [r.to_json() for r in done.reports], "components": stages.record(),
                "openmp": openmp, "seconds": done.seconds,
                "sources": [s.name for s in sources], "source_hashes":
                {s.name: file_hash(s) for s in sources}})
     return CompileResult(out, done.reports, done.seconds, False, key,
-                         tuple(summary_lines(done.reports, rewrite)))
+                         tuple(summary_lines(done.reports, rewrite)), library)
