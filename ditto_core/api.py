@@ -121,8 +121,10 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
           registry: Registry | None = None, calibration: str | os.PathLike | None = None,
           importance: str | os.PathLike | None = None, target_bpw: float | None = None,
           max_size_of: str | os.PathLike | None = None) -> Build:
-    """Build ``model`` (an HF directory, a .gguf file, or ``"smollm2"`` / ``"tinycoder"``)
-    into the directory ``out`` (default: a new temporary directory) and return the Build.
+    """Build ``model`` (an HF directory, a .gguf file, or a bundled name: ``"smollm2"``,
+    ``"tinycoder"``, ``"qwen2.5-coder-0.5b"``, ``"qwen2.5-coder-1.5b"``; the Qwen ones are
+    downloaded into the cache on first use, docs/INPUTS.md) into the directory ``out``
+    (default: a new temporary directory) and return the Build.
 
     The arguments are ``ditto build``'s flags: the quantize options (``bits`` b in 1..8,
     ``group_size`` G, ``keep_fp32`` globs, ``tensor_types`` ``GLOB=SPEC`` rules, ``method``,

@@ -66,6 +66,15 @@ def file_hash(path: Path) -> str:
     return _HASH_MEMO[memo_key]
 
 
+def remember_hash(path: Path, digest: str) -> None:
+    """Record that ``path``, as it is now (size, mtime), has SHA-256 ``digest``, so
+    ``file_hash`` returns it without reading the file (for a caller that has just hashed the
+    same bytes, e.g. a bundled model verified while it was assembled)."""
+    path = Path(path)
+    st = path.stat()
+    _HASH_MEMO[(str(path.resolve()), st.st_size, st.st_mtime_ns)] = digest
+
+
 def tree_hash(paths) -> str:
     """SHA-256 over (file name, file hash) of several files, order-independent."""
     h = hashlib.sha256()

@@ -19,11 +19,9 @@ from rich.text import Text
 
 from . import __version__, codebook, signals
 from . import format as F
+from .bundled import MODEL_HELP
 from .errors import DittoError
 from .options import parse_assignments
-
-MODEL_HELP = "MODEL is an HF directory (config.json + safetensors + tokenizer.json), a .gguf " \
-             "file, or a bundled model name (smollm2, tinycoder)."
 
 
 def _stdout() -> Console:

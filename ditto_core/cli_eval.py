@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .bundled import MODEL_HELP
 from .cli import _stdout, reports_errors
 from .errors import DittoError
 
@@ -208,7 +209,7 @@ def print_bench(r: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-@click.command("compare")
+@click.command("compare", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--config", "configs", multiple=True, required=True, metavar="SPEC",
               help="QUANTIZER[:key=value,...], e.g. kmeans:bits=4,group_size=256, rtn:bits=4, "
@@ -304,7 +305,7 @@ def print_compare(rows: list[dict], out_dir: Path) -> None:
               soft_wrap=True)
 
 
-@click.command("calibrate")
+@click.command("calibrate", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--calibration", default="stdlib", show_default=True, metavar="FILE",
               help="Calibration text ('stdlib': the shipped CPython 3.11.7 modules that are not "
