@@ -394,6 +394,11 @@ def main(argv=None):
     run.register(cli)
     from . import cli_eval
     cli_eval.register(cli)
+    try:
+        from . import serve
+        serve.register(cli)
+    except ImportError:  # the server's packages (fastapi, uvicorn) are not installed
+        pass
     return cli.main(args=argv, prog_name="ditto")
 
 
