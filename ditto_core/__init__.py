@@ -7,6 +7,15 @@ returns a ``Build`` with ``.run(prompt)``, ``.logits(token_ids)`` and ``.inspect
 
 __version__ = "0.1.0"
 
-from .api import Build, build  # noqa: E402
-
 __all__ = ["Build", "build", "__version__"]
+
+
+def __getattr__(name: str):
+    """``Build`` and ``build`` from ``ditto_core.api``, imported on first use, so importing a
+    lower module (``ditto_core.quantkit`` in a quantizer plugin, ``ditto_core.hookspecs``)
+    does not load the API, the pipeline or the command line (docs/ARCHITECTURE.md "Layers")."""
+    if name in ("Build", "build"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ditto_core' has no attribute {name!r}")

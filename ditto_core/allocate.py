@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from .errors import DittoError
+from .importance import tensor_importance
 from . import codebook as CB
 from .modelfile import TensorInfo, plan_layout
 
@@ -212,8 +213,6 @@ def apply_budget(checkpoint, options, plan: dict, reasons: dict, quantize: Calla
     the rule ``"allocated bB,GG"`` in ``reasons``."""
     if options.target_bpw is None and options.max_size_of is None:
         return plan, reasons, None
-    from .quantkit import tensor_importance
-
     budget = budget_bytes(options.target_bpw, options.max_size_of, n_weights(checkpoint))
     new, rec = allocate(checkpoint, plan, reasons, budget, options.codebook_type, quantize,
                         lambda name, cols: tensor_importance(options, name, cols),

@@ -23,6 +23,7 @@ import numpy as np
 
 from .components import QuantOptions
 from .errors import DittoError
+from .pipeline import DEFAULT_CODEBOOK_TYPE
 from .plugins import Registry
 
 
@@ -94,19 +95,12 @@ class Build:
 
     def inspect(self, *, verify: bool = True) -> dict:
         """What ``ditto inspect --json`` prints for the model file: config, tokenizer, tensor
-        table, sizes, bits per weight, the quantize rules (``cli.inspect_summary``)."""
-        from .cli import inspect_summary
+        table, sizes, bits per weight, the quantize rules (``summary.inspect_summary``)."""
+        from .summary import inspect_summary
         from .modelfile import ModelFile
 
         with ModelFile.open(self.model_file, verify=verify) as mf:
             return inspect_summary(mf, self.record)
-
-
-#: The codebook type a build uses when none is given, by quantizer (any other: f16). kmeans:
-#: int8, measured on SmolLM2-135M at b = 4, G = 256 (docs/QUANT.md "int8 vs f16 codebooks"):
-#: next-token KL from the fp32 build 0.261 against 0.256 with f16 centroids (paired difference
-#: 0.005 +- 0.003, within noise), a 10 % smaller file, and the integer GEMV kernels.
-DEFAULT_CODEBOOK_TYPE = {"kmeans": "int8"}
 
 
 def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "openblas",
@@ -140,6 +134,7 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     chosen under that file-size budget (``ditto_core.allocate``). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
+    from .calibration import cached_importance
     from .pipeline import BuildOptions
     from .pipeline import build as run_pipeline
 
@@ -157,5 +152,6 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
                            importance=None if importance is None else str(importance),
                            target_bpw=target_bpw,
                            max_size_of=None if max_size_of is None else str(max_size_of)))
-    record = run_pipeline(model, Path(out), opts, registry, show_progress=progress)
+    record = run_pipeline(model, Path(out), opts, registry, show_progress=progress,
+                          calibrate=cached_importance)
     return Build(Path(out), record)

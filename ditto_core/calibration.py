@@ -16,27 +16,21 @@ on every ``nn.Linear`` summing x² per input channel in float64.
 The shipped default text (``--calibration stdlib``) is six CPython 3.11.7 standard-library
 modules that are *not* in the evaluation corpus (``CALIBRATION_MODULES``; PSF license).
 
-Importance file (``.npz``, written by ``save_importance``): one float64 [in_features] array per
-Ditto tensor name, plus ``__meta__``, a JSON string: ``format`` ("ditto-importance"),
-``version`` 1, ``statistic``, ``calibration`` {name, bytes, sha256}, ``model_sha256``,
-``tokens``, ``chunks``, ``n_ctx``.
+The importance file (``.npz``) and its reader are ``ditto_core.importance``: the quantizer kit
+reads it without loading this module (torch, the evaluation harness).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 import os
-import zipfile
 from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-import attrs
-import numpy as np
-
 from .errors import DittoError
+from .importance import (FORMAT, STATISTIC, VERSION, Importance, load_importance,
+                         save_importance)
 
 #: ``--calibration stdlib``: the shipped text, these modules joined with "\n"
 STDLIB = "stdlib"
@@ -44,18 +38,6 @@ CALIBRATION_MODULES = ("contextlib", "string", "copy", "queue", "json/decoder", 
 CALIBRATION_FILE = "calibration-cpython-3.11.7-stdlib.txt"
 CALIBRATION_SHA256 = "556cc69efac78958d293f70af68ebceceb0009e51be71dfb0932411593dab184"
 N_CTX = 512
-FORMAT = "ditto-importance"
-VERSION = 1
-STATISTIC = "mean squared activation per input channel (diag of X^T X / tokens)"
-
-
-@attrs.frozen
-class Importance:
-    """Per-tensor importance vectors (name → float64 [in_features]) and where they came from
-    (``meta``: see the module docstring)."""
-
-    vectors: dict
-    meta: dict
 
 
 def stdlib_calibration_path() -> Path:
@@ -194,75 +176,6 @@ def calibrate(model, calibration, *, blas: str = "openblas", exporter=None,
     return Importance(vectors, meta)
 
 
-def save_importance(imp: Importance, path: Path) -> None:
-    """Write ``imp`` as an ``.npz`` importance file (module docstring), atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-    try:
-        np.savez(tmp, __meta__=np.array(json.dumps(imp.meta, sort_keys=True)),
-                 **{n: np.asarray(v, np.float64) for n, v in sorted(imp.vectors.items())})
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise DittoError(f"{path}: cannot write the importance file: "
-                         f"{exc.strerror or exc}") from None
-
-
-def load_importance(path) -> Importance:
-    """Read an importance file (read once per path, size and modification time). Raises
-    DittoError naming the file when it is not a ``ditto-importance`` .npz, or a vector is not
-    a finite, non-negative 1-D float array."""
-    path = Path(path)
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise DittoError(f"{path}: cannot read the importance file: "
-                         f"{exc.strerror or exc}") from None
-    return _load(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _load(path: str, _size: int, _mtime: int) -> Importance:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DittoError(f"{path}: not an importance file (.npz): {exc}") from None
-    try:
-        meta = json.loads(str(data.pop("__meta__")))
-        ok = isinstance(meta, dict) and meta.get("format") == FORMAT
-    except (KeyError, ValueError):
-        ok = False
-    if not ok:
-        raise DittoError(f"{path}: not a Ditto importance file (no '__meta__' with format "
-                         f"{FORMAT!r}); make one with `ditto calibrate`")
-    if meta.get("version") != VERSION:
-        raise DittoError(f"{path}: importance file version {meta.get('version')!r}, this Ditto "
-                         f"reads version {VERSION}")
-    for name, v in data.items():
-        if v.ndim != 1 or v.dtype.kind != "f" or not np.isfinite(v).all() or (v < 0).any():
-            raise DittoError(f"{path}: importance of {name!r} must be a finite, non-negative "
-                             f"1-D float array (got {v.dtype}{list(v.shape)})")
-    return Importance({n: v.astype(np.float64) for n, v in data.items()}, meta)
-
-
-def importance_sha256(path) -> str:
-    """SHA-256 of an importance file's bytes (its identity in cache keys and build.json)."""
-    from .cache import file_hash
-
-    return file_hash(Path(path))
-
-
-def importance_record(path) -> dict:
-    """What build.json records of the importance file ``path``: ``path``, ``sha256``, and its
-    ``calibration`` {name, bytes, sha256}, ``model_sha256``, ``tokens``, ``chunks``,
-    ``statistic``. Raises DittoError for a bad file (``load_importance``)."""
-    imp = load_importance(path)
-    return {"path": str(path), "sha256": importance_sha256(path),
-            **{k: imp.meta.get(k) for k in ("calibration", "model_sha256", "tokens", "chunks",
-                                            "statistic")}}
-
-
 def cached_importance(model, path: Path, exporter, calibration, blas: str, cache, *,
                       show_progress: bool = False) -> Path:
     """The importance file of ``model`` over the calibration text ``calibration``, computed
@@ -290,8 +203,8 @@ def cached_importance(model, path: Path, exporter, calibration, blas: str, cache
         out = Path(tempfile.mkdtemp(prefix="ditto-importance-")) / f"{key}.npz"
     progress, stop = None, lambda: None
     if show_progress:
-        from .cli_eval import _progress
-        progress, stop = _progress("calibration", False)
+        from .progress import progress_callback
+        progress, stop = progress_callback("calibration", False)
     try:
         imp = calibrate(model, calibration, blas=blas, exporter=exporter, progress=progress)
     finally:

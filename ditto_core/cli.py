@@ -6,14 +6,11 @@ exit code 1; Ctrl-C exits with 130, SIGTERM with 143 (after the same cleanup). L
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 import warnings
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -21,33 +18,9 @@ from . import __version__, codebook, signals
 from . import format as F
 from .bundled import MODEL_HELP
 from .errors import DittoError
+from .cli_common import _stdout, compile_stage_options, reports_errors  # noqa: F401
 from .options import parse_assignments
-
-
-def _stdout() -> Console:
-    """The console for tables and summaries: markup off, so file names, tensor names and other
-    text read from files or arguments print literally (styles are set with ``rich.text.Text``)."""
-    return Console(highlight=False, markup=False, soft_wrap=False,
-                   width=max(120, Console().width))
-
-
-def reports_errors(func):
-    """Turn DittoError into ``error: ...`` on stderr and exit code 1; a stop signal into one
-    line ``interrupted`` / ``terminated`` and exit ``128 + N`` (130 for Ctrl-C, 143 for
-    SIGTERM; ditto_core.signals)."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except DittoError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt as exc:
-            click.echo(signals.stop_message(exc), err=True)
-            sys.exit(signals.exit_code(exc))
-
-    return wrapper
+from .summary import inspect_summary
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,57 +53,6 @@ def export_cmd(model, out, exporter, quiet):
 
 
 # --------------------------------------------------------------------------------------------
-def build_rules(record: dict | None) -> dict | None:
-    """The quantize rules of a build (its build.json ``record``): ``{"rules": the
-    --tensor-type rules, "tensors": name → the rule or reason that decided the tensor}``;
-    None without a record."""
-    if not isinstance(record, dict):
-        return None
-    opts = record.get("options") if isinstance(record.get("options"), dict) else {}
-    tensors = record.get("tensors") if isinstance(record.get("tensors"), dict) else {}
-    return {"rules": list(opts.get("tensor_types") or []),
-            "tensors": {n: (t.get("rule") or t.get("reason")) for n, t in tensors.items()
-                        if isinstance(t, dict)}}
-
-
-def inspect_summary(mf, record: dict | None = None) -> dict:
-    """Config, tensor table and sizes of an open ModelFile, as plain data; with the build.json
-    ``record`` of the build holding it, also the quantize ``rules`` and each tensor's
-    ``rule``."""
-    import attrs
-
-    tensors = []
-    for t in mf.tensors.values():
-        tensors.append({"name": t.name, "encoding": t.encoding, "shape": list(t.shape),
-                        "bits": t.bits, "group_size": t.group_size,
-                        "codebook_type": t.codebook_type, "offset": t.offset,
-                        "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
-                        "theoretical_bytes": t.theoretical_bytes})
-    n_weights = sum(t.n_weights for t in mf.tensors.values())
-    payload = mf.payload_bytes
-    theo = sum(r["theoretical_bytes"] for r in tensors)
-    tok = mf.tokenizer
-    rules = build_rules(record)
-    if rules is not None:
-        for r in tensors:
-            r["rule"] = rules["tensors"].get(r["name"])
-    return {
-        **({"rules": rules["rules"]} if rules is not None else {}),
-        "path": str(mf.path), "version": mf.version, "file_bytes": mf.file_size,
-        "meta_bytes": mf.meta_size + 64,
-        "config": attrs.asdict(mf.config),
-        "tokenizer": {"kind": tok.kind, "n_tokens": len(tok.tokens), "n_merges": len(tok.merges),
-                      "pre": tok.pre, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-                      "add_bos": tok.add_bos, "chat_format": tok.chat_format},
-        "n_tensors": len(tensors), "n_weights": n_weights,
-        "payload_bytes": payload, "theoretical_bytes": theo,
-        "overhead_percent": 100.0 * (payload - theo) / theo,
-        "bpw_file": 8.0 * mf.file_size / n_weights,
-        "bpw_payload": 8.0 * payload / n_weights,
-        "tensors": tensors,
-    }
-
-
 @cli.command("inspect")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -263,26 +185,6 @@ def plugins_cmd(as_json, with_options):
 
 
 # --------------------------------------------------------------------------------------------
-def compile_stage_options(func):
-    """``--emitter``, ``--pass`` (repeatable, ordered), ``--linker`` and ``-O
-    COMPONENT.KEY=VALUE``: shared by ``ditto build`` and ``ditto cc``."""
-    for decl in reversed([
-        click.option("--emitter", default=None, help="IR emitter (default: clang)."),
-        click.option("--pass", "passes", multiple=True, metavar="NAME",
-                     help="IR pass to run (repeatable, run in the given order; default: the "
-                          "passes that declare themselves default-on, `ditto plugins` marks "
-                          "them: gemv-blas)."),
-        click.option("--linker", default=None, help="Linker (default: llvm)."),
-        click.option("-O", "--option", "component_options", multiple=True,
-                     metavar="COMPONENT.KEY=VALUE",
-                     help="Set a component option (repeatable), e.g. -O "
-                          "gemv-blas.omp_threads=region; `ditto plugins --options` lists "
-                          "them."),
-    ]):
-        func = decl(func)
-    return func
-
-
 @cli.command("build", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--quantizer", required=True, help="Quantizer name (see `ditto plugins`).")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from . import signals
-from .cli import compile_stage_options
+from .cli_common import compile_stage_options
 from .errors import DittoError
 
 

@@ -9,29 +9,9 @@ from pathlib import Path
 import click
 
 from .bundled import MODEL_HELP
-from .cli import _stdout, reports_errors
+from .cli_common import _stdout, reports_errors
 from .errors import DittoError
-
-
-def _progress(label: str, quiet: bool):
-    """A rich progress callback ``(done, total)`` on stderr, or None when quiet."""
-    if quiet:
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    task = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal task
-        if task is None:
-            prog.start()
-            task = prog.add_task(label, total=total)
-        prog.update(task, completed=done)
-
-    return update, prog.stop
+from .progress import progress_callback
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -84,7 +64,7 @@ def eval_cmd(build, baseline, chunks, humaneval, limit, seeds, peer_gguf, peer_b
             click.echo("baseline: the fp32 build of the same model (cached)", err=True)
         baseline = builds.baseline_for(build, show_progress=not quiet)
     find_build(baseline)
-    update, stop = _progress("KL divergence", quiet)
+    update, stop = progress_callback("KL divergence", quiet)
     try:
         result = fidelity.evaluate_fidelity(build, baseline, n_chunks=chunks, threads=threads,
                                             progress=update)
@@ -94,7 +74,7 @@ def eval_cmd(build, baseline, chunks, humaneval, limit, seeds, peer_gguf, peer_b
     if humaneval:
         from .eval import humaneval as he
 
-        update, stop = _progress("HumanEval", quiet)
+        update, stop = progress_callback("HumanEval", quiet)
         try:
             result.update(he.evaluate(build, limit=limit, seeds=seeds, threads=threads,
                                       progress=update))
@@ -174,7 +154,7 @@ def bench_cmd(build, threads, repeat, tokens, prompt_tokens, as_json, quiet):
     from .run import find_build
 
     find_build(build)
-    update, stop = _progress("bench", quiet)
+    update, stop = progress_callback("bench", quiet)
     try:
         r = bench.bench_build(build, threads=parse_threads(threads), repeat=repeat, tokens=tokens,
                               prompt_tokens=prompt_tokens, progress=update)
@@ -324,7 +304,7 @@ def calibrate_cmd(model, calibration, out, blas, threads, quiet):
     file for `ditto build --importance FILE.npz` (docs/QUANT.md)."""
     from . import calibration as cal
 
-    update, stop = _progress("calibration", quiet)
+    update, stop = progress_callback("calibration", quiet)
     try:
         imp = cal.calibrate(model, calibration, blas=blas, threads=threads, progress=update)
     finally:

@@ -36,3 +36,23 @@ def progress_bar(label: str, total: int, enabled: bool = True,
                 bar.update(task, advance=n, description=description)
 
         yield advance
+
+
+def progress_callback(label: str, quiet: bool):
+    """A rich progress callback ``update(done, total)`` on stderr, started at its first call,
+    and ``stop()`` to remove the bar; ``(None, no-op)`` when ``quiet``. For steps that report
+    their own progress (calibration, ``ditto eval`` / ``bench``)."""
+    if quiet:
+        return None, lambda: None
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            prog.start()
+            task = prog.add_task(label, total=total)
+        prog.update(task, completed=done)
+
+    return update, prog.stop

@@ -41,6 +41,8 @@ from . import format as F
 from .codebook import check_params  # noqa: F401  (the kit's parameter check)
 from .components import QuantOptions
 from .errors import DittoError
+from .importance import (IMPORTANCE_FLOOR, importance_weights,  # noqa: F401  (the kit's names)
+                         tensor_importance)
 from .modelfile import REASON_CODEBOOK_LARGER
 from .signals import deferred
 from .types import Checkpoint, CodebookTensor, QuantizedModel
@@ -233,42 +235,6 @@ class MatrixOptions:
     method: str | None
     component: Any = None
     importance: np.ndarray | None = None  # float64 [cols] from importance_weights, or None
-
-
-#: Importances are divided by their tensor's mean; anything below this (a channel the calibration
-#: text never activated) counts as this, so every weight keeps a positive weight in the k-means.
-IMPORTANCE_FLOOR = 1e-6
-
-
-def importance_weights(importance, cols: int, name: str = "tensor") -> np.ndarray:
-    """Per-column k-means weights from a tensor's importance vector (mean squared activation
-    per input channel, ``ditto_core.calibration``): float64 [cols], divided by its mean and
-    floored at ``IMPORTANCE_FLOOR`` (so all > 0; a vector of ones stays ones exactly). Raises
-    DittoError naming the tensor for a wrong length, a negative or non-finite value, or an
-    all-zero vector."""
-    a = np.asarray(importance, dtype=np.float64)
-    if a.shape != (cols,):
-        raise DittoError(f"tensor {name!r}: importance has shape {list(a.shape)}, expected "
-                         f"[{cols}] (one value per input channel)")
-    if not np.isfinite(a).all() or (a < 0).any():
-        raise DittoError(f"tensor {name!r}: importance values must be finite and >= 0")
-    mean = a.mean()
-    if mean <= 0:
-        raise DittoError(f"tensor {name!r}: importance is all zero")
-    return np.maximum(a / mean, IMPORTANCE_FLOOR)
-
-
-def tensor_importance(options: QuantOptions, name: str, cols: int) -> np.ndarray | None:
-    """The k-means weights of tensor ``name`` (``importance_weights``) from the importance
-    file ``options.importance`` (``ditto_core.calibration.load_importance``, read once per
-    file), or None when no file is given or it has no vector for this tensor."""
-    path = getattr(options, "importance", None)
-    if not path:
-        return None
-    from .calibration import load_importance
-
-    vec = load_importance(path).vectors.get(name)
-    return None if vec is None else importance_weights(vec, cols, name)
 
 
 @attrs.frozen

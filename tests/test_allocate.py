@@ -88,7 +88,7 @@ def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
     embedding): the file is within the budget, every default-rule matrix is allocated, the
     --tensor-type rule's tensor keeps its rule, and build.json/inspect show the plan."""
     from ditto_core import build
-    from ditto_core.cli import inspect_summary
+    from ditto_core.summary import inspect_summary
     from ditto_core.modelfile import ModelFile
 
     b = build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "a",

@@ -1,6 +1,7 @@
 """Calibration (ditto_core/calibration.py): the importance statistic against the NumPy
-reference forward pass, the importance file, and `ditto build --calibration/--importance` on
-tinycoder (importance and calibration identity in build.json and the cache key)."""
+reference forward pass, the importance file (ditto_core/importance.py), and `ditto build
+--calibration/--importance` on tinycoder (importance and calibration identity in build.json
+and the cache key)."""
 
 import hashlib
 import json
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from ditto_core import calibration as cal
+from ditto_core import importance as imp_mod
 from ditto_core import pipeline
 from ditto_core.errors import DittoError
 from ditto_core.modelfile import ModelFile
@@ -60,26 +62,27 @@ def test_importance_equals_the_reference_forward(tiny_gguf):
 
 
 def test_importance_file_round_trip_and_errors(tmp_path):
-    imp = cal.Importance({"blk.0.attn_q.weight": np.array([1.0, 2.0])},
-                         {"format": cal.FORMAT, "version": cal.VERSION, "tokens": 512})
+    imp = imp_mod.Importance({"blk.0.attn_q.weight": np.array([1.0, 2.0])},
+                             {"format": imp_mod.FORMAT, "version": imp_mod.VERSION, "tokens": 512})
     p = tmp_path / "imp.npz"
-    cal.save_importance(imp, p)
-    back = cal.load_importance(p)
+    imp_mod.save_importance(imp, p)
+    back = imp_mod.load_importance(p)
     np.testing.assert_array_equal(back.vectors["blk.0.attn_q.weight"], [1.0, 2.0])
     assert back.meta == imp.meta
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
     with pytest.raises(DittoError, match=r"bad.npz: not an importance file"):
-        cal.load_importance(bad)
+        imp_mod.load_importance(bad)
     np.savez(tmp_path / "other.npz", x=np.ones(2))
     with pytest.raises(DittoError, match=r"other.npz: not a Ditto importance file"):
-        cal.load_importance(tmp_path / "other.npz")
-    cal.save_importance(cal.Importance({"t": np.array([-1.0])}, imp.meta), tmp_path / "neg.npz")
+        imp_mod.load_importance(tmp_path / "other.npz")
+    imp_mod.save_importance(imp_mod.Importance({"t": np.array([-1.0])}, imp.meta),
+                            tmp_path / "neg.npz")
     with pytest.raises(DittoError, match=r"neg.npz: importance of 't' must be a finite, "
                                          r"non-negative 1-D float array"):
-        cal.load_importance(tmp_path / "neg.npz")
+        imp_mod.load_importance(tmp_path / "neg.npz")
     with pytest.raises(DittoError, match=r"missing.npz: cannot read the importance file"):
-        cal.load_importance(tmp_path / "missing.npz")
+        imp_mod.load_importance(tmp_path / "missing.npz")
 
 
 def _build(tmp_path, name, **kw):

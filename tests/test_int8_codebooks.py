@@ -100,7 +100,7 @@ def int8_model(tmp_path_factory):
 
 
 def test_reader_and_inspect_show_int8(int8_model):
-    from ditto_core.cli import inspect_summary
+    from ditto_core.summary import inspect_summary
 
     with ModelFile.open(int8_model) as mf:
         s = inspect_summary(mf)

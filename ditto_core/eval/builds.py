@@ -32,11 +32,10 @@ def _bool(key: str, v: str) -> bool:
 
 def parse_config(spec: str):
     """``QUANTIZER[:key=value,...]`` → pipeline.BuildOptions, with ``ditto build``'s defaults
-    for what the string leaves out (the codebook type: ``api.DEFAULT_CODEBOOK_TYPE``, so
+    for what the string leaves out (the codebook type: ``pipeline.DEFAULT_CODEBOOK_TYPE``, so
     ``kmeans:bits=4`` is the same build as ``ditto build --quantizer kmeans --bits 4``). Raises
     DittoError naming the configuration for an unknown key or a bad value."""
-    from ..api import DEFAULT_CODEBOOK_TYPE
-    from ..pipeline import BuildOptions
+    from ..pipeline import DEFAULT_CODEBOOK_TYPE, BuildOptions
 
     name, _, rest = spec.partition(":")
     if not name:
