@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures_quant",
     "tests.fixtures_eval",
     "tests.fixtures_plugins",
+    "tests.fixtures_serve",
 ]

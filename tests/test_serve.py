@@ -1,0 +1,421 @@
+"""``ditto serve`` (docs/SERVE.md): the C API through ctypes, then the HTTP server as a
+subprocess on a free loopback port, driven by plain HTTP (httpx, requests shaped as llama.vim
+sends them) and by the ``openai`` client. The model is tinycoder built with ``kmeans``
+and int8 codebooks (``serve_build``), whose build directory holds ``libditto.so``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+
+from ditto_core.run import run_build
+from ditto_core.runtime_api import open_build
+from ditto_core.serve_engine import common_prefix, find_stop, ngram_draft, partial_stop
+
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(build: Path, *args: str) -> SimpleNamespace:
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    proc = subprocess.Popen([sys.executable, "-c", "from ditto_core.cli import main; main()",
+                             "serve", str(build), "--port", str(port), "--threads", "2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"ditto serve exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return SimpleNamespace(proc=proc, url=url, port=port)
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("ditto serve did not answer /health within 120 s")
+
+
+def stop_server(srv) -> int:
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            srv.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait()
+    return srv.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def tiny_build(serve_build) -> Path:
+    d = serve_build
+    assert (d / "libditto.so").is_file()
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(tiny_build):
+    srv = start_server(tiny_build, "--slots", "2", "--ctx", "256", "--api-key", KEY)
+    yield srv
+    stop_server(srv)
+
+
+def post(srv, path, body, **kw):
+    return httpx.post(srv.url + path, json=body, headers=AUTH, timeout=120, **kw)
+
+
+def sse_events(srv, path, body) -> list:
+    """The JSON payloads of a streamed response, in order ("[DONE]" kept as a string)."""
+    out = []
+    with httpx.stream("POST", srv.url + path, json=body, headers=AUTH, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def greedy_run(build, prompt, n):
+    proc = run_build(build, ["-p", prompt, "-n", str(n), "--temp", "0", "--threads", "2",
+                             "--print-ids"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- C API / ctypes
+
+def test_session_eval_truncate_and_batch_bits(tiny_build):
+    """Prefill tiles, one-token decode and a truncated-then-continued session give the same
+    logits bit for bit (the prompt cache and the speculation rely on it); tokenize/detokenize
+    round-trip; bad input is an error, not a crash."""
+    m = open_build(tiny_build, threads=2)
+    ids = m.tokenize(PROMPT, add_bos=True)
+    assert ids[0] == m.info["bos_id"] == 1 and len(ids) > 10
+    assert m.detokenize(ids) == PROMPT
+    a, b = m.session(64, 256), m.session(64, 1)
+    la = a.eval(ids, "all")
+    lb = np.stack([b.eval([t]) for t in ids])
+    assert la.shape == (len(ids), m.vocab_size) and la.dtype == np.float32
+    assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
+    a.truncate(5)
+    assert a.pos == 5
+    lc = a.eval(ids[5:], "all")
+    assert np.array_equal(lc.view(np.uint32), la[5:].view(np.uint32))
+    with pytest.raises(Exception, match="out of range"):
+        a.eval([m.vocab_size])
+    with pytest.raises(Exception, match="context full"):
+        a.eval([5] * 64)
+    assert a.pos == len(ids)  # a failed eval changes nothing
+    with pytest.raises(Exception, match="n_ctx"):
+        m.session(m.max_seq_len + 1)
+    s0, s1 = m.sampler(0.0), m.sampler(0.8, top_k=1, seed=3)
+    assert s0.sample(la[-1]) == int(np.argmax(la[-1])) == s1.sample(la[-1])
+    a.close(), b.close()
+    m.close()
+
+
+def test_engine_text_helpers():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix([], [1]) == 0
+    assert find_stop("abc</s>de", ["</s>", "de"], 0) == (3, "</s>")
+    assert partial_stop("hello </", ["</s>"]) == 2 and partial_stop("hello", ["</s>"]) == 0
+    # the latest earlier occurrence of the last 3-gram (1 2 3) is followed by 9 9
+    assert ngram_draft([1, 2, 3, 7, 1, 2, 3, 9, 9, 1, 2, 3], 4) == [9, 9, 1, 2]
+    assert ngram_draft([5, 6], 4) == []
+
+
+def test_infill_layout(tiny_build):
+    """The repo-level FIM layout of /infill, on a stand-in model whose vocabulary has the FIM
+    tokens (token ids of text: one per character)."""
+    from ditto_core.serve import Server
+
+    fim = {"<|fim_prefix|>": 1001, "<|fim_suffix|>": 1002, "<|fim_middle|>": 1003,
+           "<|repo_name|>": 1004, "<|file_sep|>": 1005}
+
+    class Stub:
+        vocab_size, max_seq_len = 2000, 4096
+        info = {"add_bos": 0, "bos_id": -1}
+
+        def find_token(self, t):
+            return fim.get(t, -1)
+
+        def tokenize(self, text, add_bos=False, parse_special=False):
+            return [ord(c) for c in text]
+
+    srv = Server.__new__(Server)
+    srv.model, srv.engine = Stub(), SimpleNamespace(n_ctx=4096)
+    srv.fim = {k: srv.model.find_token(t) for k, t in
+               zip(("pre", "suf", "mid", "rep", "sep"), fim)}
+    extra = [SimpleNamespace(filename="a.py", text="x=1\n")]
+    ids = srv.infill_prompt("def f(", "):\n", extra, "ab", 16)
+    t = lambda s: [ord(c) for c in s]  # noqa: E731
+    assert ids == ([1004] + t("myproject\n") + [1005] + t("a.py\n") + t("x=1\n") + [1005]
+                   + t("filename\n") + [1001] + t("def f(") + [1002] + t("):\n") + [1003]
+                   + t("ab"))
+    srv.engine = SimpleNamespace(n_ctx=64)  # the prefix keeps its end, the suffix its start
+    ids = srv.infill_prompt("p" * 100, "s" * 100, [], "", 8)
+    assert len(ids) == 55 and ids[ids.index(1001) + 1:ids.index(1002)] == t("p" * 39)
+    assert ids[-1] == 1003 and ids[ids.index(1002) + 1:-1] == t("s" * 13)
+
+
+# ------------------------------------------------------------------------------ HTTP server
+
+def test_health_auth_props(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    r = httpx.get(server.url + "/props")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.post(server.url + "/completion", json={"prompt": "a"},
+                      headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.options(server.url + "/completion").status_code != 401
+    props = httpx.get(server.url + "/props", headers=AUTH).json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
+    assert props["infill"] is False
+    models = httpx.get(server.url + "/v1/models", headers=AUTH).json()
+    assert models["object"] == "list" and models["data"][0]["meta"]["n_vocab"] == 32000
+
+
+def test_completion_equals_ditto_run(server, tiny_build):
+    ids = greedy_run(tiny_build, PROMPT, 12)
+    r = post(server, "/completion", {"prompt": PROMPT, "n_predict": 12, "temperature": 0,
+                                     "return_tokens": True, "cache_prompt": False})
+    body = r.json()
+    assert r.status_code == 200, body
+    assert body["tokens"] == ids[:len(body["tokens"])]
+    assert body["stop_type"] in ("limit", "eos") and body["tokens_predicted"] == len(ids)
+    m = open_build(tiny_build)
+    want = m.tokenize(PROMPT, add_bos=True)
+    assert body["tokens_evaluated"] == len(want)
+    full = m.detokenize(want + ids)
+    assert PROMPT + body["content"] == full
+    m.close()
+
+
+def test_tokenize_detokenize(server, tiny_build):
+    text = "héllo <s> wörld\n\tx = 1"
+    m = open_build(tiny_build)
+    r = post(server, "/tokenize", {"content": text, "parse_special": False}).json()
+    assert r["tokens"] == m.tokenize(text)
+    proc = run_build(tiny_build, ["-p", text, "--tokens"], capture_output=True, text=True)
+    assert r["tokens"] == json.loads(proc.stdout)
+    assert post(server, "/tokenize", {"content": text, "add_special": True,
+                                      "parse_special": False}).json()["tokens"][0] == 1
+    pieces = post(server, "/tokenize", {"content": "ab é", "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == m.tokenize("ab é")
+    assert all(isinstance(p["piece"], (str, list)) for p in pieces)
+    assert post(server, "/detokenize", {"tokens": r["tokens"]}).json()["content"] == text
+    bad = post(server, "/detokenize", {"tokens": [10**6]})
+    assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
+    m.close()
+
+
+def test_stream_equals_nonstream_and_stop_strings(server):
+    base = {"prompt": PROMPT, "n_predict": 24, "temperature": 0.9, "seed": 7, "top_k": 40}
+    plain = post(server, "/completion", base).json()
+    events = sse_events(server, "/completion", {**base, "stream": True})
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+    assert "".join(e["content"] for e in events) == plain["content"]
+    text = plain["content"]
+    assert len(text) > 8
+    # a stop string spanning tokens: the text before it, never a byte of it
+    stop = text[len(text) // 2:len(text) // 2 + 4]
+    cut = text[:text.find(stop)]
+    for stream in (False, True):
+        req = {**base, "stop": [stop, "\x00never"], "stream": stream}
+        if stream:
+            ev = sse_events(server, "/completion", req)
+            got, final = "".join(e["content"] for e in ev), ev[-1]
+        else:
+            final = post(server, "/completion", req).json()
+            got = final["content"]
+        assert got == cut and final["stop_type"] == "word" and final["stopping_word"] == stop
+
+
+def test_prompt_cache(server, tiny_build):
+    m = open_build(tiny_build)
+    p = m.tokenize(PROMPT * 2, add_bos=True)
+    m.close()
+    req = {"prompt": p, "n_predict": 8, "temperature": 0, "id_slot": 1, "return_tokens": True}
+    first = post(server, "/completion", {**req, "cache_prompt": False}).json()
+    assert first["tokens_cached"] == 0
+    again = post(server, "/completion", req).json()
+    assert again["tokens_cached"] == len(p) - 1 and again["tokens"] == first["tokens"]
+    longer = p + [13, 1678]
+    a = post(server, "/completion", {**req, "prompt": longer}).json()
+    assert a["tokens_cached"] == len(p)
+    b = post(server, "/completion", {**req, "prompt": longer, "cache_prompt": False}).json()
+    assert b["tokens_cached"] == 0 and a["tokens"] == b["tokens"] and a["content"] == b["content"]
+    slots = httpx.get(server.url + "/slots", headers=AUTH).json()
+    assert slots[1]["n_cached"] >= len(longer) and not any(s["is_processing"] for s in slots)
+
+
+def test_llama_vim_shapes_on_a_model_without_fim(server):
+    """llama.vim's /infill request (and its cache-warming one with n_predict 0) on a model
+    without FIM tokens: a clear 400; the server keeps serving."""
+    req = {"id_slot": 0, "input_prefix": "def f(x):\n", "input_suffix": "\n", "prompt": "    ",
+           "input_extra": [{"text": "import os\n", "time": 1.0, "filename": "a.py"}],
+           "n_predict": 0, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.9,
+           "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+           "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+           "response_fields": ["content", "timings/prompt_n", "truncated", "tokens_cached"]}
+    r = post(server, "/infill", req)
+    assert r.status_code == 400 and "FIM" in r.json()["error"]["message"]
+    r = post(server, "/v1/completions", {"prompt": "a", "suffix": "b", "max_tokens": 4})
+    assert r.status_code == 400 and "FIM" in r.json()["error"]["message"]
+
+
+def test_completion_n_predict_0_and_response_fields(server):
+    r = post(server, "/completion", {"prompt": PROMPT, "n_predict": 0,
+                                     "response_fields": ["content", "timings/prompt_n",
+                                                         "tokens_cached", "truncated"]}).json()
+    assert r["content"] == "" and set(r) == {"content", "timings/prompt_n", "tokens_cached",
+                                             "truncated"}
+    assert r["timings/prompt_n"] >= 1
+
+
+@pytest.mark.parametrize("path,body,needle", [
+    ("/completion", "{not json", "not valid JSON"),
+    ("/completion", {"prompt": PROMPT, "n_predict": "many"}, "n_predict"),
+    ("/completion", {"prompt": PROMPT, "n_predict": -2}, "n_predict"),
+    ("/completion", {"prompt": ""}, "empty"),
+    ("/completion", {"prompt": "x " * 400}, "context holds 256"),
+    ("/completion", {"prompt": [1, 99999999]}, "out of range"),
+    ("/completion", {"n_predict": 3}, "prompt"),
+    ("/completion", {"prompt": "a", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": -1}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ("/completion", {"prompt": "a", "id_slot": 7}, "id_slot"),
+])
+def test_bad_requests(server, path, body, needle):
+    if isinstance(body, str):
+        r = httpx.post(server.url + path, content=body, headers=AUTH, timeout=60)
+    else:
+        r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == 400 and err["type"] == "invalid_request_error"
+    assert needle in err["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_openai_client(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    c = client.completions.create(model="x", prompt=PROMPT, max_tokens=10, temperature=0)
+    assert c.choices[0].finish_reason in ("length", "stop") and c.usage.completion_tokens >= 1
+    streamed = client.completions.create(model="x", prompt=PROMPT, max_tokens=10,
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.choices[0].text
+    assert chunks[-1].usage.total_tokens == c.usage.total_tokens
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi <s>"}]
+    chat = client.chat.completions.create(model="x", messages=msgs, max_tokens=8,
+                                          temperature=0)
+    text = chat.choices[0].message.content
+    assert chat.choices[0].message.role == "assistant" and isinstance(text, str)
+    parts = list(client.chat.completions.create(model="x", messages=msgs, max_tokens=8,
+                                                temperature=0, stream=True))
+    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == text
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="bad").completions.create(
+            model="x", prompt="a", max_tokens=2)
+
+
+def test_concurrent_load_with_disconnects(server):
+    """12 clients at once on 2 slots: completions, streams dropped after the first event,
+    malformed bodies. Every completion is answered, no slot stays busy."""
+    results, errors = [], []
+
+    def complete(i):
+        r = post(server, "/completion", {"prompt": PROMPT + str(i), "n_predict": 6,
+                                         "temperature": 0})
+        results.append(r.status_code)
+
+    def drop(i):
+        with httpx.stream("POST", server.url + "/completion", headers=AUTH, timeout=60,
+                          json={"prompt": PROMPT, "n_predict": 200, "stream": True,
+                                "ignore_eos": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break  # the client goes away mid-generation
+
+    def malformed(i):
+        r = httpx.post(server.url + "/completion", content=b'{"prompt": [1, "x"', headers=AUTH,
+                       timeout=60)
+        if r.status_code != 400:
+            errors.append(r.status_code)
+
+    jobs = [complete, drop, malformed, complete] * 3
+    threads = [threading.Thread(target=f, args=(i,)) for i, f in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(results) == [200] * 6 and not errors
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        slots = httpx.get(server.url + "/slots", headers=AUTH).json()
+        if not any(s["is_processing"] for s in slots):
+            break
+        time.sleep(0.2)
+    assert not any(s["is_processing"] for s in slots)
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert "llamacpp:requests_processing 0" in metrics
+    assert "# TYPE llamacpp:prompt_tokens_total counter" in metrics
+
+
+def test_spec_ngram_identical_greedy_and_sigterm(tiny_build, server):
+    """--spec ngram gives the greedy tokens of --spec none, with drafts accepted; SIGTERM
+    stops the server."""
+    spec = start_server(tiny_build, "--ctx", "256", "--spec", "ngram")
+    try:
+        props = httpx.get(spec.url + "/props").json()
+        assert props["speculative"]["batch_exact"] is True
+        prompts = [PROMPT * 3, "a b c a b c a b c a b", [1, 5, 6, 7, 5, 6, 7, 5, 6]]
+        for p in prompts:
+            req = {"prompt": p, "n_predict": 40, "temperature": 0, "return_tokens": True,
+                   "cache_prompt": False}
+            want = post(server, "/completion", req).json()
+            got = httpx.post(spec.url + "/completion", json=req, timeout=120).json()
+            assert got["tokens"] == want["tokens"] and got["content"] == want["content"]
+        metrics = httpx.get(spec.url + "/metrics").text
+        drafts = [ln for ln in metrics.splitlines()
+                  if ln.startswith("llamacpp:spec_decode_num_draft_tokens_total")]
+        assert float(drafts[0].split()[1]) > 0
+    finally:
+        rc = stop_server(spec)
+    assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def test_build_without_library_says_rebuild(tiny_build, tmp_path):
+    d = tmp_path / "old"
+    d.mkdir()
+    for name in ("ditto-run", "model.ditto", "build.json"):
+        (d / name).symlink_to(tiny_build / name)
+    proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli import main; main()",
+                           "serve", str(d)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "libditto.so" in proc.stderr and "rebuild" in proc.stderr
