@@ -9,7 +9,8 @@ stores. ``kmeans`` then weights each weight's squared error by its channel's imp
 The calibration text is tokenized by the model's own fp32 Ditto build (``ditto-run --tokens``,
 the build ``ditto eval`` uses as its baseline, built once and cached) and cut into 512-token
 chunks as ``llama-imatrix`` does (BOS first in each chunk when the tokenizer adds BOS); the
-forward pass is the transformers ``LlamaForCausalLM`` built from Ditto's own export
+forward pass is the transformers ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` for a Qwen2 model,
+with its q/k/v biases) built from Ditto's own export
 (``eval.torch_int8.fp32_model_from_checkpoint``: the weights of the fp32 build), with a hook
 on every ``nn.Linear`` summing x² per input channel in float64.
 

@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.fixtures_models",
     "tests.fixtures_hf",
+    "tests.fixtures_qwen2",
     "tests.fixtures_compile",
     "tests.fixtures_native",
     "tests.fixtures_pass",

@@ -31,6 +31,8 @@ from ..errors import DittoError
 SPEC = "torch-int8"
 LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
          "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+         "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+         "attn_v.bias": "self_attn.v_proj.bias",
          "attn_output.weight": "self_attn.o_proj.weight",
          "ffn_norm.weight": "post_attention_layernorm.weight",
          "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
@@ -40,7 +42,7 @@ GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight"
 
 
 def hf_name(name: str) -> str:
-    """Ditto tensor name → transformers LlamaForCausalLM state-dict name."""
+    """Ditto tensor name → transformers LlamaForCausalLM / Qwen2ForCausalLM state-dict name."""
     if name in GLOBAL:
         return GLOBAL[name]
     parts = name.split(".", 2)  # blk.N.rest
@@ -50,7 +52,8 @@ def hf_name(name: str) -> str:
 
 
 def fp32_model(model: str):
-    """transformers LlamaForCausalLM (fp32, eval mode) with the weights of Ditto's export of
+    """transformers LlamaForCausalLM / Qwen2ForCausalLM (fp32, eval mode; see
+    ``fp32_model_from_checkpoint``) with the weights of Ditto's export of
     MODEL (path or bundled name). Raises DittoError if torch/transformers are missing."""
     from .. import pipeline
 
@@ -58,24 +61,29 @@ def fp32_model(model: str):
 
 
 def fp32_model_from_checkpoint(ck):
-    """transformers LlamaForCausalLM (fp32, eval mode) holding the weights of the Ditto
-    Checkpoint ``ck`` (names mapped with ``hf_name``). Raises DittoError if torch/transformers
-    are missing."""
+    """transformers LlamaForCausalLM, or Qwen2ForCausalLM for ``arch == "qwen2"`` (q/k/v
+    biases, full attention in every layer), fp32 and in eval mode, holding the weights of the
+    Ditto Checkpoint ``ck`` (names mapped with ``hf_name``). Raises DittoError if
+    torch/transformers are missing."""
     try:
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     except ImportError:
         raise DittoError("the fp32 PyTorch model needs torch and transformers") from None
 
     c = ck.config
-    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim,
-                      num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-                      num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
-                      max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
-                      rope_theta=c.rope_theta, tie_word_embeddings=c.tied_embeddings,
-                      attention_bias=False, mlp_bias=False)
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim,
+                  num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                  num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
+                  max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+                  rope_theta=c.rope_theta, tie_word_embeddings=c.tied_embeddings)
+    if c.arch == "qwen2":
+        cfg, model_class = Qwen2Config(use_sliding_window=False, **common), Qwen2ForCausalLM
+    else:
+        cfg = LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+        model_class = LlamaForCausalLM
     with torch.device("meta"):
-        m = LlamaForCausalLM(cfg)
+        m = model_class(cfg)
     state = {hf_name(n): torch.from_numpy(np.ascontiguousarray(ck.tensors[n](), np.float32))
              for n in ck.shapes}
     if c.tied_embeddings:

@@ -1,10 +1,14 @@
-"""The ``gguf`` exporter: a llama.cpp GGUF file (``llama`` architecture) -> ``Checkpoint``.
+"""The ``gguf`` exporter: a llama.cpp GGUF file (``llama`` or ``qwen2`` architecture) ->
+``Checkpoint``.
 
-Config comes from the ``llama.*`` keys, the tokenizer from ``tokenizer.ggml.*``. Tensors stay in
+Config comes from the ``<arch>.*`` keys, the tokenizer from ``tokenizer.ggml.*``. Tensors stay in
 the mmapped file and are dequantized one at a time when loaded (``gguf.quants.dequantize``, any
-type the ``gguf`` package supports) to float32 ``[out_features, in_features]``. llama.cpp's
-converter stores q/k rows permuted for adjacent-pair RoPE; ``unpermute_qk`` restores the Hugging
-Face rotate-half order Ditto uses (docs/FORMAT.md, "Rotary layout of q and k").
+type the ``gguf`` package supports) to float32 ``[out_features, in_features]``. For ``llama``,
+llama.cpp's converter stores q/k rows permuted for adjacent-pair RoPE; ``unpermute_qk``
+restores the Hugging Face rotate-half order Ditto uses (docs/FORMAT.md, "Rotary layout of q and
+k"). For ``qwen2`` the converter keeps HF's order (llama.cpp runs it with NEOX-style RoPE, the
+rotate-half form), so q/k are read as stored; its per-layer ``attn_{q,k,v}.bias`` F32 vectors
+are exported as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from ditto_core.untrusted import F32_MAX, Fields
 from .tokenizer import tokenizer_from_gguf
 
 GGUF_MAGIC = b"GGUF"
+
+#: ``general.architecture`` values read -> tensors per layer (the bound on ``block_count``);
+#: the ``ModelConfig.arch`` of the export is the same string
+ARCHITECTURES = {"llama": 9, "qwen2": 12}
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -90,6 +98,9 @@ TOKENIZER_KEYS = {
     "tokenizer.ggml.eos_token_id": ("int", {"lo": 0}),
     "tokenizer.ggml.unknown_token_id": ("int", {"lo": 0}),
     "tokenizer.ggml.padding_token_id": ("int", {"lo": 0}),
+    **{f"tokenizer.ggml.{k}_token_id": ("int", {"lo": 0})
+       for k in ("eot", "eom", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
+                 "prefix", "suffix", "middle")},
     "tokenizer.ggml.add_bos_token": ("bool", {}),
     "tokenizer.ggml.add_eos_token": ("bool", {}),
     "tokenizer.ggml.add_space_prefix": ("bool", {}),
@@ -138,39 +149,43 @@ class GGUFExporter:
         """Read config and tokenizer, index tensors lazily (float32 HF order on load).
 
         Raises DittoError naming the file for: not a GGUF / truncated file, an architecture
-        other than ``llama``, missing hyper-parameters or tokenizer, rope scaling or partial
-        rotary (unsupported), tensor names/shapes not matching the config, or a tensor type
-        the ``gguf`` package cannot dequantize."""
+        other than ``llama`` / ``qwen2``, missing hyper-parameters or tokenizer, rope scaling or
+        partial rotary (unsupported), tensor names/shapes not matching the config (a ``qwen2``
+        file without its q/k/v biases, a ``llama`` file with biases), or a tensor type the
+        ``gguf`` package cannot dequantize."""
         path = Path(path)
         where = str(path)
         reader = _read_gguf(path)
         meta = _metadata(reader)
         f = Fields(meta, where, "GGUF key")
         arch = f.str("general.architecture", None)
-        if arch != "llama":
+        if arch not in ARCHITECTURES:
             raise DittoError(f"{where}: architecture {arch!r} is not supported "
-                             f"(Ditto exports Llama-family models: 'llama')")
-        dim = f.int("llama.embedding_length")
-        n_heads = f.int("llama.attention.head_count")
-        n_kv = f.int("llama.attention.head_count_kv", n_heads)
-        head_dim = f.int("llama.attention.key_length", dim // n_heads)
-        rot = f.int("llama.rope.dimension_count", head_dim)
+                             f"(Ditto exports {', '.join(repr(a) for a in ARCHITECTURES)})")
+        dim = f.int(f"{arch}.embedding_length")
+        n_heads = f.int(f"{arch}.attention.head_count")
+        n_kv = f.int(f"{arch}.attention.head_count_kv", n_heads)
+        head_dim = f.int(f"{arch}.attention.key_length", dim // n_heads)
+        rot = f.int(f"{arch}.rope.dimension_count", head_dim)
         if rot != head_dim:
             raise DittoError(f"{where}: partial rotary embeddings (rope dimension {rot} of "
                              f"head_dim {head_dim}) are not supported")
-        scaling = f.str("llama.rope.scaling.type", "none")
+        scaling = f.str(f"{arch}.rope.scaling.type", "none")
         if scaling != "none":
             raise DittoError(f"{where}: RoPE scaling {scaling!r} is not supported")
         tokenizer = with_chat_text(tokenizer_from_gguf(checked_tokenizer_meta(f), where), where)
+        per_layer = ARCHITECTURES[arch]
         config = ModelConfig(
-            dim=dim, hidden_dim=f.int("llama.feed_forward_length"),
-            n_layers=f.int("llama.block_count", hi=max(1, len(reader.tensors) // 9)),
+            dim=dim, hidden_dim=f.int(f"{arch}.feed_forward_length"),
+            n_layers=f.int(f"{arch}.block_count",
+                           hi=max(1, len(reader.tensors) // per_layer)),
             n_heads=n_heads, n_kv_heads=n_kv,
             head_dim=head_dim, vocab_size=len(tokenizer.tokens),
-            max_seq_len=f.int("llama.context_length", 2048),
-            rope_theta=f.float("llama.rope.freq_base", 10000.0, hi=F32_MAX, positive=True),
-            norm_eps=f.float("llama.attention.layer_norm_rms_epsilon", positive=True),
-            tied_embeddings="output.weight" not in {t.name for t in reader.tensors})
+            max_seq_len=f.int(f"{arch}.context_length", 2048),
+            rope_theta=f.float(f"{arch}.rope.freq_base", 10000.0, hi=F32_MAX, positive=True),
+            norm_eps=f.float(f"{arch}.attention.layer_norm_rms_epsilon", positive=True),
+            tied_embeddings="output.weight" not in {t.name for t in reader.tensors},
+            arch=arch)
 
         swapped = reader.byte_order == "S"  # a GGUF of the other byte order (big-endian)
         shapes, infos = {}, {}
@@ -182,7 +197,14 @@ class GGUFExporter:
             ne = [int(x) for x in t.shape]
             shapes[t.name] = (ne[1], ne[0]) if len(ne) == 2 else tuple(reversed(ne))
             infos[t.name] = t
-        check_config(config, shapes, where)
+        try:
+            check_config(config, shapes, where)
+        except DittoError as exc:
+            if arch == "qwen2" and ".bias" in str(exc):
+                raise DittoError(f"{exc} (a qwen2 model has F32 biases blk.N.attn_q.bias "
+                                 f"[n_heads*head_dim], attn_k.bias and attn_v.bias "
+                                 f"[n_kv_heads*head_dim] in every layer)") from None
+            raise
         shapes = {n: shapes[n] for n in expected_shapes(config)}  # canonical order
 
         def loader(name):
@@ -207,6 +229,8 @@ class GGUFExporter:
             raise DittoError(f"{where}: tensor {t.name!r} could not be read "
                              f"({type(exc).__name__}: {exc})") from None
         w = np.asarray(w, dtype=np.float32).reshape(shape)
+        if config.arch != "llama":  # qwen2: q/k rows already in HF order
+            return np.array(w, dtype=np.float32, order="C", copy=True)
         if t.name.endswith("attn_q.weight"):
             return unpermute_qk(w, config.n_heads)
         if t.name.endswith("attn_k.weight"):

@@ -1,9 +1,11 @@
-"""The ``hf`` exporter: a Hugging Face ``LlamaForCausalLM``-family directory -> ``Checkpoint``.
+"""The ``hf`` exporter: a Hugging Face ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` directory ->
+``Checkpoint``.
 
 Reads ``config.json``, the weights (``model.safetensors``, or the shards named by
 ``model.safetensors.index.json``; F32/F16/BF16, mmapped, converted to float32 one tensor at a
 time) and the tokenizer (see ``tokenizer.py``). HF q/k rows are already in the rotate-half order
-Ditto uses (docs/FORMAT.md), so tensors are only renamed.
+Ditto uses (docs/FORMAT.md), so tensors are only renamed; a Qwen2 model's q/k/v projection
+biases become ``blk.N.attn_{q,k,v}.bias``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from ditto_core.cache import warn
 from ditto_core.chat_template import with_chat_text
 from ditto_core.errors import DittoError
-from ditto_core.modelfile import check_config, expected_shapes
+from ditto_core.modelfile import ARCH_NAMES, check_config, expected_shapes
 from ditto_core.types import Checkpoint, ModelConfig
 from ditto_core.untrusted import Fields
 
@@ -25,8 +27,11 @@ from .safetensors_index import SafetensorsIndex
 from .tokenizer import tokenizer_from_hf
 from .tokenizer_types import check_tokenizer_files
 
-ARCHITECTURES = {"LlamaForCausalLM"}
-MODEL_TYPES = {"llama"}
+#: ``architectures`` entry -> ``model_type`` -> ModelConfig.arch
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
+#: tensors per layer (the bound ``num_hidden_layers`` is checked against)
+PER_LAYER = {"llama": 9, "qwen2": 12}
 
 #: HF per-layer tensor suffix -> Ditto per-layer name
 LAYER_NAMES = {
@@ -34,6 +39,9 @@ LAYER_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -63,7 +71,8 @@ def _f32(x) -> float:
 
 def read_config(path: Path) -> tuple[dict, ModelConfig]:
     """(raw config.json, ModelConfig). Raises DittoError naming the file for a missing file,
-    a non-Llama architecture, missing keys, or unsupported features (RoPE scaling, biases)."""
+    an architecture other than Llama / Qwen2, missing keys, or unsupported features (RoPE
+    scaling, Llama biases, Qwen2 sliding-window attention)."""
     if not path.is_file():
         raise DittoError(f"{path}: missing (an HF model directory needs config.json)")
     try:
@@ -73,16 +82,28 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
     f = Fields(cfg, str(path), "key", "config")
     archs = f.list("architectures", str, [])
     mtype = f.get("model_type", None)
-    if mtype not in MODEL_TYPES or (archs and not set(archs) & ARCHITECTURES):
+    arch = MODEL_TYPES.get(mtype) if isinstance(mtype, str) else None
+    if arch is None or (archs and arch not in {ARCHITECTURES.get(a) for a in archs}):
         raise DittoError(f"{path}: architecture {archs or mtype!r} (model_type {mtype!r}) is "
-                         f"not supported; Ditto exports LlamaForCausalLM models")
+                         f"not supported; Ditto exports {' and '.join(ARCHITECTURES)} models")
     rope_key = "rope_parameters" if f.has("rope_parameters") else "rope_scaling"
     rope = Fields(f.mapping(rope_key, {}), str(path), f"key {rope_key!r} field")
     rope_type = rope.str("rope_type", rope.str("type", "default"))
     if rope_type != "default":
         raise DittoError(f"{path}: RoPE scaling {rope_type!r} is not supported")
-    if f.bool("attention_bias", False) or f.bool("mlp_bias", False):
+    if arch == "llama" and (f.bool("attention_bias", False) or f.bool("mlp_bias", False)):
         raise DittoError(f"{path}: attention/MLP biases are not supported")
+    if arch == "qwen2":
+        # transformers' Qwen2 masks "sliding_attention" layers to a window; Ditto attends to
+        # every earlier position, so such a model is refused rather than run differently
+        if f.bool("use_sliding_window", False):
+            raise DittoError(f"{path}: use_sliding_window: true (sliding-window attention) is "
+                             f"not supported")
+        layer_types = f.list("layer_types", str, [])
+        if any(t != "full_attention" for t in layer_types):
+            bad = next(t for t in layer_types if t != "full_attention")
+            raise DittoError(f"{path}: layer_types has {bad!r}; only 'full_attention' layers "
+                             f"are supported")
     act = f.str("hidden_act", "silu")
     if act != "silu":
         raise DittoError(f"{path}: activation {act!r} is not supported (silu)")
@@ -100,7 +121,7 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
         vocab_size=f.int("vocab_size"),
         max_seq_len=f.int("max_position_embeddings", 2048),
         rope_theta=_f32(theta), norm_eps=_f32(f.float("rms_norm_eps", 1e-6, positive=True)),
-        tied_embeddings=f.bool("tie_word_embeddings", False))
+        tied_embeddings=f.bool("tie_word_embeddings", False), arch=arch)
     return cfg, config
 
 
@@ -193,10 +214,11 @@ class HFExporter:
             raise DittoError(f"{directory}: not a directory")
         raw, config = read_config(directory / "config.json")
         index = SafetensorsIndex(weight_files(directory))
-        if config.n_layers > len(index.tensors) // 9:  # a layer has 9 tensors
+        per_layer = PER_LAYER[config.arch]
+        if config.n_layers > len(index.tensors) // per_layer:
             raise DittoError(f"{directory / 'config.json'}: num_hidden_layers = "
                              f"{config.n_layers}, but the weights hold only "
-                             f"{len(index.tensors)} tensors (9 per layer)")
+                             f"{len(index.tensors)} tensors ({per_layer} per layer)")
         names: dict[str, str] = {}  # ditto -> hf
         untied = None
         for hf_name in index.tensors:
@@ -205,7 +227,8 @@ class HFExporter:
                 if hf_name.endswith("rotary_emb.inv_freq"):
                     continue  # a buffer older transformers saved; recomputed from rope_theta
                 t = index.tensors[hf_name]
-                raise DittoError(f"{t.file}: unexpected tensor {hf_name!r} for a Llama model")
+                raise DittoError(f"{t.file}: unexpected tensor {hf_name!r} for a "
+                                 f"{ARCH_NAMES[config.arch]} model")
             if d == "output.weight" and config.tied_embeddings:
                 untied = hf_name  # tied: the classifier is the embedding; see below
                 continue
