@@ -290,7 +290,7 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
 
 
 #: What a build directory holds; only a directory holding nothing else is replaced.
-BUILD_OUTPUTS = frozenset({EXECUTABLE, MODEL_FILE, "build.json"})
+BUILD_OUTPUTS = frozenset({EXECUTABLE, LIBRARY, MODEL_FILE, "build.json"})
 
 
 def _check_replaceable(out_dir: Path) -> None:

@@ -1,6 +1,7 @@
 """`ditto build` end to end (tinycoder, fp32), cache reuse, `ditto run`, bad input, atomicity,
 and SmolLM2 fp32: the rewritten executable generates the same greedy tokens as the naive one."""
 
+import ctypes
 import json
 import os
 import re
@@ -32,10 +33,16 @@ def _leftovers(parent, name):
 
 def test_build_dir_and_build_json(tiny_builds):
     d, rec = tiny_builds["rewrite"]
-    assert sorted(p.name for p in d.iterdir()) == ["build.json", "ditto-run", "model.ditto"]
+    assert sorted(p.name for p in d.iterdir()) == ["build.json", "ditto-run", "libditto.so",
+                                                    "model.ditto"]
     assert os.access(d / "ditto-run", os.X_OK)
+    # the runtime's C API as a shared library: only the DITTO_API functions are exported
+    lib = ctypes.CDLL(str(d / "libditto.so"))
+    assert lib.ditto_api_version() == 1 and hasattr(lib, "ditto_session_eval")
+    assert not hasattr(lib, "forward") and not hasattr(lib, "main")
     on_disk = json.loads((d / "build.json").read_text())
     assert on_disk["status"] == "complete" and on_disk["blas"] == "openblas"
+    assert on_disk["library"] == "libditto.so"
     assert on_disk["quantizer"] == "none" and on_disk["rewrite"] is True
     assert list(on_disk["stages"]) == STAGES
     assert all(v >= 0 for v in on_disk["stages"].values())
