@@ -251,13 +251,34 @@ def serialize_ext(tok: TokenizerSpec) -> bytes:
     if tok.chat_prefix is not None:
         out.append(_ext_record(F.TX_CHAT_PREFIX, tok.chat_prefix.encode("utf-8")))
         out.append(_ext_record(F.TX_CHAT_SUFFIX, (tok.chat_suffix or "").encode("utf-8")))
+    for tid in tok.eog_ids:
+        out.append(_ext_record(F.TX_EOG, b"", int(tid)))
+    for role, tid in enumerate(tok.fim_ids):
+        if tid >= 0:
+            out.append(_ext_record(F.TX_FIM, b"", int(tid), role))
     return b"".join(out)
+
+
+def check_special_ids(eog_ids, fim_ids, n: int, where: str) -> None:
+    """FORMAT.md rule 24 for the EOG and FIM records: ids in [0, n), no EOG id twice, ``fim_ids``
+    empty or one id (-1: none) per DITTO_FIM_* role. Raises DittoError naming ``where``."""
+    if len(set(eog_ids)) != len(eog_ids):
+        raise DittoError(f"{where}: an end-of-generation token is listed twice")
+    for tid in eog_ids:
+        if not 0 <= tid < n:
+            raise DittoError(f"{where}: end-of-generation token {tid} is outside the "
+                             f"vocabulary of {n} tokens")
+    if fim_ids and len(fim_ids) != F.FIM_ROLES:
+        raise DittoError(f"{where}: {len(fim_ids)} FIM ids, expected {F.FIM_ROLES}")
+    for tid in fim_ids:
+        if not -1 <= tid < n:
+            raise DittoError(f"{where}: FIM token {tid} is outside the vocabulary of {n} tokens")
 
 
 def parse_ext(buf: bytes, where: str) -> dict:
     """Inverse of ``serialize_ext``: the TokenizerSpec fields ``normalizer``, ``added``,
     ``chat_prefix``, ``chat_suffix``. Raises DittoError for a malformed or unknown record."""
-    normalizer, added, chat = [], [], {}
+    normalizer, added, chat, eog, fim = [], [], {}, [], {}
     pos = 0
     while pos < len(buf):
         if len(buf) - pos < F.EXT_RECORD.size:
@@ -288,14 +309,28 @@ def parse_ext(buf: bytes, where: str) -> dict:
             chat["chat_prefix"] = text
         elif tag == F.TX_CHAT_SUFFIX:
             chat["chat_suffix"] = text
+        elif tag in (F.TX_EOG, F.TX_FIM):
+            if n or (tag == F.TX_EOG and b):
+                raise DittoError(f"{where}: tokenizer extension record {tag} (EOG/FIM) has a "
+                                 f"payload of {n} bytes or b = {b}; both must be 0")
+            if tag == F.TX_EOG:
+                eog.append(a)
+            elif b >= F.FIM_ROLES or b in fim:
+                raise DittoError(f"{where}: FIM record with role {b} (a role is 0..."
+                                 f"{F.FIM_ROLES - 1}, at most once)")
+            else:
+                fim[b] = a
         else:
             raise DittoError(f"{where}: unknown tokenizer extension record {tag}")
-    return dict(normalizer=tuple(normalizer), added=tuple(added), **chat)
+    fim_ids = tuple(fim.get(r, -1) for r in range(F.FIM_ROLES)) if fim else ()
+    return dict(normalizer=tuple(normalizer), added=tuple(added), eog_ids=tuple(eog),
+                fim_ids=fim_ids, **chat)
 
 
 def tokenizer_needs_v2(tok: TokenizerSpec) -> bool:
     """True when the tokenizer uses version-2 features (flags or an extension section)."""
-    return bool(tok.flags or tok.normalizer or tok.added or tok.chat_prefix is not None)
+    return bool(tok.flags or tok.normalizer or tok.added or tok.chat_prefix is not None
+                or tok.eog_ids or any(i >= 0 for i in tok.fim_ids))
 
 
 def serialize_tokenizer(tok: TokenizerSpec) -> bytes:
@@ -329,6 +364,7 @@ def serialize_tokenizer(tok: TokenizerSpec) -> bytes:
     template = tok.chat_template.encode("utf-8")
     if tok.flags & ~F.TOKF_ALL:
         raise DittoError(f"tokenizer: unknown flags 0x{tok.flags:x}")
+    check_special_ids(tok.eog_ids, tok.fim_ids, n, "tokenizer")
     ext = serialize_ext(tok)
     head = F.pack(F.TOKENIZER_HEADER, F.TOKENIZER_HEADER_FIELDS, kind=kind, pre=pre,
                   n_tokens=n, n_merges=len(merges), bos_id=tok.bos_id, eos_id=tok.eos_id,
@@ -411,13 +447,15 @@ def parse_tokenizer(buf, where: str = "tokenizer block") -> TokenizerSpec:
                 return k
         raise DittoError(f"{where}: unknown tokenizer {what} {value}")
 
+    ext = parse_ext(parts[6], where)
+    check_special_ids(ext["eog_ids"], ext["fim_ids"], n, where)
     return TokenizerSpec(
         kind=name_of(F.TOKENIZER_KINDS, h["kind"], "kind"), tokens=tokens, scores=scores,
         token_types=types, merges=merges, pre=name_of(F.PRE_TOKENIZERS, h["pre"], "pre"),
         bos_id=h["bos_id"], eos_id=h["eos_id"], unk_id=h["unk_id"], pad_id=h["pad_id"],
         add_bos=bool(h["add_bos"]), add_space_prefix=bool(h["add_space_prefix"]),
         chat_format=name_of(F.CHAT_FORMATS, h["chat_format"], "chat format"),
-        chat_template=template, flags=h["flags"], **parse_ext(parts[6], where))
+        chat_template=template, flags=h["flags"], **ext)
 
 
 def tokenizers_equal(a: TokenizerSpec, b: TokenizerSpec) -> bool:

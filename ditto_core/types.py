@@ -52,7 +52,7 @@ class TokenizerSpec:
     scores, byte fallback). ``tokens``: token text, raw bytes for byte-level BPE (the GPT-2
     byte-to-unicode mapping undone), UTF-8 pieces for SentencePiece. ``scores``: float32
     [n_tokens]. ``token_types``: uint32 [n_tokens], GGUF numbering. ``merges``: (left_id,
-    right_id) in rank order. ``pre``: ``"none"``, ``"gpt2"`` or ``"gpt2_digits"``.
+    right_id) in rank order. ``pre``: ``"none"``, ``"gpt2"``, ``"gpt2_digits"`` or ``"qwen2"``.
     """
 
     kind: str
@@ -79,6 +79,11 @@ class TokenizerSpec:
     #: the chat template rendered around a user message: text before and after it, or None
     chat_prefix: str | None = None
     chat_suffix: str | None = None
+    #: end-of-generation ids (EOG records), sorted; () = just ``eos_id`` (a file without them)
+    eog_ids: tuple[int, ...] = ()
+    #: FIM token ids (prefix, suffix, middle, pad, repo, sep), -1 where missing (FIM records);
+    #: () = none (ditto_core.special_tokens)
+    fim_ids: tuple[int, ...] = ()
 
 
 @attrs.define

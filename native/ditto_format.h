@@ -55,6 +55,7 @@
 #define DITTO_PRE_NONE 0u
 #define DITTO_PRE_GPT2 1u        /* GPT-2 split regex */
 #define DITTO_PRE_GPT2_DIGITS 2u /* each digit split off, then the GPT-2 regex (SmolLM2) */
+#define DITTO_PRE_QWEN2 3u       /* the Qwen2 / Llama-3 split regex, single digits */
 
 /* token types (same numbering as GGUF tokenizer.ggml.token_type) */
 #define DITTO_TT_NORMAL 1u
@@ -97,6 +98,17 @@
 #define DITTO_TX_ADDED 16u    /* added token: a = id, b = DITTO_ADDED_*, payload = text matched */
 #define DITTO_TX_CHAT_PREFIX 32u /* chat template text before the user message */
 #define DITTO_TX_CHAT_SUFFIX 33u /* chat template text after it (ends the generation prompt) */
+#define DITTO_TX_EOG 48u         /* end-of-generation token: a = id (no payload) */
+#define DITTO_TX_FIM 49u         /* fill-in-the-middle token: a = id, b = DITTO_FIM_* */
+
+/* FIM roles (DITTO_TX_FIM record b) */
+#define DITTO_FIM_PREFIX 0u /* <|fim_prefix|> */
+#define DITTO_FIM_SUFFIX 1u /* <|fim_suffix|> */
+#define DITTO_FIM_MIDDLE 2u /* <|fim_middle|> */
+#define DITTO_FIM_PAD 3u    /* <|fim_pad|> */
+#define DITTO_FIM_REPO 4u   /* <|repo_name|> */
+#define DITTO_FIM_SEP 5u    /* <|file_sep|> */
+#define DITTO_FIM_ROLES 6u
 
 #define DITTO_ADDED_SPECIAL 0x1u
 #define DITTO_ADDED_LSTRIP 0x2u

@@ -109,6 +109,10 @@ static void usage(FILE *f) {
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 256; 1 = one token at a time)\n"
             "  --chat             wrap the prompt in the model's own chat template\n"
+            "  --suffix TEXT      fill in the middle: the prompt (-p/-f) is the text before the\n"
+            "                     gap, TEXT the text after it; the model's FIM tokens make\n"
+            "                     <fim_prefix>PROMPT<fim_suffix>TEXT<fim_middle>\n"
+            "  --suffix-file FILE as --suffix, the text after the gap read from FILE\n"
             "  --bos / --no-bos   prepend BOS or not (default: the model file's add_bos;\n"
             "                     --tokens and --chat default to no BOS)\n"
             "  --special          parse control-token texts such as <|im_start|> in the prompt\n"
@@ -116,7 +120,8 @@ static void usage(FILE *f) {
             "  --score FILE       teacher-forced log-probabilities of the tokens in FILE (JSON)\n"
             "  --dump-logits FILE write float32 logits [n_prompt_tokens, vocab] and exit\n"
             "  --print-ids        print generated token ids as a JSON list instead of text\n"
-            "  --ignore-eos       keep generating after EOS (benchmarks: exactly N tokens)\n"
+            "  --ignore-eos       keep generating after an end-of-generation token\n"
+            "                     (benchmarks: exactly N tokens)\n"
             "token file: ids separated by whitespace, commas or brackets (a JSON list works)\n"
             "exit codes: 0 ok, 1 usage, 2 bad model file, 3 bad prompt or token file,\n"
             "            4 I/O error, 5 out of memory\n",
@@ -231,6 +236,7 @@ static int encode_append(const Tokenizer *tok, const char *text, size_t len, siz
 
 typedef struct {
     const char *model_path, *prompt, *prompt_file, *ids_file, *score_file, *dump_file, *kernel;
+    const char *suffix, *suffix_file; /* fill in the middle: the text after the gap */
     long n_gen, threads, ctx, batch;
     float temp, topp;
     uint64_t seed;
@@ -260,7 +266,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         /* flags with a value */
         static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
             "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits", "-b",
-            "--batch-size", "--kernel"};
+            "--batch-size", "--kernel", "--suffix", "--suffix-file"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(o, with_value[k]);
@@ -274,6 +280,8 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--score")) a->score_file = v;
         else if (!strcmp(o, "--dump-logits")) a->dump_file = v;
         else if (!strcmp(o, "--kernel")) a->kernel = v;
+        else if (!strcmp(o, "--suffix")) a->suffix = v;
+        else if (!strcmp(o, "--suffix-file")) a->suffix_file = v;
         else if (!strcmp(o, "-n")) {
             if (parse_long(v, 1, 1L << 30, &a->n_gen))
                 return usage_error("-n must be a positive integer, got '%s'", v);
@@ -314,6 +322,15 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (a->tokens_only && a->ids_file)
         return usage_error("%s", "--tokens needs a text prompt (-p or -f)");
     if (a->chat && a->ids_file) return usage_error("%s", "--chat needs a text prompt (-p or -f)");
+    if (a->suffix || a->suffix_file) {
+        if (a->suffix && a->suffix_file)
+            return usage_error("%s", "give only one of --suffix and --suffix-file");
+        if (a->chat)
+            return usage_error("%s", "--suffix (fill in the middle) and --chat exclude each other");
+        if (a->ids_file || a->score_file)
+            return usage_error("%s", "--suffix needs a text prompt (-p or -f) for the text before "
+                               "the gap");
+    }
     return -1;
 }
 
@@ -371,8 +388,75 @@ typedef struct {
     double t_start, t_loaded;
 } Run;
 
-/* The input tokens of a text prompt (-p or -f), inside the model's chat template with --chat.
- * Returns an exit code; on success r->ids / r->n_ids hold the tokens. */
+/* The FIM prompt of --suffix / --suffix-file: <fim_prefix> prefix <fim_suffix> suffix
+ * <fim_middle> with the model's own FIM tokens (tokenizer_encode_fim), BOS as for a plain
+ * prompt. Control-token texts in prefix and suffix stay plain text, --special or not. r->ids
+ * has room for *cap ids. Returns an exit code. */
+static int read_fim_ids(const Args *a, Run *r, const char *prefix, size_t prefix_len, long *cap,
+                        char *err, size_t errlen) {
+    if (tokenizer_fim(r->tok, DITTO_FIM_PREFIX) < 0 || tokenizer_fim(r->tok, DITTO_FIM_SUFFIX) < 0 ||
+        tokenizer_fim(r->tok, DITTO_FIM_MIDDLE) < 0) {
+        fprintf(stderr, "%s: error: %s: --suffix: the model file has no fill-in-the-middle "
+                "tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> or the like)\n", prog,
+                a->model_path);
+        return EXIT_USAGE;
+    }
+    size_t suffix_len;
+    char *suffix;
+    if (a->suffix_file) {
+        suffix = read_file(a->suffix_file, &suffix_len);
+        if (!suffix) {
+            read_error(a->suffix_file);
+            return EXIT_IO;
+        }
+    } else {
+        suffix_len = strlen(a->suffix);
+        suffix = malloc(suffix_len + 1);
+        if (!suffix) {
+            fprintf(stderr, "%s: error: out of memory\n", prog);
+            return EXIT_OOM;
+        }
+        memcpy(suffix, a->suffix, suffix_len + 1);
+    }
+    int bos = a->bos >= 0 ? a->bos : (a->tokens_only ? 0 : -1);
+    if (bos < 0) { /* the model file's default */
+        const DittoTokenizerHeader *th =
+            (const DittoTokenizerHeader *)(const void *)r->model.tokenizer_block;
+        bos = th->add_bos != 0;
+    }
+    long need = tokenizer_encode_fim(r->tok, prefix, prefix_len, suffix, suffix_len, bos, r->ids,
+                                     (size_t)*cap, err, errlen);
+    if (need > *cap) {
+        int32_t *nv = realloc(r->ids, (size_t)need * sizeof(int32_t));
+        if (!nv) {
+            free(suffix);
+            fprintf(stderr, "%s: error: out of memory\n", prog);
+            return EXIT_OOM;
+        }
+        r->ids = nv;
+        *cap = need;
+        need = tokenizer_encode_fim(r->tok, prefix, prefix_len, suffix, suffix_len, bos, r->ids,
+                                    (size_t)*cap, err, errlen);
+    }
+    if (need < 0) { /* invalid UTF-8 in the prefix or the suffix: name the one */
+        int in_prefix = tokenizer_encode(r->tok, prefix, prefix_len, 0, 0, NULL, 0, err,
+                                         errlen) < 0;
+        if (!in_prefix) (void)tokenizer_encode(r->tok, suffix, suffix_len, 0, 0, NULL, 0, err,
+                                               errlen);
+        const char *what = in_prefix ? (a->prompt_file ? a->prompt_file : "prompt")
+                                     : (a->suffix_file ? a->suffix_file : "--suffix");
+        free(suffix);
+        fprintf(stderr, "%s: error: %s: %s\n", prog, what, err);
+        return EXIT_PROMPT;
+    }
+    free(suffix);
+    r->n_ids = need;
+    return EXIT_OK;
+}
+
+/* The input tokens of a text prompt (-p or -f), inside the model's chat template with --chat,
+ * or around the --suffix text as a FIM prompt. Returns an exit code; on success r->ids /
+ * r->n_ids hold the tokens. */
 static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
     size_t len;
     char *text;
@@ -395,6 +479,11 @@ static int read_prompt_ids(const Args *a, Run *r, char *err, size_t errlen) {
         return EXIT_OOM;
     }
     int ok;
+    if (a->suffix || a->suffix_file) {
+        int rc = read_fim_ids(a, r, text, len, &cap, err, errlen);
+        free(text);
+        return rc;
+    }
     if (a->chat) {
         /* the model's chat template, rendered at export around the user's message; the whole
          * prompt is tokenized as one string, special tokens parsed only in the template's
@@ -638,7 +727,6 @@ static int generate(Run *r, const Args *a) {
         return EXIT_OK; /* main() ends the run by the signal */
     }
     double t_prompt = now_s(), t_first = 0.0;
-    int32_t eos = tokenizer_eos(r->tok);
     TokenDecoder dec;
     token_decoder_init(&dec);
     /* the generated text is decode(prompt + generated) minus decode(prompt), as HF and
@@ -652,7 +740,7 @@ static int generate(Run *r, const Args *a) {
         int next = sampler_sample(&r->sampler, logits);
         gen_ids[n_gen++] = next;
         if (n_gen == 1) t_first = now_s();
-        if (next == eos && !a->ignore_eos) break;
+        if (!a->ignore_eos && tokenizer_is_eog(r->tok, next)) break;
         if (!a->print_ids) {
             size_t nb = token_decode(r->tok, &dec, next, 0, out, out_cap);
             if (write_stdout(out, nb)) {

@@ -198,6 +198,9 @@ struct Tokenizer {
     int32_t rank_byte_id[256]; /* RANK_MERGES: the token whose text is "<0xXX>", -1 none */
     int has_norm_added;   /* some added token is matched in the normalized text */
     size_t max_token_bytes;
+    uint8_t *eog;         /* [n_tokens]: 1 for an end-of-generation token (EOG records); NULL
+                             without records: the EOS id alone ends generation */
+    int32_t fim[DITTO_FIM_ROLES]; /* FIM token of each DITTO_FIM_* role, -1 none */
 };
 
 static const uint8_t *tok_text(const Tokenizer *t, int32_t id, size_t *len) {
@@ -236,6 +239,7 @@ void tokenizer_free(Tokenizer *t) {
     free(t->ext);
     free(t->norm);
     free(t->added);
+    free(t->eog);
     free(t);
 }
 
@@ -261,7 +265,8 @@ static int parse_byte_piece(const uint8_t *s, size_t n) {
 }
 
 /* Read the extension section (FORMAT.md "Tokenizer extension"): normalizer records, added
- * tokens, chat template text. Returns 0, or -1 with a message for a malformed record. */
+ * tokens, chat template text, end-of-generation and FIM tokens. Returns 0, or -1 with a message
+ * for a malformed record. */
 static int load_ext(Tokenizer *t, const uint8_t *p, size_t nbytes, char *err, size_t errlen) {
     if (nbytes == 0) return 0;
     t->ext = malloc(nbytes);
@@ -299,6 +304,30 @@ static int load_ext(Tokenizer *t, const uint8_t *p, size_t nbytes, char *err, si
             t->chat_suffix = pay;
             t->chat_suffix_len = len;
             t->has_chat = 1;
+        } else if (tag == DITTO_TX_EOG || tag == DITTO_TX_FIM) {
+            /* no payload; a token id; EOG: b = 0, each id once; FIM: b = a role, each once */
+            if (len != 0 || a >= t->n_tokens || (tag == DITTO_TX_EOG && b != 0) ||
+                (tag == DITTO_TX_FIM && (b >= DITTO_FIM_ROLES || t->fim[b] >= 0))) {
+                set_err(err, errlen, "tokenizer block: %s record at byte %zu: token %u, b = %u, "
+                        "%u payload bytes (a token < %u, %s, no payload)",
+                        tag == DITTO_TX_EOG ? "end-of-generation" : "FIM", pos, a, b, len,
+                        t->n_tokens, tag == DITTO_TX_EOG ? "b = 0" : "each role 0..5 once");
+                return -1;
+            }
+            if (tag == DITTO_TX_FIM) {
+                t->fim[b] = (int32_t)a;
+            } else {
+                if (!t->eog && !(t->eog = calloc(t->n_tokens, 1))) {
+                    set_err(err, errlen, "tokenizer: out of memory");
+                    return -1;
+                }
+                if (t->eog[a]) {
+                    set_err(err, errlen, "tokenizer block: end-of-generation token %u is listed "
+                            "twice (record at byte %zu)", a, pos);
+                    return -1;
+                }
+                t->eog[a] = 1;
+            }
         } else {
             set_err(err, errlen, "tokenizer block: unknown extension record %u at byte %zu", tag,
                     pos);
@@ -344,7 +373,7 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
                 "a multiple of 4)", flags, ext_bytes);
         return NULL;
     }
-    if (pre > DITTO_PRE_GPT2_DIGITS) {
+    if (pre > DITTO_PRE_QWEN2) {
         set_err(err, errlen, "tokenizer block: unknown pre-tokenizer %u", pre);
         return NULL;
     }
@@ -401,6 +430,7 @@ Tokenizer *tokenizer_new(const uint8_t *block, size_t block_len, uint32_t n_voca
     t->unk_id = unk;
     t->add_space_prefix = add_space_prefix != 0;
     t->flags = flags;
+    for (uint32_t r = 0; r < DITTO_FIM_ROLES; r++) t->fim[r] = -1;
     t->scores = malloc(sizeof(float) * n);
     t->types = malloc(sizeof(uint32_t) * n);
     t->offsets = malloc(sizeof(uint32_t) * ((size_t)n + 1));
@@ -748,10 +778,66 @@ static size_t gpt2_match(const uint32_t *cp, size_t i, size_t end) {
     return j;                       /* \s+ */
 }
 
-/* Split cp[a..b) by the GPT-2 pattern and BPE each word. frag: the fragment's bytes. */
+static int is_cr_lf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+/* Simple case fold of the letters of Qwen2's contractions: ASCII capitals, and U+017F (long
+ * s), which Oniguruma's (?i:'s) matches as HF tokenizers runs it. */
+static uint32_t fold_contraction(uint32_t c) {
+    if (c >= 'A' && c <= 'Z') return c + 32;
+    return c == 0x17F ? 's' : c;
+}
+
+/* End (exclusive) of the Qwen2 pattern's match at code point i of cp[0..end) (Qwen2.5's
+ * tokenizer.json Split regex, llama.cpp pre-tokenizer "qwen2"; Llama-3's with \p{N} alone):
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+
+ * The alternatives are tried in order (leftmost-first, as Oniguruma); every character matches
+ * one of them, so the matches cover the fragment. */
+static size_t qwen2_match(const uint32_t *cp, size_t i, size_t end) {
+    if (cp[i] == '\'' && i + 1 < end) { /* contractions, any case */
+        uint32_t a = fold_contraction(cp[i + 1]);
+        uint32_t b = i + 2 < end ? fold_contraction(cp[i + 2]) : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+            return i + 3;
+    }
+    int c0 = char_class(cp[i]);
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ : a letter run, led by at most one character that is not a
+     * letter, number, CR or LF (a space, a tab, a punctuation mark...) */
+    size_t k = i;
+    if (c0 != UC_LETTER && c0 != UC_NUMBER && !is_cr_lf(cp[i]) && i + 1 < end &&
+        char_class(cp[i + 1]) == UC_LETTER)
+        k = i + 1;
+    if (char_class(cp[k]) == UC_LETTER) {
+        size_t j = k + 1;
+        while (j < end && char_class(cp[j]) == UC_LETTER) j++;
+        return j;
+    }
+    if (c0 == UC_NUMBER) return i + 1; /* \p{N}: one digit at a time */
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* : a symbol run, an optional U+0020 before it, the line breaks
+     * after it */
+    k = cp[i] == ' ' && i + 1 < end && char_class(cp[i + 1]) == UC_OTHER ? i + 1 : i;
+    if (char_class(cp[k]) == UC_OTHER) {
+        size_t j = k + 1;
+        while (j < end && char_class(cp[j]) == UC_OTHER) j++;
+        while (j < end && is_cr_lf(cp[j])) j++;
+        return j;
+    }
+    size_t j = i + 1; /* cp[i] is White_Space: the run [i, j) */
+    while (j < end && char_class(cp[j]) == UC_SPACE) j++;
+    for (size_t p = j; p > i; p--) /* \s*[\r\n]+ : up to the run's last CR or LF */
+        if (is_cr_lf(cp[p - 1])) return p;
+    if (j == end) return j;       /* \s+(?!\S) at the end */
+    if (j - i >= 2) return j - 1; /* \s+(?!\S): leave the last space to the next word */
+    return j;                     /* \s+ */
+}
+
+/* Split cp[a..b) by the model's pattern (GPT-2 or Qwen2) and BPE each word. frag: the
+ * fragment's bytes. */
 static int gpt2_words(const Tokenizer *t, Work *w, const uint8_t *frag, size_t a, size_t b) {
     for (size_t i = a; i < b;) {
-        size_t j = gpt2_match(w->cps, i, b);
+        size_t j = t->pre == DITTO_PRE_QWEN2 ? qwen2_match(w->cps, i, b)
+                                              : gpt2_match(w->cps, i, b);
         if (bpe_word(t, w, frag + w->offs[i], w->offs[j] - w->offs[i])) return -1;
         i = j;
     }
@@ -768,7 +854,8 @@ static int encode_bpe_fragment(const Tokenizer *t, Work *w, const uint8_t *frag,
         i += (size_t)(l > 0 ? l : 1); /* fragments are valid UTF-8; never loop in place */
     }
     w->offs[n] = (uint32_t)len;
-    if (t->pre == DITTO_PRE_GPT2) return gpt2_words(t, w, frag, 0, n);
+    if (t->pre == DITTO_PRE_GPT2 || t->pre == DITTO_PRE_QWEN2)
+        return gpt2_words(t, w, frag, 0, n);
     /* gpt2_digits: every \p{N} character is a word of its own, the GPT-2 pattern splits the
      * runs between them (HF Digits(individual_digits=True) then ByteLevel) */
     size_t run = 0;
@@ -1358,6 +1445,46 @@ size_t tokenizer_max_decode_bytes(const Tokenizer *t) {
 
 int32_t tokenizer_bos(const Tokenizer *t) { return t->bos_id; }
 int32_t tokenizer_eos(const Tokenizer *t) { return t->eos_id; }
+
+int tokenizer_is_eog(const Tokenizer *t, int32_t id) {
+    if (id < 0 || (uint32_t)id >= t->n_tokens) return 0;
+    return t->eog ? t->eog[id] : id == t->eos_id;
+}
+
+int32_t tokenizer_fim(const Tokenizer *t, uint32_t role) {
+    return role < DITTO_FIM_ROLES ? t->fim[role] : -1;
+}
+
+long tokenizer_encode_fim(const Tokenizer *t, const char *prefix, size_t prefix_len,
+                          const char *suffix, size_t suffix_len, int add_bos, int32_t *ids,
+                          size_t max_ids, char *err, size_t errlen) {
+    int32_t pre = t->fim[DITTO_FIM_PREFIX], suf = t->fim[DITTO_FIM_SUFFIX];
+    int32_t mid = t->fim[DITTO_FIM_MIDDLE];
+    if (pre < 0 || suf < 0 || mid < 0) {
+        set_err(err, errlen, "the model has no fill-in-the-middle tokens (prefix %d, suffix %d, "
+                "middle %d; -1 = none)", pre, suf, mid);
+        return -1;
+    }
+    size_t n = 0;
+    const char *text[2] = {prefix, suffix};
+    size_t len[2] = {prefix_len, suffix_len};
+    int32_t before[3] = {pre, suf, mid};
+    if (add_bos && t->bos_id >= 0) {
+        if (n < max_ids) ids[n] = t->bos_id;
+        n++;
+    }
+    for (int k = 0; k < 3; k++) {
+        if (n < max_ids) ids[n] = before[k];
+        n++;
+        if (k == 2) break;
+        /* the user's text: control-token texts in it are plain text */
+        long m = tokenizer_encode(t, text[k], len[k], 0, 0, n < max_ids ? ids + n : NULL,
+                                  n < max_ids ? max_ids - n : 0, err, errlen);
+        if (m < 0) return -1;
+        n += (size_t)m;
+    }
+    return (long)n;
+}
 uint32_t tokenizer_chat_format(const Tokenizer *t) { return t->chat_format; }
 uint32_t tokenizer_n_tokens(const Tokenizer *t) { return t->n_tokens; }
 

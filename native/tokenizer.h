@@ -64,6 +64,20 @@ uint32_t tokenizer_n_tokens(const Tokenizer *t);
 
 int32_t tokenizer_bos(const Tokenizer *t);
 int32_t tokenizer_eos(const Tokenizer *t);
+/* 1 if token id ends generation: one of the model file's end-of-generation tokens (EOG records:
+ * EOS, <|im_end|>, <|endoftext|>, <|fim_pad|>... as llama.cpp), or the EOS id for a file
+ * without them; 0 otherwise (ids out of range included). */
+int tokenizer_is_eog(const Tokenizer *t, int32_t id);
+/* The fill-in-the-middle token of role (DITTO_FIM_PREFIX .. DITTO_FIM_SEP), or -1. */
+int32_t tokenizer_fim(const Tokenizer *t, uint32_t role);
+/* The FIM prompt [BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> (prefix-suffix-
+ * middle order, llama.cpp's infill), prefix and suffix encoded with control-token texts as
+ * plain text. Writes at most max_ids ids; returns the number the prompt needs, or -1 with a
+ * message in err (no FIM prefix/suffix/middle token: check tokenizer_fim first; invalid
+ * UTF-8). */
+long tokenizer_encode_fim(const Tokenizer *t, const char *prefix, size_t prefix_len,
+                          const char *suffix, size_t suffix_len, int add_bos, int32_t *ids,
+                          size_t max_ids, char *err, size_t errlen);
 uint32_t tokenizer_chat_format(const Tokenizer *t);
 /* id of a token with exactly this text (used for chat markers), or -1 */
 int32_t tokenizer_find(const Tokenizer *t, const char *text);

@@ -167,7 +167,7 @@ CASES = [
     ("bos_id=-2", _tok(bos_id=-2), False),
     ("eos_id=-1", _tok(eos_id=-1), True),
     ("kind=3", _tok(kind=3), False),
-    ("pre=3", _tok(pre=3), False),
+    ("pre=4", _tok(pre=4), False),
     ("n_tokens+1", _tok(n_tokens=260), False),
     ("blob_bytes-1", lambda img: img.set_tokenizer(
         blob_bytes=img.tokenizer()["blob_bytes"] - 1), False),

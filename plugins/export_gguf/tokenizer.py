@@ -5,6 +5,10 @@
   their text. Merges ``"a b"`` become (id(a), id(b)) in rank order.
 - ``tokenizer.ggml.model = llama``: SentencePiece BPE with piece scores and ``<0xXX>`` byte
   pieces, kept as they are.
+
+The end-of-generation set and the FIM tokens are found as llama.cpp finds them
+(``ditto_core.special_tokens``: the ``tokenizer.ggml.eot/eom/fim_*_token_id`` keys, then token
+texts such as ``<|im_end|>`` and ``<|fim_prefix|>``).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import numpy as np
 
 from ditto_core.bytelevel import unicode_to_bytes
 from ditto_core.errors import DittoError
+from ditto_core.special_tokens import eog_ids, fim_ids, gguf_fim_given
 from ditto_core.types import TokenizerSpec
 
 #: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md). Others are refused.
-PRE = {"smollm": "gpt2_digits", "gpt2": "gpt2", "default": "gpt2"}
+PRE = {"smollm": "gpt2_digits", "gpt2": "gpt2", "default": "gpt2", "qwen2": "qwen2"}
 
 TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_BYTE = 1, 3, 4, 6
 
@@ -50,8 +55,12 @@ def tokenizer_from_gguf(meta: dict, where: str) -> TokenizerSpec:
         v = meta.get(key)
         return -1 if v is None or not 0 <= int(v) < n else int(v)
 
-    common = dict(bos_id=tid("tokenizer.ggml.bos_token_id"),
-                  eos_id=tid("tokenizer.ggml.eos_token_id"),
+    fim = fim_ids(tokens, gguf_fim_given(meta))
+    eos = tid("tokenizer.ggml.eos_token_id")
+    common = dict(bos_id=tid("tokenizer.ggml.bos_token_id"), eos_id=eos,
+                  eog_ids=eog_ids(tokens, eos, tid("tokenizer.ggml.eot_token_id"),
+                                  tid("tokenizer.ggml.eom_token_id"), fim, types),
+                  fim_ids=fim,
                   unk_id=tid("tokenizer.ggml.unknown_token_id"),
                   pad_id=tid("tokenizer.ggml.padding_token_id"),
                   chat_format=chat_format_of(template), chat_template=template)

@@ -10,6 +10,8 @@ Two kinds of ``BPE`` model are read:
 - SentencePiece-style BPE (``Metaspace`` pre-tokenizer, or a normalizer that replaces " " by
   "▁"; ``byte_fallback``): pieces are kept and merged by HF's merge ranks (flag RANK_MERGES);
   a piece also gets ``-rank`` of the first merge producing it as its score (informational).
+The end-of-generation set and the FIM tokens come from the token texts as llama.cpp finds them
+(``ditto_core.special_tokens``), plus EOS and config.json's ``eos_token_id`` ids.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from ditto_core.bytelevel import unicode_to_byte, unicode_to_bytes
 from ditto_core.errors import DittoError
+from ditto_core.special_tokens import eog_ids, fim_ids
 from ditto_core.types import TokenizerSpec
 
 from ditto_core import format as F
@@ -162,8 +165,14 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
     add_bos = bool(tcfg["add_bos_token"]) if "add_bos_token" in tcfg else post_bos
     ext = dict(normalizer=steps, added=added_recs if need_records else (),
                flags=F.TOKF_ADDED_RECORDS if need_records else 0)
-    common = dict(bos_id=bos_id,
-                  eos_id=tok_id("eos_token", "eos_token_id"), unk_id=unk,
+    eos = tok_id("eos_token", "eos_token_id")
+    fim = fim_ids(texts)
+    eog = set(eog_ids(texts, eos, fim=fim, types=types)) or ({eos} if eos >= 0 else set())
+    cfg_eos = config.get("eos_token_id")
+    eog.update(i for i in (cfg_eos if isinstance(cfg_eos, list) else [cfg_eos])
+               if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size)
+    common = dict(bos_id=bos_id, eos_id=eos, unk_id=unk, fim_ids=fim,
+                  eog_ids=() if eog <= {eos} else tuple(sorted(eog)),
                   pad_id=tok_id("pad_token", "pad_token_id"), add_bos=add_bos,
                   chat_format="chatml" if "<|im_start|>" in template else "none",
                   chat_template=template)

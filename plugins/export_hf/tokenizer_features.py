@@ -114,19 +114,41 @@ _WHITE_SPACE = frozenset(
      0x202F, 0x205F, 0x3000])
 
 
+#: The Split regex of Qwen2 / Qwen2.5 tokenizer.json files (Llama-3's with \p{N} alone), which
+#: Ditto's pre-tokenizer ``qwen2`` reproduces (native/tokenizer.c ``qwen2_match``)
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def check_byte_level(tj: dict, where: str, byte_tokens_missing: bool) -> tuple[str, int]:
     """Byte-level BPE: pre-tokenizer ByteLevel (use_regex, add_prefix_space), optionally after
-    Digits(individual_digits=true) (then without add_prefix_space); decoder ByteLevel. Returns
-    the Ditto pre-tokenizer name (``gpt2`` / ``gpt2_digits`` / ``none``) and flags."""
+    Digits(individual_digits=true) (then without add_prefix_space), or Qwen2's
+    Split(QWEN2_REGEX, isolated) + ByteLevel(use_regex=false, add_prefix_space=false); decoder
+    ByteLevel. Returns the Ditto pre-tokenizer name (``gpt2`` / ``gpt2_digits`` / ``qwen2`` /
+    ``none``) and flags."""
     pres = flatten(tj.get("pre_tokenizer"), "pretokenizers")
     kinds = [p.get("type") for p in pres]
-    ok = "ByteLevel(use_regex, add_prefix_space), or Digits(individual_digits=true) + " \
-         "ByteLevel(use_regex=true, add_prefix_space=false)"
+    ok = "ByteLevel(use_regex, add_prefix_space), Digits(individual_digits=true) + " \
+         "ByteLevel(use_regex=true, add_prefix_space=false), or Split(Qwen2 regex, isolated) + " \
+         "ByteLevel(use_regex=false, add_prefix_space=false)"
     bl = pres[-1] if pres else {}
     regex = _opt(bl, "use_regex", True)
     prefix = _opt(bl, "add_prefix_space", False)
     if kinds == ["ByteLevel"]:
         pre = "gpt2" if regex else "none"
+    elif kinds == ["Split", "ByteLevel"]:
+        split = pres[0]
+        pattern = (split.get("pattern") or {}).get("Regex")
+        if pattern != QWEN2_REGEX:
+            raise _refuse(where, "pre_tokenizer Split", f"pattern {split.get('pattern')}",
+                          f"{ok}; the Qwen2 regex {QWEN2_REGEX}")
+        if split.get("behavior") != "Isolated" or split.get("invert"):
+            raise _refuse(where, "pre_tokenizer Split", f"behavior {split.get('behavior')!r} "
+                          f"invert {split.get('invert')!r}", "behavior Isolated, invert false")
+        if regex or prefix:
+            raise _refuse(where, "pre_tokenizer Split + ByteLevel", f"use_regex {regex} "
+                          f"add_prefix_space {prefix}", ok)
+        pre = "qwen2"
     elif kinds == ["Digits", "ByteLevel"]:
         if not pres[0].get("individual_digits"):
             raise _refuse(where, "pre_tokenizer Digits", "individual_digits false", ok)
