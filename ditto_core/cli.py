@@ -94,6 +94,8 @@ def inspect_cmd(file, as_json, no_verify):
     con.print(f"tokenizer: {t['kind']}, {t['n_tokens']} tokens, {t['n_merges']} merges, "
               f"pre={t['pre']}, bos={t['bos_id']}, eos={t['eos_id']}, add_bos={t['add_bos']}, "
               f"chat={t['chat_format']}")
+    con.print(f"end of generation: {t['eog_ids']}; fill in the middle: "
+              + (", ".join(f"{k}={v}" for k, v in t["fim_ids"].items()) or "none"))
     if "rules" in s:
         con.print("rules (--tensor-type, first match wins): "
                   + ("; ".join(s["rules"]) or "none")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import attrs
 
+from .special_tokens import FIM_ROLES
+
 
 def build_rules(record: dict | None) -> dict | None:
     """The quantize rules of a build (its build.json ``record``): ``{"rules": the
@@ -47,7 +49,9 @@ def inspect_summary(mf, record: dict | None = None) -> dict:
         "config": attrs.asdict(mf.config),
         "tokenizer": {"kind": tok.kind, "n_tokens": len(tok.tokens), "n_merges": len(tok.merges),
                       "pre": tok.pre, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-                      "add_bos": tok.add_bos, "chat_format": tok.chat_format},
+                      "add_bos": tok.add_bos, "chat_format": tok.chat_format,
+                      "eog_ids": list(tok.eog_ids) or ([tok.eos_id] if tok.eos_id >= 0 else []),
+                      "fim_ids": {role: i for role, i in zip(FIM_ROLES, tok.fim_ids) if i >= 0}},
         "n_tensors": len(tensors), "n_weights": n_weights,
         "payload_bytes": payload, "theoretical_bytes": theo,
         "overhead_percent": 100.0 * (payload - theo) / theo,

@@ -228,6 +228,17 @@ def test_generation_stops_at_any_end_of_generation_token(native_build, tmp_path)
     assert json.loads(r.stdout) == [0, 0, 0]
     mf = ModelFile(with_eog)
     assert (mf.tokenizer.eog_ids, mf.tokenizer.fim_ids) == ((0, 2), ())
+    # ditto inspect shows the set (a file without EOG records: its EOS)
+    from click.testing import CliRunner
+
+    from ditto_core.cli import cli
+    for model, eog in ((with_eog, [0, 2]), (old, [2])):
+        r = CliRunner().invoke(cli, ["inspect", "--json", str(model)])
+        assert r.exit_code == 0, r.output
+        tok = json.loads(r.stdout)["tokenizer"]
+        assert (tok["eog_ids"], tok["fim_ids"]) == (eog, {})
+        r = CliRunner().invoke(cli, ["inspect", str(model)])
+        assert f"end of generation: {eog}; fill in the middle: none" in r.stdout
 
 
 def test_eog_and_fim_records_are_checked(qwen_spec, tmp_path, native_build):
