@@ -61,6 +61,7 @@ _SIGNATURES = {
                                        ctypes.c_size_t]),
     "ditto_token_find": (ctypes.c_int32, [_P, ctypes.c_char_p]),
     "ditto_token_is_eog": (ctypes.c_int, [_P, ctypes.c_int32]),
+    "ditto_token_fim": (ctypes.c_int32, [_P, ctypes.c_int]),
     "ditto_token_is_control": (ctypes.c_int, [_P, ctypes.c_int32]),
     "ditto_detokenize": (ctypes.c_long, [_P, _I32P, ctypes.c_size_t, ctypes.c_int,
                                          ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
@@ -216,8 +217,17 @@ class Model:
         """Id of the token whose text is exactly ``text``, or -1."""
         return int(self.lib.ditto_token_find(self._h, text.encode("utf-8")))
 
+    #: roles of ``fim_token`` (ditto_format.h DITTO_FIM_*)
+    FIM_ROLES = ("prefix", "suffix", "middle", "pad", "repo", "sep")
+
+    def fim_token(self, role: str) -> int:
+        """The fill-in-the-middle token of ``role`` (``FIM_ROLES``) recorded in the model file
+        at export, or -1."""
+        return int(self.lib.ditto_token_fim(self._h, self.FIM_ROLES.index(role)))
+
     def is_eog(self, token_id: int) -> bool:
-        """Whether ``token_id`` ends generation (EOS, end-of-turn / end-of-text tokens)."""
+        """Whether ``token_id`` ends generation (the model file's end-of-generation set: EOS,
+        end-of-turn / end-of-text tokens)."""
         return bool(self.lib.ditto_token_is_eog(self._h, int(token_id)))
 
     def is_control(self, token_id: int) -> bool:

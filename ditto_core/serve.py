@@ -25,7 +25,7 @@ from .errors import DittoError
 from .runtime_api import Model, RuntimeAPIError, open_build
 from .serve_engine import BadRequest, Busy, Engine, GenParams, Result, is_runtime_input_error
 
-#: FIM control tokens looked up by their text (Qwen2.5-Coder, StarCoder-style names).
+#: FIM control tokens by their text (Qwen2.5-Coder's names), for model files without FIM records.
 FIM_TEXTS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
              "rep": "<|repo_name|>", "sep": "<|file_sep|>"}
 
@@ -146,7 +146,11 @@ class Server:
                  api_key: str | None = None):
         self.build, self.model, self.engine = build, model, engine
         self.alias, self.api_key = alias, api_key
-        self.fim = {k: model.find_token(t) for k, t in FIM_TEXTS.items()}
+        # the FIM tokens recorded at export; by their text in a file without those records
+        roles = {"pre": "prefix", "suf": "suffix", "mid": "middle", "rep": "repo", "sep": "sep"}
+        self.fim = {k: model.fim_token(r) for k, r in roles.items()}
+        if any(self.fim[k] < 0 for k in ("pre", "suf", "mid")):
+            self.fim = {k: model.find_token(t) for k, t in FIM_TEXTS.items()}
         self.created = int(time.time())
         from .modelfile import ModelFile
 

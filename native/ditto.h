@@ -77,9 +77,14 @@ DITTO_API long ditto_tokenize(const DittoModel *m, const char *text, size_t len,
 /* The id of the token whose text is exactly text (NUL-terminated), or -1. */
 DITTO_API int32_t ditto_token_find(const DittoModel *m, const char *text);
 
-/* Whether id ends generation: the tokenizer's EOS and the end-of-turn / end-of-text control
- * tokens "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>" when the vocabulary has them. */
+/* Whether id ends generation: one of the model file's end-of-generation tokens (EOS,
+ * <|im_end|>, <|endoftext|>, <|fim_pad|>... found at export as llama.cpp does), or EOS for a
+ * file without that set. */
 DITTO_API int ditto_token_is_eog(const DittoModel *m, int32_t id);
+
+/* The fill-in-the-middle token of role (0 prefix, 1 suffix, 2 middle, 3 pad, 4 repository
+ * name, 5 file separator: DITTO_FIM_* of ditto_format.h) as found at export, or -1. */
+DITTO_API int32_t ditto_token_fim(const DittoModel *m, int role);
 
 /* Whether id is a control token (BOS, EOS, chat markers, FIM markers...): its text is not
  * printed by the decoder unless show_special. */

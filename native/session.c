@@ -20,17 +20,11 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
-/* end-of-generation texts besides the tokenizer's EOS (control tokens of chat and code models) */
-static const char *const EOG_TEXTS[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>"};
-#define N_EOG (sizeof EOG_TEXTS / sizeof *EOG_TEXTS)
-
 struct DittoModel {
     Model model;
     Tokenizer *tok;
     int threads;          /* OpenMP threads per evaluation, <= 0: the OpenMP default */
     int add_bos;
-    int32_t eog[N_EOG + 1];
-    int n_eog;
     pthread_mutex_t lock; /* one evaluation at a time (the kernels' scratch is per process) */
 };
 
@@ -108,12 +102,6 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
         (const DittoTokenizerHeader *)(const void *)m->model.tokenizer_block;
     m->add_bos = th->add_bos != 0 && tokenizer_bos(m->tok) >= 0;
     m->threads = threads;
-    int32_t eos = tokenizer_eos(m->tok);
-    if (eos >= 0) m->eog[m->n_eog++] = eos;
-    for (size_t i = 0; i < N_EOG; i++) {
-        int32_t id = tokenizer_find(m->tok, EOG_TEXTS[i]);
-        if (id >= 0 && id != eos) m->eog[m->n_eog++] = id;
-    }
     if (pthread_mutex_init(&m->lock, NULL)) {
         tokenizer_free(m->tok);
         model_close(&m->model);
@@ -179,10 +167,10 @@ int32_t ditto_token_find(const DittoModel *m, const char *text) {
     return text ? tokenizer_find(m->tok, text) : -1;
 }
 
-int ditto_token_is_eog(const DittoModel *m, int32_t id) {
-    for (int i = 0; i < m->n_eog; i++)
-        if (m->eog[i] == id) return 1;
-    return 0;
+int ditto_token_is_eog(const DittoModel *m, int32_t id) { return tokenizer_is_eog(m->tok, id); }
+
+int32_t ditto_token_fim(const DittoModel *m, int role) {
+    return role >= 0 ? tokenizer_fim(m->tok, (uint32_t)role) : -1;
 }
 
 static int id_ok(const DittoModel *m, int32_t id) {
