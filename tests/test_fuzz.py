@@ -38,7 +38,7 @@ def fuzz(tmp_path_factory):
     seeds = build / "seeds"
     make_seeds.main(seeds)
     models = sorted((seeds / "models").glob("*.ditto"))
-    assert len(models) == 3
+    assert len(models) == 4
     env = dict(os.environ, DITTO_FUZZ_MODELS=":".join(map(str, models)),
                ASAN_OPTIONS="detect_leaks=1", UBSAN_OPTIONS="print_stacktrace=1")
     return build, seeds, env

@@ -3,7 +3,8 @@
     python native/fuzz/make_seeds.py OUT_DIR
 
 writes, from the real bundled models (tinycoder's SentencePiece vocabulary, SmolLM2's byte-level
-BPE vocabulary with its merges) and a small byte-level vocabulary:
+BPE vocabulary with its merges) and a small byte-level vocabulary (also with the ``qwen2``
+pre-tokenizer, end-of-generation and FIM records):
 
 - ``OUT_DIR/models/*.ditto``: tiny random-weight model files (dim 16, one layer; f32 and
   codebook tensors) carrying each tokenizer; ``$DITTO_FUZZ_MODELS`` of fuzz_tokenizer lists them;
@@ -21,6 +22,7 @@ import struct
 import sys
 from pathlib import Path
 
+import attrs
 import numpy as np
 
 from ditto_core.bundled import bundled_model
@@ -88,8 +90,9 @@ def main(out: Path) -> None:
     for sub in ("models", "model", "tokenizer", "tokenfile"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     byte_tok = byte_vocab()
+    qwen2_tok = attrs.evolve(byte_tok, pre="qwen2", eog_ids=(0, 2), fim_ids=(0, 1, 2, -1, -1, 0))
     toks = {"bytes": byte_tok, "tinycoder": real_tokenizer("tinycoder"),
-            "smollm2": real_tokenizer("smollm2")}
+            "smollm2": real_tokenizer("smollm2"), "bytes_qwen2": qwen2_tok}
     for name, tok in toks.items():
         tiny_model(out / "models" / f"{name}.ditto", tok, tied=True, seed=1)
     # model seeds: the small ones (the byte vocabulary, tied and untied)
@@ -112,7 +115,7 @@ def main(out: Path) -> None:
                         token_types=np.array([2, 3, 3] + [6] * 256 + [1] * 5, np.uint32),
                         merges=(), pre="none", bos_id=1, eos_id=2, unk_id=0, add_bos=True,
                         add_space_prefix=True, chat_format="none")
-    for j, tok in enumerate((byte_tok, spm)):
+    for j, tok in enumerate((byte_tok, spm, qwen2_tok)):
         block = serialize_tokenizer(tok)
         for flags in (8, 9, 11, 15):
             (out / "tokenizer" / f"block{j}_{flags}").write_bytes(
