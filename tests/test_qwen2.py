@@ -233,3 +233,50 @@ def test_bad_qwen2_gguf_is_refused(tmp_path, arch, drop, replace, needles):
     write_qwen2_gguf(bad, arch, drop, replace)
     r, out, outdir = run_export(bad, tmp_path)
     assert_refused(r, out, outdir, bad, *needles)
+
+
+# ----------------------------------------------------------------------------- the real 0.5B
+
+#: short code prompts: a function body, a class, a fill-in-the-middle request
+QWEN_PROMPTS = ("def fibonacci(n):\n    if n < 2:\n        return n\n",
+                "import numpy as np\n\nclass Matrix:\n    def __init__(self, rows",
+                "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n<|fim_middle|>")
+
+
+@pytest.fixture(scope="module")
+def qwen05_transformers(qwen05_gguf):
+    """(tokenizer, Qwen2ForCausalLM fp32) that transformers reads from the 0.5B GGUF."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, name = str(qwen05_gguf.parent), qwen05_gguf.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
+    return tok, model.eval()
+
+
+def test_qwen05_fp32_logits_equal_transformers(native_build, qwen05_f32_ditto,
+                                               qwen05_transformers, tmp_path):
+    import torch
+
+    tok, model = qwen05_transformers
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    c = ModelFile(qwen05_f32_ditto).config
+    assert (c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim) == (
+        "qwen2", 24, 896, 14, 2, 64)
+    worst = []
+    for prompt in QWEN_PROMPTS:
+        ids = tok(prompt)["input_ids"]
+        assert 8 <= len(ids) <= 20, ids
+        got = dump_logits(native_build.run, qwen05_f32_ditto, ids, tmp_path)
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0].double().numpy()
+        assert got.shape == ref.shape == (len(ids), 151936)
+        err = float(np.abs(got - ref).max())
+        worst.append(err)
+        # measured: max |Δlogit| 6.5e-5 .. 7.7e-5 (logits up to ~30)
+        assert err < 1e-3, f"{prompt!r}: max |Δlogit| {err:.3g}"
+        top = got.argmax(-1) == ref.argmax(-1)
+        assert top.all(), f"{prompt!r}: top-1 differs at {np.flatnonzero(~top)}, " \
+                          f"max |Δlogit| {err:.3g}"
+    print(f"qwen05 fp32 vs transformers: max |Δlogit| per prompt {worst}")
