@@ -419,3 +419,42 @@ def test_build_without_library_says_rebuild(tiny_build, tmp_path):
     proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli import main; main()",
                            "serve", str(d)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "libditto.so" in proc.stderr and "rebuild" in proc.stderr
+
+
+# ----------------------------------------------------------------- real FIM: Qwen2.5-Coder
+
+@pytest.fixture(scope="module")
+def qwen_server(serve_build, qwen05_f32_ditto, tmp_path_factory):
+    """Qwen2.5-Coder-0.5B (fp32 model file) served by the runtime of ``serve_build``."""
+    d = tmp_path_factory.mktemp("qwen_build")
+    for name in ("ditto-run", "libditto.so", "build.json"):
+        (d / name).symlink_to(serve_build / name)
+    (d / "model.ditto").symlink_to(qwen05_f32_ditto)
+    srv = start_server(d, "--ctx", "1024")
+    yield srv
+    stop_server(srv)
+
+
+def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
+    import openai
+
+    assert httpx.get(qwen_server.url + "/props").json()["infill"] is True
+    prefix = "def add(a, b):\n    return "
+    suffix = "\n\n\nprint(add(2, 3))\n"
+    req = {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "prompt": "",
+           "input_extra": [{"text": "import math\n", "time": 1.0, "filename": "util.py"}],
+           "n_predict": 0, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.9,
+           "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+           "t_max_prompt_ms": 5000, "t_max_predict_ms": 20000,
+           "response_fields": ["content", "timings/prompt_n", "timings/predicted_n",
+                               "truncated", "tokens_cached"]}
+    warm = httpx.post(qwen_server.url + "/infill", json=req, timeout=300).json()
+    assert warm["content"] == "" and warm["timings/prompt_n"] > 10 and warm["truncated"] is False
+    got = httpx.post(qwen_server.url + "/infill", timeout=300,
+                     json={**req, "n_predict": 12, "temperature": 0}).json()
+    assert got["tokens_cached"] == warm["timings/prompt_n"] - 1  # the warm-up is reused
+    assert got["content"].startswith("a + b"), got
+    client = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="none")
+    c = client.completions.create(model="qwen", prompt=prefix, suffix=suffix, max_tokens=8,
+                                  temperature=0)
+    assert c.choices[0].text.startswith("a + b")
