@@ -286,14 +286,21 @@ class Server:
             raise ApiError(400, str(exc)) from None
         q: asyncio.Queue = asyncio.Queue()
         cancel = self.engine.start(slot, ids, params, q.put_nowait)
+        checked = time.monotonic()
         try:
             while True:
                 try:
-                    ev = await asyncio.wait_for(q.get(), 0.25)
+                    ev = await asyncio.wait_for(q.get(), 0.1)
                 except asyncio.TimeoutError:
-                    if on_chunk is None and await request.is_disconnected():
+                    ev = None
+                # a non-streamed request learns of a closed connection only by asking; a
+                # stream's task is cancelled by sse-starlette instead
+                if on_chunk is None and time.monotonic() - checked >= 0.1:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
                         cancel.set()
                         return None
+                if ev is None:
                     continue
                 if ev[0] == "chunk":
                     if on_chunk is not None:
