@@ -1,5 +1,6 @@
 """Benchmark: codebook GEMV (docs/FORMAT.md "encoding = 1"), scalar reference
-(native/matmul.c ``codebook_gemv_ref``) vs AVX2 (native/codebook_avx2.c ``codebook_gemv_avx2``)
+(native/codebook_ref.c ``codebook_gemv_ref``) vs AVX2 (native/codebook_avx2.c
+``codebook_gemv_avx2``)
 vs AVX-512 (native/codebook_avx512.c ``codebook_gemv_avx512``, b = 4 only; it is the AVX2
 kernel on a CPU without AVX-512 VBMI) on the SmolLM2-135M matrix shapes. Prints one JSON
 object.

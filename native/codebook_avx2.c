@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "ditto_format.h"
-#include "matmul.h"
+#include "codebook_ref.h"
 
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 

@@ -13,7 +13,7 @@
  */
 #include "gemm_avx2.h"
 
-#include "matmul.h"
+#include "codebook_ref.h"
 
 /* x86 only: elsewhere (Arm) the entry points below call the reference */
 #if defined(__x86_64__) || defined(__i386__)

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model.h"
 #include "qgemv.h"
 
 /* rows [r0, r1) of y = W x for an int8 codebook tensor (qgemv.h) */
@@ -28,12 +29,8 @@ typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
 
 /* rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
- * past cols): w8[r][c] = the centroid of index (r, c) */
+ * past cols): w8[r][c] = the centroid of index (r, c); generic: i8_decode_rows_generic (qgemv.h) */
 typedef void (*I8DecodeFn)(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
-void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
-/* Row r's columns [c0, cols) (c0 a multiple of 8) into out[c0..), zero up to roundup(cols, 32):
- * the scalar decoder of the SIMD ones' row ends. */
-void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols);
 
 /* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
 typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int with_vnni);

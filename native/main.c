@@ -22,6 +22,7 @@
 #endif
 
 #include "forward.h"
+#include "input.h"
 #include "kernels.h"
 #include "matmul.h"
 #include "model.h"
@@ -143,35 +144,72 @@ static double now_s(void) {
 
 /* ---------------------------------------------------------------- number parsing */
 
+/* Every numeric flag is parsed by one of these. The whole value must be the number, in base 10:
+ * nothing before it (no blank, no '+': strtol/strtod would skip blanks, and strtoull would wrap
+ * "-1" or " -1" to 2^64 - 1), nothing after it, not empty; an unsigned value takes no minus
+ * sign; a value outside [lo, hi] (overflow included) is refused. Each returns 0 and sets *out,
+ * or -1 leaving *out alone; the caller's usage error names the flag and the value. */
+
+/* Whether s starts with a digit (after a '-' when minus_ok; also '.' then a digit when
+ * point_ok). */
+static int starts_as_number(const char *s, int minus_ok, int point_ok) {
+    if (minus_ok && s[0] == '-') s++;
+    if (point_ok && s[0] == '.') s++;
+    return s[0] >= '0' && s[0] <= '9';
+}
+
 static int parse_long(const char *s, long lo, long hi, long *out) {
+    if (!starts_as_number(s, 1, 0)) return -1;
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    if (errno || *end || v < lo || v > hi) return -1;
     *out = v;
     return 0;
 }
 
-static int parse_float(const char *s, float *out) {
+static int parse_ulong(const char *s, unsigned long long hi, unsigned long long *out) {
+    if (!starts_as_number(s, 0, 0)) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A finite double (decimal or exponent form; underflow to 0 or a subnormal is refused). */
+static int parse_double(const char *s, double *out) {
+    if (!starts_as_number(s, 1, 1)) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return -1;
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A finite float: parse_double, refusing values beyond the float range. */
+static int parse_float(const char *s, float *out) {
+    double v;
+    if (parse_double(s, &v) || !isfinite((float)v)) return -1;
     *out = (float)v;
     return 0;
 }
 
 /* ---------------------------------------------------------------- files */
 
-/* Read a whole file; returns NULL with errno set on failure (EISDIR for a directory). *len
- * gets its size. */
+/* Read a whole regular file (opened with open_input(), so a FIFO or device is refused without
+ * blocking); returns NULL with errno set on failure (EISDIR for a directory, INPUT_ENOTREG for
+ * another file that is not regular). *len gets its size. */
 static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        errno = EISDIR;
+    int fd = open_input(path, NULL);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
         return NULL;
     }
     size_t cap = 4096, n = 0;
@@ -201,6 +239,9 @@ static char *read_file(const char *path, size_t *len) {
 static void read_error(const char *path) {
     if (errno == EISDIR)
         fprintf(stderr, "%s: error: %s: is a directory, not a file\n", prog, path);
+    else if (errno == INPUT_ENOTREG)
+        fprintf(stderr, "%s: error: %s: not a regular file (a FIFO, socket or device)\n", prog,
+                path);
     else
         fprintf(stderr, "%s: error: %s: cannot read: %s\n", prog, path, strerror(errno));
 }
@@ -298,17 +339,16 @@ static int parse_args(int argc, char **argv, Args *a) {
             if (parse_float(v, &a->temp) || a->temp < 0.0f)
                 return usage_error("--temp must be a number >= 0, got '%s'", v);
         } else if (!strcmp(o, "--top-p")) {
-            if (parse_float(v, &a->topp) || a->topp > 1.0f ||
-                (a->topp <= 0.0f && strtod(v, NULL) <= 0.0))
+            double p;
+            if (parse_double(v, &p) || p <= 0.0 || (a->topp = (float)p) > 1.0f)
                 return usage_error("--top-p must be in (0, 1], got '%s'", v);
             if (a->topp <= 0.0f) /* positive, but below the smallest float */
                 return usage_error("--top-p must be > 0 as a float; '%s' rounds to 0", v);
         } else if (!strcmp(o, "--seed")) {
-            char *end;
-            errno = 0;
-            a->seed = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-')
+            unsigned long long seed;
+            if (parse_ulong(v, UINT64_MAX, &seed))
                 return usage_error("--seed must be a non-negative integer, got '%s'", v);
+            a->seed = (uint64_t)seed;
             a->seed_given = 1;
         }
     }

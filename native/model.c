@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "input.h"
+
 /* ---------------------------------------------------------------- CRC-32 (slice-by-8) */
 
 static uint32_t crc_table[8][256];
@@ -360,16 +362,12 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
 int model_open(Model *m, const char *path, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     snprintf(m->path, sizeof m->path, "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(m, err, errlen, "cannot open: %s", strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return fail(m, err, errlen, "cannot stat: %s", strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fail(m, err, errlen, "not a regular file");
+    int fd = open_input(path, &st); /* a FIFO or device is refused without blocking */
+    if (fd < 0) {
+        if (errno == EISDIR || errno == INPUT_ENOTREG)
+            return fail(m, err, errlen, "not a regular file");
+        return fail(m, err, errlen, "cannot open: %s", strerror(errno));
     }
     m->size = (size_t)st.st_size;
     if (m->size < DITTO_HEADER_BYTES) {

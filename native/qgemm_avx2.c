@@ -20,7 +20,6 @@
  * takes the same panels as unsigned bytes in groups of four columns ("the quad form" below).
  */
 #include "qgemv.h"
-#include "kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -13,7 +13,6 @@
  * (broadcast from an int32 copy of the multipliers made once per call).
  */
 #include "qgemv.h"
-#include "kernels.h"
 
 #if defined(__aarch64__)
 

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "matmul.h"
+#include "codebook_ref.h"
 
 #define QA_BLOCK 32   /* activation quantization block (columns) */
 #define QA_PAD 64     /* the activation arrays are zero-padded to a multiple of this */
@@ -109,5 +109,13 @@ float i8_combine(const I8Layout *L, int r, const int64_t *T, float D);
  * multiple of 32): ceil((cols - c) / 8) * 4 bytes copied into out[16], the rest zero (so
  * the padding columns look up centroid 0 and meet q = 0). */
 void i8_tail_indices(uint8_t out[16], const uint8_t *row, int c, int cols);
+
+/* Rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
+ * past cols): w8[r][c] = the centroid of index (r, c). The scalar decoder of the kernel tables
+ * that have none of their own (kernels.h I8DecodeFn). */
+void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
+/* Row r's columns [c0, cols) (c0 a multiple of 8) into out[c0..), zero up to roundup(cols, 32):
+ * the scalar decoder of the SIMD ones' row ends. */
+void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols);
 
 #endif

@@ -18,7 +18,6 @@
  * accumulators, tables and activations stay in registers.
  */
 #include "qgemv.h"
-#include "kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 

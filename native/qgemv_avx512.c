@@ -3,7 +3,6 @@
  * kernels").
  */
 #include "qgemv.h"
-#include "kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -12,7 +12,6 @@
  * other b (G % 32 == 0) with multi-register tbl lookups.
  */
 #include "qgemv.h"
-#include "kernels.h"
 
 #if defined(__aarch64__)
 

@@ -1,5 +1,6 @@
 /* codebook_simd_driver.c: codebook_gemv_avx2 (native/codebook_avx2.c) and codebook_gemv_avx512
- * (native/codebook_avx512.c) against the scalar reference codebook_gemv_ref (native/matmul.c)
+ * (native/codebook_avx512.c) against the scalar reference codebook_gemv_ref
+ * (native/codebook_ref.c)
  * on random payloads, for tests/test_kernels_simd.py
  * (built plainly, under ASan+UBSan, and through Ditto's own IR pipeline).
  *

@@ -1,6 +1,6 @@
 """The SIMD codebook GEMVs (native/codebook_avx2.c, native/codebook_avx512.c) against the scalar
 reference
-``codebook_gemv_ref`` (native/matmul.c) and a float64 NumPy dequantize-then-dot, on payloads
+``codebook_gemv_ref`` (native/codebook_ref.c) and a float64 NumPy dequantize-then-dot, on payloads
 written by the project's packer (ditto_pack_bits.codebook_payload): every bit width b = 1..8,
 group sizes G that are and are not multiples of 8, cols with tails, f16 and f32 codebooks.
 Also: the CPU check against /proc/cpuinfo, thread-count independence, padding indices
@@ -34,7 +34,7 @@ COLS = [1, 7, 8, 9, 63, 64, 100, 257, 576, 1000]
 
 @pytest.fixture(scope="module")
 def simd_lib(tmp_path_factory):
-    """codebook_avx2.c + codebook_avx512.c + matmul.c as a shared library (clang-22 -O2
+    """The kernel sources (ditto_native.KERNEL_SOURCES) as a shared library (clang-22 -O2
     -fopenmp)."""
     out = tmp_path_factory.mktemp("simd") / "libcodebook_simd.so"
     p = subprocess.run(["nice", "clang-22", *STD, "-O2", *WARN, "-fopenmp", "-fPIC", "-shared",

@@ -1,4 +1,4 @@
-"""The C kernels (native/matmul.c, native/model.c) called through ctypes against direct
+"""The C kernels (native/matmul.c, codebook_ref.c, model.c) called through ctypes against direct
 NumPy computations: codebook GEMV and row decode for every bit width b = 1..8 and group sizes
 with tail sub-blocks, the fp32 GEMV, half -> float conversion and CRC-32."""
 
