@@ -121,6 +121,17 @@ def test_build_refuses_both(tmp_path):
               calibration="stdlib", importance=tmp_path / "i.npz")
 
 
+def test_pipeline_build_takes_the_calibration_step_as_an_argument(tmp_path):
+    """pipeline.build sits below calibration (docs/ARCHITECTURE.md "Layers"): a calibration
+    text without its ``calibrate`` step is refused before any work; ditto_core.build passes
+    calibration.cached_importance."""
+    opts = pipeline.BuildOptions(quantizer="kmeans", blas="openblas", calibration="stdlib")
+    with pytest.raises(DittoError, match=r"^a calibration text needs the calibration step: "
+                                         r"pass calibrate=ditto_core.calibration"):
+        pipeline.build("tinycoder", tmp_path / "out", opts)
+    assert not (tmp_path / "out").exists()
+
+
 def test_calibrate_command(tmp_path):
     """`ditto calibrate tinycoder -o FILE` writes an importance file of every matrix the
     forward pass multiplies, with the shipped text's identity; `ditto build --importance` with
