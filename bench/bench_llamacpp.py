@@ -1,4 +1,4 @@
-"""Benchmark: Ditto builds of SmolLM2-135M side by side with llama.cpp, decode and prompt tok/s.
+"""Benchmark: Ditto builds of a bundled model side by side with llama.cpp, decode and prompt tok/s.
 
 One command (the real measurement, on a quiet machine; ~15 min):
 
@@ -6,6 +6,22 @@ One command (the real measurement, on a quiet machine; ~15 min):
 
 Smoke check (seconds): ``python bench/bench_llamacpp.py --rounds 1 --threads 1 --prompt-tokens
 16 --gen-tokens 8 --configs ditto-default,llama-Q4_0``.
+
+``--model`` takes any bundled name (default ``smollm2``; ``qwen2.5-coder-0.5b``,
+``qwen2.5-coder-1.5b``); the 4-bit comparison on a code model:
+
+    python bench/bench_llamacpp.py --model qwen2.5-coder-0.5b \
+        --configs ditto-default,ditto-calibrated,llama-Q4_0,llama-shipped --out \
+        bench/results/bench_llamacpp_qwen05.json
+
+``ditto-calibrated`` is the most faithful build of docs/QUANT.md: activation-aware codebooks
+from the shipped calibration text and per-tensor b and G under the size of llama.cpp's Q4_0
+file of the same weights (``--calibration stdlib --max-size-of Q4_0.gguf``). ``llama-shipped``
+is the GGUF file the bundled package ships, unchanged. Every round also measures a STREAM read
+(bench/bench_gemv.py's harness, the same threads): ``ceiling`` = decode tok/s x file bytes /
+STREAM bytes/s, the fraction of the memory-read ceiling when every weight byte is read once
+per token (the embedding table is counted although decode reads one row of it, unless it is
+the tied classifier).
 
 Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
 (``bash ../shared/tools/build-llama-cpp.sh`` prints the bin directory; or ``--llama-bin DIR``).
@@ -50,7 +66,10 @@ DITTO = {
     "ditto-fp32-blas": dict(quantizer="none"),
     "ditto-fp32-naive": dict(quantizer="none", rewrite=False),
     "ditto-fp32-mkl": dict(quantizer="none", blas="mkl"),
+    "ditto-calibrated": dict(quantizer="kmeans", calibration="stdlib"),  # + max_size_of Q4_0
 }
+MODEL_TITLES = {"smollm2": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B",
+                "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}
 LABELS = {"ditto-default": "Ditto default build (`ditto build smollm2`)",
           "ditto-f16-codebook": "Ditto kmeans, f16 codebooks (`--codebook-type f16`)",
           "ditto-fp32-blas": "Ditto fp32 + BLAS (`--quantizer none`)",
@@ -70,12 +89,16 @@ def llama_bin(given: str | None) -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def llama_models(bin_dir: Path, cache: Path, types: list[str]) -> dict:
-    """{type: GGUF path}, requantized from the shipped Q4_1 once into ``cache``."""
-    src = bundled_model("smollm2")
+def llama_models(bin_dir: Path, cache: Path, types: list[str], model: str = "smollm2") -> dict:
+    """{type: GGUF path}, requantized from bundled ``model``'s shipped GGUF once into ``cache``
+    (type ``shipped``: that file itself)."""
+    src = bundled_model(model)
     out = {}
     for t in types:
-        dst = cache / f"smollm2-{t}.gguf"
+        if t == "shipped":
+            out[t] = src
+            continue
+        dst = cache / f"{model}-{t}.gguf"
         if not dst.exists():
             tmp = dst.with_suffix(".tmp")
             subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src),
@@ -107,8 +130,8 @@ def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int) -> di
     return {"pp": p / (pp["prompt_ms"] / 1e3), "tg": float(tg["tok_per_s"])}
 
 
-def table(results: dict, threads: list[int], p: int, n: int) -> str:
-    head = ["SmolLM2-135M", "file MB", "bpw"]
+def table(results: dict, threads: list[int], p: int, n: int, model: str = "smollm2") -> str:
+    head = [MODEL_TITLES.get(model, model), "file MB", "bpw"]
     for what in ("tg", "pp"):
         for t in threads:
             head.append(f"{'decode tg' + str(n) if what == 'tg' else 'prompt pp' + str(p)}, "
@@ -119,25 +142,34 @@ def table(results: dict, threads: list[int], p: int, n: int) -> str:
         for what in ("tg", "pp"):
             for t in threads:
                 v = r["median"].get(f"{what}@{t}")
-                row.append("—" if v is None else f"{v:.1f}")
+                cell = "—" if v is None else f"{v:.1f}"
+                ceil = r.get("ceiling", {}).get(f"tg@{t}")
+                if what == "tg" and v is not None and ceil is not None:
+                    cell += f" ({100 * ceil:.0f} %)"
+                row.append(cell)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def write_results(md: Path, text: str) -> None:
+def write_results(md: Path, text: str, model: str = "smollm2") -> None:
+    """Replace the table of ``model`` between its markers in ``md`` (appended when absent)."""
     doc = md.read_text()
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    if MARK_BEGIN in doc:
-        pre, rest = doc.split(MARK_BEGIN, 1)
-        doc = pre + block + rest.split(MARK_END, 1)[1]
+    begin, end = ((MARK_BEGIN, MARK_END) if model == "smollm2" else
+                  (f"<!-- bench_llamacpp:{model}:begin -->", f"<!-- bench_llamacpp:{model}:end -->"))
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc:
+        pre, rest = doc.split(begin, 1)
+        doc = pre + block + rest.split(end, 1)[1]
     else:
-        doc = doc.rstrip("\n") + "\n\n## Ditto vs llama.cpp (bench/bench_llamacpp.py)\n\n" + \
-            block + "\n"
+        doc = doc.rstrip("\n") + (f"\n\n## Ditto vs llama.cpp on {MODEL_TITLES.get(model, model)} "
+                                  "(bench/bench_llamacpp.py)\n\n") + block + "\n"
     md.write_text(doc)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2",
+                    help="bundled model name (ditto_core/bundled.py; default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompt-tokens", type=int, default=512)
@@ -156,7 +188,7 @@ def main(argv=None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in DITTO and c.removeprefix("llama-") not in
-               LLAMA_TYPES]
+               LLAMA_TYPES + ["shipped"]]
     if unknown:
         ap.error(f"unknown configs {unknown}")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -166,22 +198,32 @@ def main(argv=None) -> int:
     llama_types = [c.removeprefix("llama-") for c in configs if c.startswith("llama-")]
     if llama_types:
         bin_dir = llama_bin(args.llama_bin)
-        for t, path in llama_models(bin_dir, args.work, llama_types).items():
+        for t, path in llama_models(bin_dir, args.work, llama_types, args.model).items():
             name = f"llama-{t}"
             runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N))
-            results[name] = {"label": f"llama.cpp {t}", "bytes": path.stat().st_size}
+            results[name] = {"label": "llama.cpp " + ("shipped file" if t == "shipped" else t),
+                             "bytes": path.stat().st_size}
     ids = random.Random(0).choices(range(100, 49000), k=P)
     ids_file = args.work / f"prompt{P}.json"
     ids_file.write_text(json.dumps(ids))
     for name in [c for c in configs if c in DITTO]:
-        d = args.work / name
-        rec = ditto_build("smollm2", out=d, **DITTO[name]).record
+        d = args.work / args.model / name
+        kw = dict(DITTO[name])
+        if name == "ditto-calibrated":
+            q4_0 = llama_models(llama_bin(args.llama_bin), args.work, ["Q4_0"], args.model)
+            kw["max_size_of"] = q4_0["Q4_0"]
+        rec = ditto_build(args.model, out=d, **kw).record
         runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N))
         results[name] = {"label": LABELS[name], "bytes": (d / "model.ditto").stat().st_size,
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
     order = [c for c in configs if c in runners]
     samples = {c: {} for c in order}
+    stream = {}
+    tmp_stream = tempfile.TemporaryDirectory(prefix="bench-stream-")
+    stream_read = _stream_reader(Path(tmp_stream.name))
     for rnd in range(args.rounds):
+        for th in threads:
+            stream.setdefault(th, []).append(stream_read(th))
         for c in order:
             for th in threads:
                 r = runners[c](th)
@@ -196,22 +238,27 @@ def main(argv=None) -> int:
         r = results[c]
         r["samples"] = samples[c]
         r["median"] = {k: statistics.median(v) for k, v in samples[c].items()}
+        r["ceiling"] = {f"tg@{th}": r["median"][f"tg@{th}"] * r["bytes"] /
+                        statistics.median(stream[th]) for th in threads}
         if "bpw" not in r:
             r["bpw"] = 8 * r["bytes"] / r["n_params"]
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "load_average": os.getloadavg(), "cpu": _cpu(), "rounds": args.rounds,
-           "threads": threads, "prompt_tokens": P, "gen_tokens": N,
+           "model": args.model, "threads": threads, "prompt_tokens": P, "gen_tokens": N,
+           "stream_read_bytes_per_s": {str(th): v for th, v in stream.items()},
            "llama_n_params": n_params, "results": {c: results[c] for c in order}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    md = table({c: results[c] for c in order}, threads, P, N)
+    tmp_stream.cleanup()
+    md = table({c: results[c] for c in order}, threads, P, N, args.model)
     print(md)
     if args.write_results:
-        note = (f"`python bench/bench_llamacpp.py --rounds {args.rounds}` ({out['date'][:16]} UTC, "
+        note = (f"`python bench/bench_llamacpp.py --model {args.model} --rounds {args.rounds}` "
+                f"({out['date'][:16]} UTC, "
                 f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
                 f"{args.rounds} interleaved rounds, tok/s; JSON in "
                 f"bench/results/{args.out.name}):\n\n")
-        write_results(ROOT / "docs" / "RESULTS.md", note + md)
+        write_results(ROOT / "docs" / "RESULTS.md", note + md, args.model)
     return 0
 
 
@@ -222,6 +269,23 @@ def _mkl_available() -> bool:
     except ImportError:
         return False
     return MklTarget().available()[0]
+
+
+def _stream_reader(tmp: Path):
+    """A function threads -> STREAM read bytes/s (a 256 MiB float32 sum, bench_gemv's harness
+    built into ``tmp``), measured when called."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import numpy as np
+
+    import bench_gemv
+
+    lib = bench_gemv.build(tmp)
+    arr = np.ones(256 * 2**20 // 4, np.float32)
+
+    def read(threads: int) -> float:
+        lib.omp_set_num_threads(threads)
+        return arr.nbytes / lib.bench_stream(arr.ctypes.data, arr.size, 0.3)
+    return read
 
 
 def _cpu() -> str:
