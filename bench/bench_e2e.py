@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ditto_core import pipeline
-from ditto_core.run import run_stats
+from ditto_core.runtime.run import run_stats
+from ditto_core.stages import pipeline
 
 PROMPT = "def fibonacci(n):"
 CONFIGS = {

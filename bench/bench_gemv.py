@@ -4,7 +4,7 @@ the same run (docs/KERNELS.md "Integer kernels"). Prints one JSON object (and a 
     python bench/bench_gemv.py [--shapes 576x576,...] [--threads 1,2] [--rounds 5]
         [--formats int8,f16] [--kernels best,generic] [--stream-mib 256] [-o out.json]
 
-Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/matmul.c) with the
+Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/kernels/matmul.c) with the
 kernel table forced by name (``kernels_select``), so an int8 figure includes quantizing x once
 per call, as in decode. Formats: ``int8`` (b = 4, G = 256, int8 centroids + f16 scale per
 sub-block: 4.5625 bpw), ``f16`` (b = 4, G = 256, f16 centroids: 5 bpw, the float-lookup
@@ -37,10 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ditto_core import codebook  # noqa: E402
-from ditto_core import format as F  # noqa: E402
-from ditto_core.codebook import codebook_payload  # noqa: E402
-from ditto_core.types import CodebookTensor  # noqa: E402
+from ditto_core.base.types import CodebookTensor  # noqa: E402
+from ditto_core.model import codebook  # noqa: E402
+from ditto_core.model import format as F  # noqa: E402
+from ditto_core.model.codebook import codebook_payload  # noqa: E402
 from ditto_native import KERNEL_SOURCES  # noqa: E402
 from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
 
@@ -56,8 +56,8 @@ HARNESS = r"""
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 #include <time.h>
-#include "kernels.h"
-#include "matmul.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
 
 static double now(void) {
     struct timespec t;

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
                        llama_generate(bin_dir, path, prompt, args.threads,
                                       args.max_new_tokens))
         elif c == "torch-int8":
-            from ditto_core.bundled import bundled_model
+            from ditto_core.stages.bundled import bundled_model
 
             holder = {}
 

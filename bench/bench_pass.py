@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
 
 
 def build(src: Path, out: Path, *, openmp: bool, rewrite: bool, omp_threads: str = "single"):
-    from ditto_core.cc import emit_ir, link, resolve_blas
+    from ditto_core.stages.cc import emit_ir, link, resolve_blas
     from ditto_pass_gemv_blas import GemvBlasPass
 
     blas = resolve_blas("openblas")

@@ -39,8 +39,8 @@ import numba
 import numpy as np
 from gguf import quants
 
-from ditto_core.bundled import bundled_model
-from ditto_core import codebook
+from ditto_core.model import codebook
+from ditto_core.stages.bundled import bundled_model
 from ditto_quant_kmeans import quantize_matrix
 
 LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -108,7 +108,7 @@ def _text_ids(n_tokens=256):
 def quality(args):
     """KL(p_ref ‖ p_q), top-1 agreement and perplexity of quantized SmolLM2 variants."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from ditto_core.plugins import build_registry
+    from ditto_core.stages.plugins import build_registry
     from tests.native_reference import reference_logits
 
     reg = build_registry()

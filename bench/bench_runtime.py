@@ -41,8 +41,8 @@ def build(out_dir: Path, variant: str) -> Path:
 
 
 def export_f32(out: Path) -> Path:
-    from ditto_core import pipeline
-    from ditto_core.bundled import bundled_model
+    from ditto_core.stages import pipeline
+    from ditto_core.stages.bundled import bundled_model
 
     pipeline.write_f32(pipeline.export(bundled_model("smollm2")), out, show_progress=False)
     return out
@@ -70,7 +70,7 @@ def run_once(exe: Path, model: Path, tokens: int, threads: int) -> dict:
 
 
 def kv_cache_bytes(model: Path, ctx: int) -> int:
-    from ditto_core.modelfile import ModelFile
+    from ditto_core.model.modelfile import ModelFile
 
     c = ModelFile(model, verify=False).config
     return 2 * c.n_layers * ctx * c.n_kv_heads * c.head_dim * 4

@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import synth_checkpoint as S  # noqa: E402
 
-from ditto_core.run import run_stats  # noqa: E402
+from ditto_core.runtime.run import run_stats  # noqa: E402
 
 PROMPT = ('import os\nimport sys\n\n\ndef read_lines(path):\n    """Return the lines of a text '
           'file without their newlines."""\n    with open(path, encoding="utf-8") as f:\n'
@@ -79,7 +79,7 @@ def build(model: Path, out: Path, extra: list[str], log) -> dict:
     """Run ``ditto build`` as a child; return its figures (build.json + wall time). The
     child's own ``ru_maxrss`` is not used: the per-stage resets of the high-water mark lower
     it too (docs/BUILD.md, "Memory and disk")."""
-    cmd = [sys.executable, "-m", "ditto_core.cli", "build", str(model), "-o", str(out),
+    cmd = [sys.executable, "-m", "ditto_core.cli.main", "build", str(model), "-o", str(out),
            "--blas", "openblas", "--no-cache", "-q", *extra]
     log(" ".join(cmd[2:]))
     load0 = os.getloadavg()

@@ -34,9 +34,9 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_checkpoint import synth_matrix, to_bf16_bits  # noqa: E402
 
-from ditto_core import codebook  # noqa: E402
-from ditto_core.codebook import codebook_payload  # noqa: E402
-from ditto_core.untrusted import check_finite  # noqa: E402
+from ditto_core.base.untrusted import check_finite  # noqa: E402
+from ditto_core.model import codebook  # noqa: E402
+from ditto_core.model.codebook import codebook_payload  # noqa: E402
 from ditto_quant_kmeans import kmeans1d, native, quantize_matrix  # noqa: E402
 
 

@@ -29,10 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import compare, humaneval, llamacpp
 from ditto_core.eval.bench import cpu_name
-from ditto_core.plugins import get_registry
+from ditto_core.stages.plugins import get_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results_tables:begin -->", "<!-- results_tables:end -->"
@@ -46,7 +46,7 @@ PEER_TYPES = ("Q4_0", "IQ4_NL", "Q4_K_M", "Q8_0")
 
 def peer_ggufs(model: str, out: Path, bin_dir: Path | None) -> list[Path]:
     """llama.cpp quantizations of MODEL's F32 GGUF (made once into ``out/peers``)."""
-    from ditto_core.pipeline import resolve_model
+    from ditto_core.stages.pipeline import resolve_model
 
     f32 = llamacpp.f32_gguf(resolve_model(model), bin_dir)
     quant = llamacpp.find_tool("llama-quantize", bin_dir)

@@ -12,7 +12,7 @@ __all__ = ["Build", "build", "__version__"]
 
 def __getattr__(name: str):
     """``Build`` and ``build`` from ``ditto_core.api``, imported on first use, so importing a
-    lower module (``ditto_core.quantkit`` in a quantizer plugin, ``ditto_core.hookspecs``)
+    lower module (``ditto_core.kit.quantkit`` in a quantizer plugin, ``ditto_core.kit.hookspecs``)
     does not load the API, the pipeline or the command line (docs/ARCHITECTURE.md "Layers")."""
     if name in ("Build", "build"):
         from . import api

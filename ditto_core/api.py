@@ -21,10 +21,10 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
-from .components import QuantOptions
-from .errors import DittoError
-from .pipeline import DEFAULT_CODEBOOK_TYPE
-from .plugins import Registry
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.components import QuantOptions
+from ditto_core.stages.pipeline import DEFAULT_CODEBOOK_TYPE
+from ditto_core.stages.plugins import Registry
 
 
 @attrs.frozen
@@ -38,7 +38,7 @@ class Build:
     @classmethod
     def open(cls, path: str | os.PathLike) -> "Build":
         """The build in directory ``path``. Raises DittoError naming what is missing."""
-        from .run import find_build
+        from ditto_core.runtime.run import find_build
 
         _, _, meta = find_build(Path(path))
         return cls(Path(path), meta)
@@ -52,7 +52,7 @@ class Build:
         return self.path / self.record.get("model_file", "model.ditto")
 
     def _run(self, args: Sequence[str], timeout: float | None) -> subprocess.CompletedProcess:
-        from .run import run_build
+        from ditto_core.runtime.run import run_build
 
         proc = run_build(self.path, list(args), capture_output=True, timeout=timeout)
         if proc.returncode != 0:
@@ -96,8 +96,8 @@ class Build:
     def inspect(self, *, verify: bool = True) -> dict:
         """What ``ditto inspect --json`` prints for the model file: config, tokenizer, tensor
         table, sizes, bits per weight, the quantize rules (``summary.inspect_summary``)."""
-        from .summary import inspect_summary
-        from .modelfile import ModelFile
+        from ditto_core.model.modelfile import ModelFile
+        from ditto_core.model.summary import inspect_summary
 
         with ModelFile.open(self.model_file, verify=verify) as mf:
             return inspect_summary(mf, self.record)
@@ -131,12 +131,12 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     for the shipped one) or ``importance``: an importance file (``ditto calibrate``) whose
     per-channel activation statistics weight the quantizer's error (docs/QUANT.md);
     ``target_bpw`` or ``max_size_of`` (a file whose size is the budget): per-tensor b and G
-    chosen under that file-size budget (``ditto_core.allocate``). Raises DittoError (PluginError, OptionError) before any
+    chosen under that file-size budget (``ditto_core.kit.allocate``). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
-    from .calibration import cached_importance
-    from .pipeline import BuildOptions
-    from .pipeline import build as run_pipeline
+    from ditto_core.eval.calibration import cached_importance
+    from ditto_core.stages.pipeline import BuildOptions
+    from ditto_core.stages.pipeline import build as run_pipeline
 
     if codebook_type is None:
         codebook_type = DEFAULT_CODEBOOK_TYPE.get(quantizer, "f16")

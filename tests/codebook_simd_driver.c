@@ -1,6 +1,6 @@
-/* codebook_simd_driver.c: codebook_gemv_avx2 (native/codebook_avx2.c) and codebook_gemv_avx512
- * (native/codebook_avx512.c) against the scalar reference codebook_gemv_ref
- * (native/codebook_ref.c)
+/* codebook_simd_driver.c: codebook_gemv_avx2 (native/kernels/arch/x86/codebook_avx2.c) and codebook_gemv_avx512
+ * (native/kernels/arch/x86/codebook_avx512.c) against the scalar reference codebook_gemv_ref
+ * (native/kernels/codebook_ref.c)
  * on random payloads, for tests/test_kernels_simd.py
  * (built plainly, under ASan+UBSan, and through Ditto's own IR pipeline).
  *
@@ -18,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codebook_avx2.h"
-#include "codebook_avx512.h"
-#include "ditto_format.h"
-#include "matmul.h"
+#include "kernels/arch/x86/codebook_avx2.h"
+#include "kernels/arch/x86/codebook_avx512.h"
+#include "kernels/matmul.h"
+#include "model/ditto_format.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15u;
 

@@ -11,7 +11,7 @@ from tests.fixtures_compile import build_model
 def eval_builds(tmp_path_factory, build_cache_root) -> dict:
     """tinycoder built fp32 (``none``) and with ``kmeans`` b = 4, G = 32:
     {"none": dir, "kmeans": dir}."""
-    from ditto_core.components import QuantOptions
+    from ditto_core.kit.components import QuantOptions
 
     d = tmp_path_factory.mktemp("eval_builds")
     build_model("tinycoder", d / "none", build_cache_root)

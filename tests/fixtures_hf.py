@@ -136,7 +136,7 @@ def smollm2_hf_dir(smollm2_gguf, tmp_path_factory) -> Path:
 
 def _export_f32(model, out: Path) -> Path:
     """Write ``model`` (a path, or an already exported Checkpoint) as an all-f32 .ditto."""
-    from ditto_core import pipeline
+    from ditto_core.stages import pipeline
 
     ck = pipeline.export(model) if isinstance(model, (str, Path)) else model
     pipeline.write_f32(ck, out, show_progress=False)

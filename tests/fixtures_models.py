@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ditto_core.bundled import QWEN25_CODER_05B, bundled_model
-from ditto_core.cache import default_root
+from ditto_core.base.cache import default_root
+from ditto_core.stages.bundled import QWEN25_CODER_05B, bundled_model
 
 #: The cache root when the session starts: fetched models go there even when a test has
 #: pointed DITTO_CACHE_DIR at a temp directory before first asking for them.

@@ -1,6 +1,6 @@
 """Session fixtures for the native inference program (native/): the built executables and small
 random model files (f32 and quantized), written with the project's writer
-(ditto_core.modelfile.write_model) and packer (ditto_pack_bits.codebook_payload).
+(ditto_core.model.modelfile.write_model) and packer (ditto_pack_bits.codebook_payload).
 
 SmolLM2 comes from tests/fixtures_hf.py: ``smollm2_f32_ditto`` (the GGUF exported to an all-f32
 .ditto) and ``smollm2_hf_dir`` (the HF directory transformers loads).
@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ditto_core.format import CB_F16, CB_F32  # noqa: F401  (re-exported for the tests)
-from ditto_core.modelfile import ModelFile, TensorInfo, write_model
-from ditto_core.types import CodebookTensor, ModelConfig, TokenizerSpec
+from ditto_core.model.format import CB_F16, CB_F32  # noqa: F401  (re-exported for the tests)
+from ditto_core.base.types import CodebookTensor, ModelConfig, TokenizerSpec
+from ditto_core.model.modelfile import ModelFile, TensorInfo, write_model
 from ditto_pack_bits import codebook_payload, dequantize
 from ditto_quant_kmeans.quantizer import int8_codebooks
 

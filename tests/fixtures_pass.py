@@ -1,6 +1,6 @@
 """Session fixtures of the GEMV→BLAS pass tests: the generated C corpus (tests/corpus/
 gen_corpus.py) built once per configuration with and without the ``gemv-blas`` pass through
-``ditto_core.cc.compile_c`` (clang-22 -O1 → pass → O3 host → link scipy-openblas32), and its
+``ditto_core.stages.cc.compile_c`` (clang-22 -O1 → pass → O3 host → link scipy-openblas32), and its
 outputs parsed into numpy arrays."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core.cc import compile_c
+from ditto_core.stages.cc import compile_c
 
 CORPUS_DIR = Path(__file__).parent / "corpus"
 sys.path.insert(0, str(CORPUS_DIR))

@@ -14,8 +14,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from ditto_core.components import QuantOptions
-from ditto_core.plugins import build_registry
+from ditto_core.kit.components import QuantOptions
+from ditto_core.stages.plugins import build_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from tests.fixtures_compile import build_model
 def serve_build(tmp_path_factory, build_cache_root) -> Path:
     """Build directory of tinycoder with the default int8 codebooks (its compile stages shared
     with the other builds through ``build_cache_root``)."""
-    from ditto_core.components import QuantOptions
+    from ditto_core.kit.components import QuantOptions
 
     d = tmp_path_factory.mktemp("serve_build") / "tiny_int8"
     build_model("tinycoder", d, build_cache_root, quantizer="kmeans",

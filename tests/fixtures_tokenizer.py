@@ -1,9 +1,9 @@
-"""Session fixtures and helpers for the C tokenizer (native/tokenizer.c).
+"""Session fixtures and helpers for the C tokenizer (native/tokenizer/tokenizer.c).
 
-- ``tokenizer_lib``: native/tokenizer.c + unicode_tables.c compiled with clang-22 into a shared
+- ``tokenizer_lib``: native/tokenizer/tokenizer.c + unicode_tables.c compiled with clang-22 into a shared
   library, called through ctypes (``CTokenizer``).
 - ``smollm2_spec`` / ``smollm2_ctok``: SmolLM2's tokenizer as the GGUF exporter reads it, serialized
-  to a model-file tokenizer block (ditto_core.modelfile.serialize_tokenizer) and loaded in C.
+  to a model-file tokenizer block (ditto_core.model.modelfile.serialize_tokenizer) and loaded in C.
 - ``smollm2_hf``: the reference: HF ``tokenizers`` built straight from the GGUF's vocab and merges
   (the recipe of tests/data/README.md), independent of Ditto's exporter, as a tokenizer.json.
 - ``smollm2_tok_model``: a tiny .ditto file with SmolLM2's tokenizer, for the program's --tokens.
@@ -29,14 +29,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core.modelfile import serialize_tokenizer
-from ditto_core.types import TokenizerSpec
+from ditto_core.base.types import TokenizerSpec
+from ditto_core.model.modelfile import serialize_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
 GOLDEN = ROOT / "tests" / "data" / "smollm2_tokenizer_golden.jsonl"
-TOKENIZER_SOURCES = [NATIVE / "tokenizer.c", NATIVE / "unicode_tables.c", NATIVE / "unicode_case.c",
-                     NATIVE / "unicode_norm.c", NATIVE / "unicode_word.c"]
+UNICODE = NATIVE / "tokenizer" / "unicode"
+TOKENIZER_SOURCES = [NATIVE / "tokenizer" / "tokenizer.c", UNICODE / "unicode_tables.c",
+                     UNICODE / "unicode_case.c", UNICODE / "unicode_norm.c", UNICODE / "unicode_word.c"]
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
 # GGUF token types (FORMAT.md)
@@ -216,11 +217,11 @@ def _hf_from_gguf(path: str, out_dir: str):
 
 def tiny_model_with_tokenizer(path: Path, spec: TokenizerSpec, dim: int = 8,
                               weights: dict | None = None) -> Path:
-    """A .ditto file (ditto_core.modelfile.write_model) with tokenizer ``spec`` and a 1-layer
+    """A .ditto file (ditto_core.model.modelfile.write_model) with tokenizer ``spec`` and a 1-layer
     Llama of width ``dim`` with zero weights (or ``weights[name]`` where given): enough for the
     program's ``--tokens``."""
-    from ditto_core.modelfile import TensorInfo, expected_shapes, write_model
-    from ditto_core.types import ModelConfig
+    from ditto_core.base.types import ModelConfig
+    from ditto_core.model.modelfile import TensorInfo, expected_shapes, write_model
 
     cfg = ModelConfig(dim=dim, hidden_dim=2 * dim, n_layers=1, n_heads=2, n_kv_heads=1,
                       head_dim=dim // 2, vocab_size=len(spec.tokens), max_seq_len=64,

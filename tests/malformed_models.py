@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ditto_core.bytelevel import byte_to_unicode
+from ditto_core.text.bytelevel import byte_to_unicode
 
 DIM, HID, NL, NH, NKV = 16, 32, 2, 4, 2
 HD = DIM // NH

@@ -1,6 +1,6 @@
 """Edit fields of a Ditto model file image in place and fix up its CRC-32 (a test helper).
 
-The struct layouts come from ditto_core.format (docs/FORMAT.md), so a mutated file differs from
+The struct layouts come from ditto_core.model.format (docs/FORMAT.md), so a mutated file differs from
 a valid one only in the field a test changes: every check behind the checksum is reachable.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from ditto_core import format as F
+from ditto_core.model import format as F
 
 TABLE_AT = F.HEADER_BYTES + F.CONFIG.size
 

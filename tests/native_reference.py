@@ -29,7 +29,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
     """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
 
-    ``cfg``: a ditto_core.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
+    ``cfg``: a ditto_core.base.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
     (matrices [out, in]; "output.weight" present, the embedding itself when tied; the q/k/v
     biases of a Qwen2 model).
     ``linear(h, name)``: the product h [T, in] @ w[name].T, by default in float64 (a caller can

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../native/kernels.h"
+#include "kernels/kernels.h"
 #include "qdriver_rand.h"
 
 #define T_MAX 9

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../native/kernels.h"
+#include "kernels/kernels.h"
 #include "qdriver_rand.h"
 
 int main(int argc, char **argv) {

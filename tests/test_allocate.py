@@ -1,4 +1,4 @@
-"""Bit allocation (ditto_core/allocate.py): the hull and the greedy choice on hand-checked
+"""Bit allocation (ditto_core/kit/allocate.py): the hull and the greedy choice on hand-checked
 cases, the budget from --target-bpw / --max-size-of, and a tinycoder build that respects it
 with explicit rules winning."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ditto_core import allocate as A
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
+from ditto_core.kit import allocate as A
 
 
 def C(bits, nbytes, error, g=256):
@@ -88,8 +88,8 @@ def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
     embedding): the file is within the budget, every default-rule matrix is allocated, the
     --tensor-type rule's tensor keeps its rule, and build.json/inspect show the plan."""
     from ditto_core import build
-    from ditto_core.summary import inspect_summary
-    from ditto_core.modelfile import ModelFile
+    from ditto_core.model.modelfile import ModelFile
+    from ditto_core.model.summary import inspect_summary
 
     b = build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "a",
               target_bpw=36.6, tensor_types=["blk.0.ffn_down.weight=b3"])

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import ditto_core
-from ditto_core.errors import DittoError, PluginError
-from ditto_core.options import OptionError
-from ditto_core.run import run_build
+from ditto_core.base.errors import DittoError, PluginError
+from ditto_core.base.options import OptionError
+from ditto_core.runtime.run import run_build
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import scipy_openblas32
 from ditto_blas_accelerate import AccelerateTarget
 from ditto_blas_mkl import MklTarget
 from ditto_blas_openblas import OpenBlasTarget
-from ditto_core.errors import DittoError, PluginError
-from ditto_core.plugins import get_registry
+from ditto_core.base.errors import DittoError, PluginError
+from ditto_core.stages.plugins import get_registry
 
 
 def test_registered_targets():
@@ -45,7 +45,7 @@ def test_openblas_pypi_flags_and_symbols():
 
 
 def test_openblas_system_switch(monkeypatch, tmp_path):
-    from ditto_core.options import configure, resolve
+    from ditto_core.base.options import configure, resolve
 
     monkeypatch.setenv("DITTO_OPENBLAS", "system")  # the deprecated alias of the option
     with pytest.warns(FutureWarning, match="use -O openblas.system=True"):

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ditto_core import compile as compile_mod
-from ditto_core import pipeline
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile
+from ditto_core.base.errors import DittoError
+from ditto_core.model.modelfile import ModelFile
+from ditto_core.stages import compile as compile_mod
+from ditto_core.stages import pipeline
 
 from .fixtures_compile import build_model, greedy_ids
 
@@ -22,7 +22,7 @@ STAGES = ["export", "quantize", "pack", "emit IR", "rewrite", "link"]
 
 def _ditto(*args, env_extra=None):
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-c", "from ditto_core.cli import main; main()",
+    return subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
                            *args], capture_output=True, text=True, env=env, timeout=600)
 
 

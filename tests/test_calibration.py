@@ -1,5 +1,5 @@
-"""Calibration (ditto_core/calibration.py): the importance statistic against the NumPy
-reference forward pass, the importance file (ditto_core/importance.py), and `ditto build
+"""Calibration (ditto_core/eval/calibration.py): the importance statistic against the NumPy
+reference forward pass, the importance file (ditto_core/kit/importance.py), and `ditto build
 --calibration/--importance` on tinycoder (importance and calibration identity in build.json
 and the cache key)."""
 
@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from ditto_core import calibration as cal
-from ditto_core import importance as imp_mod
-from ditto_core import pipeline
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile
+from ditto_core.base.errors import DittoError
+from ditto_core.eval import calibration as cal
+from ditto_core.kit import importance as imp_mod
+from ditto_core.model.modelfile import ModelFile
+from ditto_core.stages import pipeline
 
 from .native_reference import reference_logits
 
@@ -127,7 +127,7 @@ def test_pipeline_build_takes_the_calibration_step_as_an_argument(tmp_path):
     calibration.cached_importance."""
     opts = pipeline.BuildOptions(quantizer="kmeans", blas="openblas", calibration="stdlib")
     with pytest.raises(DittoError, match=r"^a calibration text needs the calibration step: "
-                                         r"pass calibrate=ditto_core.calibration"):
+                                         r"pass calibrate=ditto_core.eval.calibration"):
         pipeline.build("tinycoder", tmp_path / "out", opts)
     assert not (tmp_path / "out").exists()
 
@@ -138,8 +138,8 @@ def test_calibrate_command(tmp_path):
     it records the same hash."""
     from click.testing import CliRunner
 
-    from ditto_core.cli import cli
-    from ditto_core.cli_eval import register
+    from ditto_core.cli.eval import register
+    from ditto_core.cli.main import cli
 
     register(cli)
     out = tmp_path / "tc.npz"

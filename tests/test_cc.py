@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ditto_core.cc import compile_c
-from ditto_core.errors import DittoError, PluginError
+from ditto_core.base.errors import DittoError, PluginError
+from ditto_core.stages.cc import compile_c
 
 from .fixtures_compile import GEMV_FORMS, run_gemv
 
@@ -89,7 +89,7 @@ def test_cli_cc(tmp_path):
     src.write_text('#include <stdio.h>\n#include "scale.h"\n'
                    "int main(void){ printf(\"%d\\n\", SCALE * OFFSET); return 0; }\n")
     exe, rep = tmp_path / "p", tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "ditto_core.cli_cc", str(src), f"-I{inc}", "-D", "OFFSET=7",
+    cmd = [sys.executable, "-m", "ditto_core.cli.cc", str(src), f"-I{inc}", "-D", "OFFSET=7",
            "--blas", "openblas", "-o", str(exe), "--report", str(rep)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -103,7 +103,7 @@ def test_cli_cc(tmp_path):
 
 
 def test_summary_lines():
-    from ditto_core.cc import summary_lines
+    from ditto_core.stages.cc import summary_lines
 
     cands = [{"status": "rewritten", "kind": "gemv"}, {"status": "rejected", "kind": "gemv"},
              {"status": "rejected", "kind": "other"}]

@@ -7,8 +7,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from ditto_core import cc as cc_mod
-from ditto_core.cli_cc import cc_command
+from ditto_core.cli.cc import cc_command
+from ditto_core.stages import cc as cc_mod
 
 PROGRAM = '#include <stdio.h>\nint main(void) { puts("ok"); return 0; }\n'
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ditto_core.chat_template import ChatTemplateError, reduce_chat_template, with_chat_text
+from ditto_core.text.chat_template import ChatTemplateError, reduce_chat_template, with_chat_text
 from tests.fixtures_native import run_native
 from tests.fixtures_tokenizer import tiny_model_with_tokenizer
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
-from ditto_core.modelfile import TensorInfo, expected_shapes, write_model
-from ditto_core.types import ModelConfig
+from ditto_core.base.types import ModelConfig
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import TensorInfo, expected_shapes, write_model
 from tests.test_modelfile import tiny_tokenizer
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
+from ditto_core.cli.main import cli
 
 
 @pytest.mark.parametrize("name", ["a[/]b.ditto", "[red]m.ditto", "[bold]x[/bold].ditto"])

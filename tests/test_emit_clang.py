@@ -5,8 +5,8 @@ import re
 import llvmlite.binding as llvm
 import pytest
 
-from ditto_core.errors import DittoError
-from ditto_core.plugins import get_registry
+from ditto_core.base.errors import DittoError
+from ditto_core.stages.plugins import get_registry
 from ditto_emit_clang import FP_POLICY_FLAGS, ClangEmitter, link_ir_files
 
 DOT = """

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import builds, compare
 
 SETTINGS = {"eval": True, "chunks": 1, "bench": True, "threads": [1], "repeat": 1, "tokens": 4,
@@ -85,7 +85,7 @@ def test_sweep_writes_tables_and_resumes(tmp_path, cache_env):
 
 
 def test_bad_config_fails_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "compare", "tinycoder",
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "compare", "tinycoder",
                            "--config", "none", "--config", "kmeans:bitz=3", "-o", tmp_path / "o"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
@@ -96,7 +96,7 @@ def test_bad_config_fails_before_any_work(tmp_path):
 def test_sweep_on_a_local_ray_instance(tmp_path, build_cache_root):
     pytest.importorskip("ray", reason="ray is a dependency of ditto compare --executor ray")
     env = {**os.environ, "DITTO_CACHE_DIR": str(build_cache_root)}
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "compare", "tinycoder",
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "compare", "tinycoder",
                            "--config", "kmeans:bits=3,group_size=32", "--config",
                            "kmeans:bits=4,group_size=32", "-o", tmp_path, "--chunks", "1",
                            "--no-bench", "--executor", "ray", "--jobs", "2", "-q"],
@@ -125,7 +125,7 @@ def test_sweep_with_humaneval_compares_seeds_against_fp32(tmp_path, cache_env):
 def test_a_third_party_quantizer_is_a_config_like_any_other(rtn_registry, tmp_path,
                                                             build_cache_root):
     env = {**os.environ, "DITTO_CACHE_DIR": str(build_cache_root)}
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "compare", "tinycoder",
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "compare", "tinycoder",
                            "--config", "rtn:bits=4,group_size=32", "-o", tmp_path, "--chunks",
                            "1", "--no-bench", "-q"],
                           capture_output=True, text=True, timeout=1200, env=env)

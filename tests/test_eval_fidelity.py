@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import corpus
-from ditto_core.run import run_build
+from ditto_core.runtime.run import run_build
 
 
 def ditto(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "ditto_core.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "ditto_core.cli.main", *map(str, args)],
                           capture_output=True, text=True, env=env, timeout=1200)
 
 

@@ -55,7 +55,7 @@ def test_mann_whitney_u():
 
 
 def test_eval_humaneval_on_tinycoder(eval_builds):
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "eval", eval_builds["none"],
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "eval", eval_builds["none"],
                            "--baseline", eval_builds["none"], "--chunks", "1", "--humaneval",
                            "--limit", "2", "--seeds", "2", "--threads", "1", "--json", "-q"],
                           capture_output=True, text=True, timeout=1200)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import llamacpp
 
 SAMPLE = Path(__file__).parent / "data" / "llama_perplexity_kld_q4_0.txt"
@@ -41,7 +41,7 @@ def test_missing_llama_cpp_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_eval_peer_gguf_errors(eval_builds, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli", "eval", eval_builds["none"],
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "eval", eval_builds["none"],
                            "--baseline", eval_builds["none"], "--chunks", "1", "-q",
                            "--peer-gguf", tmp_path / "missing.gguf"],
                           capture_output=True, text=True, timeout=600)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import compare, torch_int8
 
 

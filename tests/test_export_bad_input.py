@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
+from ditto_core.cli.main import cli
 from tests.fixtures_hf import write_tiny_hf_dir
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 from ditto_export_gguf import GGUFExporter
 from ditto_export_gguf.exporter import unpermute_qk
 from tests.fixtures_hf import gguf_rows_to_hf

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
-from ditto_core.modelfile import tokenizers_equal
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import tokenizers_equal
 from ditto_export_hf import HFExporter
 from tests.fixtures_hf import TINY_CORPUS, write_tiny_hf_dir
 

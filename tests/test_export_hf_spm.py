@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ditto_core.modelfile import serialize_tokenizer
+from ditto_core.model.modelfile import serialize_tokenizer
 from ditto_export_hf import HFExporter
 from tests.fixtures_hf import write_tiny_hf_dir
 from tests.fixtures_tokenizer import CTokenizer

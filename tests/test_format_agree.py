@@ -1,4 +1,4 @@
-"""native/ditto_format.h and ditto_core/format.py describe the same file layout.
+"""native/model/ditto_format.h and ditto_core/model/format.py describe the same file layout.
 
 The C side is read two ways: the ``#define`` constants are parsed from the header text, and the
 struct layouts come from a small C program compiled with clang-22 that prints ``sizeof`` and
@@ -12,10 +12,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from ditto_core import format as F
+from ditto_core.model import format as F
 from ditto_native import SOURCE_DIR
 
-HEADER = SOURCE_DIR / "ditto_format.h"
+HEADER = SOURCE_DIR / "model" / "ditto_format.h"
 CC = shutil.which("clang-22") or "clang-22"
 
 
@@ -68,7 +68,7 @@ def run_c_program(lines: list[str], exe) -> str:
 def c_layout(tmp_path_factory) -> dict[tuple[str, str], tuple[int, int]]:
     """(struct, field) -> (offsetof, sizeof field), and (struct, "") -> (0, sizeof struct),
     printed by a C program compiled with clang-22."""
-    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "ditto_format.h"',
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "model/ditto_format.h"',
              "int main(void) {"]
     for struct_name, (_, fields) in F.STRUCTS.items():
         lines.append(f'  printf("{struct_name} - 0 %zu\\n", sizeof({struct_name}));')
@@ -95,7 +95,7 @@ def test_struct_layout_matches_c(c_layout, struct_name):
         assert __import__("struct").calcsize("<" + code) == c_size, (struct_name, f)
 
 
-# ---- the CODEBOOK encoding: ditto_core/codebook.py and the ditto_cb_* functions of the header
+# ---- the CODEBOOK encoding: ditto_core/model/codebook.py and the ditto_cb_* functions of the header
 
 #: (rows, cols, b, G): G dividing cols or not, G >= cols, tails of the 8-index groups, b = 1..8
 CB_CASES = [(1, 1, 1, 2), (3, 10, 3, 4), (2, 9, 2, 16), (576, 1536, 4, 256), (7, 13, 5, 3),
@@ -107,9 +107,9 @@ def c_codebook(tmp_path_factory) -> dict[str, list[int]]:
     """What the header's ditto_cb_* functions give, printed by a clang-22 program: per codebook
     type id its element and scale bytes, per (case, type) the sizes, and the indices a packed
     row decodes to."""
-    from ditto_core import codebook as CB
+    from ditto_core.model import codebook as CB
 
-    lines = ['#include <inttypes.h>', '#include <stdio.h>', '#include "ditto_format.h"',
+    lines = ['#include <inttypes.h>', '#include <stdio.h>', '#include "model/ditto_format.h"',
              "int main(void) {"]
     for t in range(4):
         lines.append(f'  printf("type {t} %" PRIu64 " %" PRIu64 "\\n", ditto_cb_elem_bytes({t}u),'
@@ -139,7 +139,7 @@ def c_codebook(tmp_path_factory) -> dict[str, list[int]]:
 
 
 def test_codebook_types_match_c(c_codebook):
-    from ditto_core import codebook as CB
+    from ditto_core.model import codebook as CB
 
     for name, t in CB.TYPE_IDS.items():
         assert c_codebook[f"type {t}"] == [CB.ITEMSIZE[name], CB.SCALE_BYTES[name]], name
@@ -151,7 +151,7 @@ def test_codebook_types_match_c(c_codebook):
 
 @pytest.mark.parametrize("case", range(len(CB_CASES)))
 def test_codebook_sizes_match_c(c_codebook, case):
-    from ditto_core import codebook as CB
+    from ditto_core.model import codebook as CB
 
     r, c, b, g = CB_CASES[case]
     for name in CB.TYPE_IDS:

@@ -1,6 +1,6 @@
 """One set of rules for a valid model file (docs/FORMAT.md "Validity rules"), enforced alike by
-the Python reader (ditto_core.modelfile.ModelFile, behind `ditto inspect`), the Python writer
-(plan_layout, behind `ditto export/build`) and the C loader (native/model.c + tokenizer.c,
+the Python reader (ditto_core.model.modelfile.ModelFile, behind `ditto inspect`), the Python writer
+(plan_layout, behind `ditto export/build`) and the C loader (native/model/model.c + tokenizer.c,
 behind ditto-run).
 
 The same generated cases, each a valid file with one field changed (the CRC fixed up), go to
@@ -18,9 +18,9 @@ import struct
 import attrs
 import pytest
 
-from ditto_core import format as F
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, plan_layout
+from ditto_core.base.errors import DittoError
+from ditto_core.model import format as F
+from ditto_core.model.modelfile import ModelFile, plan_layout
 from tests.fixtures_native import EXIT_MODEL, EXIT_OK, run_native
 from tests.modelfile_edit import ModelImage
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ditto_core import format as F
+from ditto_core.model import format as F
 from tests.modelfile_edit import ModelImage
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile
-from ditto_core.pipeline import load_checkpoint, write_f32
+from ditto_core.base.errors import DittoError
+from ditto_core.model.modelfile import ModelFile
+from ditto_core.stages.pipeline import load_checkpoint, write_f32
 from ditto_export_gguf.exporter import GGUFExporter
 from ditto_export_hf.exporter import HFExporter
 

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from ditto_core import format as F
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
-from ditto_core.codebook import check_params as check_codebook_params
-from ditto_core.modelfile import ModelFile
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.components import QuantOptions
+from ditto_core.model import format as F
+from ditto_core.model.codebook import check_params as check_codebook_params
+from ditto_core.model.modelfile import ModelFile
 from tests.fixtures_native import EXIT_MODEL, dump_logits, run_native
 from tests.modelfile_edit import ModelImage
 
@@ -70,7 +70,7 @@ def test_check_codebook_params_names_the_limit():
 
 
 def test_build_refuses_huge_group_size_before_export(tmp_path):
-    from ditto_core import pipeline
+    from ditto_core.stages import pipeline
 
     opts = pipeline.BuildOptions(quantizer="kmeans", blas="openblas",
                                  quant=QuantOptions(bits=1, group_size=2**32 - 1))
@@ -82,7 +82,7 @@ def test_build_refuses_huge_group_size_before_export(tmp_path):
 
 
 def test_cli_refuses_huge_group_size(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "ditto_core.cli", "build", "tinycoder",
+    p = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "build", "tinycoder",
                         "--quantizer", "kmeans", "--blas", "openblas", "--bits", "1",
                         "--group-size", "4294967295", "-o", str(tmp_path / "g")],
                        capture_output=True, text=True)

@@ -5,10 +5,10 @@ checks of centroids and scales."""
 import numpy as np
 import pytest
 
-from ditto_core.errors import DittoError
-from ditto_core.codebook import payload_bytes as codebook_nbytes
-from ditto_core.modelfile import ModelFile, TensorInfo
-from ditto_core.types import CodebookTensor
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import CodebookTensor
+from ditto_core.model.codebook import payload_bytes as codebook_nbytes
+from ditto_core.model.modelfile import ModelFile, TensorInfo
 from ditto_pack_bits import codebook_payload, dequantize
 from ditto_quant_kmeans.quantizer import int8_codebooks, quantize_matrix
 from tests.fixtures_native import (EXIT_MODEL, rewrite_crc, run_native, synthetic_model)
@@ -100,7 +100,7 @@ def int8_model(tmp_path_factory):
 
 
 def test_reader_and_inspect_show_int8(int8_model):
-    from ditto_core.summary import inspect_summary
+    from ditto_core.model.summary import inspect_summary
 
     with ModelFile.open(int8_model) as mf:
         s = inspect_summary(mf)
@@ -157,9 +157,9 @@ def test_default_codebook_type_is_int8_for_kmeans(monkeypatch, tmp_path):
     passes None through."""
     from click.testing import CliRunner
 
-    import ditto_core.pipeline as pipeline
+    import ditto_core.stages.pipeline as pipeline
     from ditto_core.api import build
-    from ditto_core.cli import cli
+    from ditto_core.cli.main import cli
 
     seen = []
     monkeypatch.setattr(pipeline, "build",

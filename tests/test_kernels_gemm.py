@@ -1,5 +1,5 @@
-"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm: native/qgemm_avx2.c with
-its AVX2, AVX-VNNI and AVX-512 VNNI multiply-adds, native/qgemm_neon.c) against the scalar
+"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm: native/kernels/arch/x86/qgemm_avx2.c with
+its AVX2, AVX-VNNI and AVX-512 VNNI multiply-adds, native/kernels/arch/arm/qgemm_neon.c) against the scalar
 reference GEMV, bit for bit, through tests/qgemm_driver.c: b = 1..8, G <= 512 and G > 512, row
 lengths with and without a partial 32-column chunk, T = 1..9 inputs, several row ranges (rows
 outside the range untouched).
@@ -22,7 +22,7 @@ DRIVER = NATIVE.parent / "tests" / "qgemm_driver.c"
 #: min(G, cols) % 32 == 0 (the GEMM slot's contract), each on 4 row ranges
 GEMM_GROUPS = (32, 64, 256, 512, 576, 4160)
 GEMM_LENGTHS = (32, 33, 100, 257, 576, 1000, 4200)
-#: the x86 tables with a GEMM kernel (native/kernels.c)
+#: the x86 tables with a GEMM kernel (native/kernels/kernels.c)
 X86_GEMM_TABLES = [k for k in X86_TABLES if k != "generic"]
 
 
@@ -68,7 +68,7 @@ def skip_unless_cpu_runs(kernel):
 def ir_driver(tmp_path_factory):
     """The driver built as the runtime is (clang-22 -O1 IR, llvmlite O3 for the host,
     per-function target attributes kept)."""
-    from ditto_core.cc import compile_c
+    from ditto_core.stages.cc import compile_c
 
     exe, _ = compile_c([DRIVER, *SRC], blas=None,
                        out=tmp_path_factory.mktemp("qgemm_ir") / "qgemm_driver",

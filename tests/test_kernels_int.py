@@ -1,7 +1,7 @@
-"""The integer GEMV kernels for int8 codebooks (native/qgemv*.c, native/kernels.c).
+"""The integer GEMV kernels for int8 codebooks (native/qgemv*.c, native/kernels/kernels.c).
 
 - the scalar reference equals a NumPy implementation of the exact definition in
-  native/qgemv.h bit for bit (activation quantization included);
+  native/kernels/qgemv.h bit for bit (activation quantization included);
 - every SIMD table (AVX2, AVX-VNNI, AVX-512 VNNI, AVX-512 VBMI on x86; NEON cross-compiled for
   aarch64 and run under qemu-aarch64) equals the scalar reference bit for bit, for b = 1..8,
   many G and row lengths with tails, under ASan + UBSan and through Ditto's IR pipeline; a
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core.types import CodebookTensor
+from ditto_core.base.types import CodebookTensor
+from ditto_core.stages.compile import runtime_sources
 from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
 from ditto_quant_kmeans.quantizer import int8_codebooks
@@ -30,7 +31,7 @@ DRIVER = ROOT / "tests" / "qgemv_driver.c"
 SRC = [NATIVE / f for f in KERNEL_SOURCES]
 STD = ["-std=c11", "-D_POSIX_C_SOURCE=200809L"]
 WARN = ["-Wall", "-Wextra", "-Werror"]
-#: the x86 tables, best first, with the /proc/cpuinfo flags each needs (native/kernels.c)
+#: the x86 tables, best first, with the /proc/cpuinfo flags each needs (native/kernels/kernels.c)
 X86_FEATURES = {"avx512vbmi": "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c "
                               "bmi2",
                 "avx512vnni": "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2",
@@ -73,7 +74,7 @@ def lib(tmp_path_factory):
 # ------------------------------------------------------------------ the definition in NumPy
 
 def act_quantize_np(x: np.ndarray):
-    """native/qgemv.h act_quantize in float32 NumPy: (D, m [n_pad/32], q [n_pad])."""
+    """native/kernels/qgemv.h act_quantize in float32 NumPy: (D, m [n_pad/32], q [n_pad])."""
     x = x.astype(np.float32)
     n = len(x)
     n_pad = -(-max(n, 1) // 64) * 64
@@ -94,7 +95,7 @@ def act_quantize_np(x: np.ndarray):
 
 
 def i8_gemv_np(ct: CodebookTensor, x: np.ndarray) -> np.ndarray:
-    """The exact result of native/qgemv.h: int64 sums per sub-block, combined in float64."""
+    """The exact result of native/kernels/qgemv.h: int64 sums per sub-block, combined in float64."""
     rows, cols = ct.indices.shape
     G = ct.group_size
     D, m, q = act_quantize_np(x)
@@ -243,7 +244,7 @@ def test_kernel_table_matches_cpu(lib):
 def test_ditto_kernel_env_forces_a_table(tmp_path):
     """DITTO_KERNEL picks the table; an unknown or unsupported name is refused by name."""
     src = tmp_path / "which.c"
-    src.write_text('#include <stdio.h>\n#include "kernels.h"\nint main(int c, char **v) {\n'
+    src.write_text('#include <stdio.h>\n#include "kernels/kernels.h"\nint main(int c, char **v) {\n'
                    '  char err[256];\n  if (kernels_select(c > 1 ? v[1] : NULL, err, sizeof err))'
                    ' { puts(err); return 1; }\n  puts(kernels_active()->name);\n  return 0;\n}\n')
     exe = tmp_path / "which"
@@ -292,7 +293,7 @@ TABLE_PATHS = {"avx512vbmi": (32, True), "avx512vnni": (32, True), "avxvnni": (3
 
 
 def simd_cases(kernel):
-    """How many driver cases a table runs through a SIMD kernel (native/kernels.c
+    """How many driver cases a table runs through a SIMD kernel (native/kernels/kernels.c
     kernel_pick_i8, with G clamped to the row length)."""
     chunk, any_b = TABLE_PATHS[kernel]
     n = 0
@@ -309,7 +310,7 @@ TABLE_GEMM = {"avx512vbmi", "avx512vnni", "avxvnni", "avx2", "neon"}
 
 
 def gemm_cases(kernel):
-    """How many driver cases run the table's GEMM kernel (native/kernels.c gemm_i8_by)."""
+    """How many driver cases run the table's GEMM kernel (native/kernels/kernels.c gemm_i8_by)."""
     if kernel not in TABLE_GEMM:
         return 0
     return sum(min(G, cols) % 32 == 0 for _ in range(1, 9) for G in DRIVER_GROUPS
@@ -352,7 +353,7 @@ def test_unsupported_table_is_refused_by_the_driver(asan_driver):
 def ir_driver(tmp_path_factory):
     """The driver built as the runtime is (clang-22 -O1 IR with Ditto's fast-math policy,
     llvmlite O3 for the host, per-function target attributes kept)."""
-    from ditto_core.cc import compile_c
+    from ditto_core.stages.cc import compile_c
 
     exe, _ = compile_c([DRIVER, *SRC], blas=None,
                        out=tmp_path_factory.mktemp("qgemv_ir") / "qgemv_ir",
@@ -456,7 +457,7 @@ def test_threads_do_not_change_bits(lib):
 def _int8_linear(mf, weights):
     """linear(h, name) for tests/native_reference.py emulating gemv() on an int8 model: each
     row of h quantized as act_quantize does (float32), exact integer sums per sub-block,
-    combined in float64 (native/qgemv.h); f32 tensors in float64."""
+    combined in float64 (native/kernels/qgemv.h); f32 tensors in float64."""
     from ditto_pack_bits import unpack_indices
 
     cache = {}
@@ -501,7 +502,7 @@ def test_int8_model_logits_equal_numpy_reference(native_build, tmp_path):
     forward with the int8 GEMV emulated, and stay close to the float-weights reference; the
     same with --batch-size 1 (to float rounding) and the same bits with every kernel table this
     CPU runs."""
-    from ditto_core.modelfile import ModelFile
+    from ditto_core.model.modelfile import ModelFile
     from tests.fixtures_native import dump_logits, model_weights, rel_error, synthetic_model
     from tests.native_reference import reference_logits
 
@@ -541,7 +542,7 @@ def test_arm_runtime_runs_int8_model_under_qemu(native_build, tmp_path):
 
     assert shutil.which("qemu-aarch64"), "qemu-aarch64 missing: run scripts/setup.sh"
     exe = tmp_path / "ditto-run-aarch64"
-    srcs = sorted(str(f) for f in NATIVE.glob("*.c"))
+    srcs = [str(f) for f in runtime_sources(NATIVE)]
     p = subprocess.run(["nice", "clang-22", "--target=aarch64-linux-gnu", *STD, "-O2", *WARN,
                         "-o", str(exe), *srcs, "-lm"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
@@ -562,7 +563,7 @@ def test_arm_runtime_runs_int8_model_under_qemu(native_build, tmp_path):
 
 
 class _Tensor(ctypes.Structure):
-    """native/model.h Tensor."""
+    """native/model/model.h Tensor."""
     _fields_ = [("name", ctypes.c_char_p), ("encoding", ctypes.c_uint32),
                 ("codebook_type", ctypes.c_uint32), ("bits", ctypes.c_uint32),
                 ("group_size", ctypes.c_uint32), ("rows", ctypes.c_uint64),
@@ -627,7 +628,7 @@ def test_gemm_multi_equals_one_tensor_at_a_time(lib):
         np.testing.assert_array_equal(got, w)
 
 
-#: the x86 tables that read weights decoded to int8 for b >= 5 (native/kernels.c i8_dec8)
+#: the x86 tables that read weights decoded to int8 for b >= 5 (native/kernels/kernels.c i8_dec8)
 DECODING_TABLES = {"avx512vnni", "avxvnni", "avx2"}
 
 

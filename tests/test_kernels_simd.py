@@ -1,6 +1,6 @@
-"""The SIMD codebook GEMVs (native/codebook_avx2.c, native/codebook_avx512.c) against the scalar
+"""The SIMD codebook GEMVs (native/kernels/arch/x86/codebook_avx2.c, native/kernels/arch/x86/codebook_avx512.c) against the scalar
 reference
-``codebook_gemv_ref`` (native/codebook_ref.c) and a float64 NumPy dequantize-then-dot, on payloads
+``codebook_gemv_ref`` (native/kernels/codebook_ref.c) and a float64 NumPy dequantize-then-dot, on payloads
 written by the project's packer (ditto_pack_bits.codebook_payload): every bit width b = 1..8,
 group sizes G that are and are not multiples of 8, cols with tails, f16 and f32 codebooks.
 Also: the CPU check against /proc/cpuinfo, thread-count independence, padding indices
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core.types import CodebookTensor
+from ditto_core.base.types import CodebookTensor
 from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
 from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
@@ -135,7 +135,7 @@ def test_padding_indices_and_unused_centroids_ignored(simd_lib, bits, kernel):
         assert np.all(np.abs(got - ref) <= 1e-5 * bound), (cols, G)
 
 
-@pytest.mark.parametrize("src", ["codebook_avx2.c", "codebook_avx512.c"])
+@pytest.mark.parametrize("src", ["kernels/arch/x86/codebook_avx2.c", "kernels/arch/x86/codebook_avx512.c"])
 @pytest.mark.parametrize("cc", ["gcc", "clang-22"])
 def test_kernel_builds_warning_free(tmp_path, cc, src):
     p = subprocess.run(["nice", cc, *STD, "-O3", *WARN, "-fopenmp", "-c", str(NATIVE / src),
@@ -167,7 +167,7 @@ def test_driver_under_asan_ubsan(tmp_path):
 def test_driver_through_ditto_ir_pipeline(tmp_path):
     """The kernel built as the runtime is (clang-22 -O1 IR, baseline target attributes
     stripped, the AVX2 functions' kept, llvmlite O3 for the host) agrees with the reference."""
-    from ditto_core.cc import compile_c
+    from ditto_core.stages.cc import compile_c
 
     exe, _ = compile_c([DRIVER, *KERNEL_SRC], blas=None, out=tmp_path / "driver_ir",
                        include_dirs=[NATIVE], openmp=True)

@@ -8,8 +8,8 @@ import llvmlite.binding as llvm
 import pytest
 
 from ditto_blas_openblas import OpenBlasTarget
-from ditto_core.errors import DittoError
-from ditto_core.types import IRModule
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import IRModule
 from ditto_emit_clang import ClangEmitter
 from ditto_link_llvm import LlvmLinker, clang_baseline, strip_target_attributes, uses_openmp
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
-from ditto_core.modelfile import ModelFile
-from ditto_core.pipeline import model_fingerprint
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import ModelFile
+from ditto_core.stages.pipeline import model_fingerprint
 from ditto_export_hf.exporter import HFExporter
 
 from .malformed_models import make_gguf, make_hf

@@ -1,4 +1,4 @@
-"""ditto_core.modelfile: write/read round trips, the FORMAT.md size formulas, and refusals."""
+"""ditto_core.model.modelfile: write/read round trips, the FORMAT.md size formulas, and refusals."""
 
 import os
 import re
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ditto_core import format as F
-from ditto_core.codebook import codebook_bytes, payload_bytes as codebook_nbytes
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import (ModelFile, TensorInfo, expected_shapes, f32_nbytes, parse_tokenizer,
+from ditto_core.base.errors import DittoError
+from ditto_core.model import format as F
+from ditto_core.model.codebook import codebook_bytes, payload_bytes as codebook_nbytes
+from ditto_core.model.modelfile import (ModelFile, TensorInfo, expected_shapes, f32_nbytes, parse_tokenizer,
                                   serialize_tokenizer, tokenizers_equal, write_model)
-from ditto_core.types import ModelConfig, TokenizerSpec
+from ditto_core.base.types import ModelConfig, TokenizerSpec
 
 CFG = ModelConfig(dim=16, hidden_dim=40, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4,
                   vocab_size=8, max_seq_len=32, rope_theta=10000.0, norm_eps=1e-5,

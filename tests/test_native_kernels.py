@@ -1,4 +1,4 @@
-"""The C kernels (native/matmul.c, codebook_ref.c, model.c) called through ctypes against direct
+"""The C kernels (native/kernels/matmul.c, codebook_ref.c, model.c) called through ctypes against direct
 NumPy computations: codebook GEMV and row decode for every bit width b = 1..8 and group sizes
 with tail sub-blocks, the fp32 GEMV, half -> float conversion and CRC-32."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
-from ditto_core.modelfile import TensorInfo
-from ditto_core.types import CodebookTensor
+from ditto_core.base.types import CodebookTensor
+from ditto_core.model.modelfile import TensorInfo
 from ditto_pack_bits import codebook_payload, dequantize
 
 F32P = ctypes.POINTER(ctypes.c_float)

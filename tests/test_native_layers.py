@@ -1,12 +1,15 @@
-"""native/ without circles between translation units (docs/ARCHITECTURE.md "Layers").
+"""native/ without circles between translation units nor between its folders
+(docs/ARCHITECTURE.md "Layers").
 
-What is checked: the call graph between the runtime's .c files at link level. Every
-``native/*.c`` is compiled on its own (clang-22 -O0 -c, the runtime's flags) for x86-64 and for
+What is checked: the call graph between the runtime's .c files at link level. Every runtime
+source (``native/<folder>/**/*.c``, the files ``ditto build`` compiles) is compiled on its own (clang-22 -O0 -c, the runtime's flags) for x86-64 and for
 AArch64 (so the NEON files, empty on x86, count too), and ``nm`` lists the external symbols
 each object defines and the ones it uses; A.c → B.c when A uses a function or table that B
 defines. That graph must have no cycle: every dependency between files points one way (the
 dispatch table in kernels.c above the kernels, the scalar references in codebook_ref.c and
-qgemv_generic.c below them), whatever the headers declare.
+qgemv_generic.c below them), whatever the headers declare. Nor the graph between native/'s
+folders (app, io, model, runtime, kernels with its arch/ sub-folders, tokenizer with its
+tables): app → runtime → kernels, tokenizer → model → io.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ditto_core.stages.compile import runtime_sources
 from ditto_native import KERNEL_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +48,7 @@ def _symbols(src: Path, target: str, out_dir: Path) -> tuple[set, set]:
 
 def call_graph(out_dir: Path) -> dict[tuple[str, str], set[str]]:
     """(A.c, B.c) → the symbols of B.c that A.c uses, over both targets."""
-    jobs = [(src, t) for t in TARGETS for src in sorted(NATIVE.glob("*.c"))]
+    jobs = [(src, t) for t in TARGETS for src in runtime_sources(NATIVE)]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda j: (j, _symbols(j[0], j[1], out_dir)), jobs))
     edges: dict[tuple[str, str], set[str]] = {}
@@ -130,5 +134,25 @@ def test_native_call_graph_points_down(graph):
                          (("qgemv_generic.c", "codebook_ref.c"), "f16_to_f32")]:
         assert symbol in graph.get(edge, set()), (edge, symbol)
     assert sorted(b for a, b in graph if a == "codebook_ref.c") == []
-    kernel_files = {f for f in KERNEL_SOURCES if f not in ("matmul.c", "gemm.c", "kernels.c")}
+    kernel_files = {Path(f).name for f in KERNEL_SOURCES} - {"matmul.c", "gemm.c", "kernels.c"}
     assert sorted(a for a, b in graph if b == "kernels.c" and a in kernel_files) == []
+
+
+def folder(name: str) -> str:
+    """The top folder of native/ that holds the runtime source ``name`` (kernels/arch/x86 counts
+    as kernels, tokenizer/unicode as tokenizer)."""
+    (path,) = [f for f in runtime_sources(NATIVE) if f.name == name]
+    return path.relative_to(NATIVE).parts[0]
+
+
+def test_native_folders_have_no_cycle(graph):
+    """The calls between folders point one way too, the folders named in ditto_native's
+    RUNTIME_DIRS each on its own layer."""
+    from ditto_native import RUNTIME_DIRS
+
+    edges = {(folder(a), folder(b)) for a, b in graph if folder(a) != folder(b)}
+    assert find_cycle(edges) is None, sorted(edges)
+    assert {f for e in edges for f in e} <= set(RUNTIME_DIRS)
+    for edge in [("app", "runtime"), ("runtime", "kernels"), ("runtime", "tokenizer"),
+                 ("app", "io")]:
+        assert edge in edges, (edge, sorted(edges))

@@ -1,6 +1,6 @@
 """ditto-run's outputs and endings (reliability issue, "Data loss" and "signals"):
 
-- --dump-logits follows the project's output rule (native/output.h): an input, a directory, a
+- --dump-logits follows the project's output rule (native/io/output.h): an input, a directory, a
   FIFO or a device node is refused and left as it was; a symlink is written through; nothing
   is left half-written (reliability/dump-logits-replaces-special-files).
 - Every stdout write error reaches the exit code 4: a full disk, a closed stdout, a pipe whose

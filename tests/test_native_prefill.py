@@ -1,4 +1,4 @@
-"""Batched prefill (native/prefill.c, native/gemm.c): the prompt, --score and --dump-logits
+"""Batched prefill (native/runtime/prefill.c, native/kernels/gemm.c): the prompt, --score and --dump-logits
 input evaluated in tiles of tokens equal the token-by-token forward pass (--batch-size 1) and
 the NumPy reference, for f32 and codebook models, tied and untied, with and without GQA,
 prompt lengths that are not a multiple of the tile; the GEMM kernels against NumPy."""

@@ -10,11 +10,11 @@ from typing import Literal
 import attrs
 import pytest
 
-from ditto_core import options as opt
-from ditto_core import pipeline
-from ditto_core.options import OptionError, option
-from ditto_core.plugins import get_registry
-from ditto_core.selection import choose
+from ditto_core.base import options as opt
+from ditto_core.base.options import OptionError, option
+from ditto_core.stages import pipeline
+from ditto_core.stages.plugins import get_registry
+from ditto_core.stages.selection import choose
 
 from .fixtures_compile import build_model
 
@@ -157,7 +157,7 @@ def test_model_key_holds_component_options(tiny_gguf):
 def test_cli_bad_option_fails_before_export(tmp_path, argv, message, monkeypatch):
     from click.testing import CliRunner
 
-    from ditto_core.cli import cli
+    from ditto_core.cli.main import cli
 
     def no_work(*a, **k):
         raise AssertionError("the build started")

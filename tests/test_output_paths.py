@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
-from ditto_core.cli_cc import cc_command
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile
-from ditto_core.outputs import output_target
+from ditto_core.base.errors import DittoError
+from ditto_core.base.outputs import output_target
+from ditto_core.cli.cc import cc_command
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import ModelFile
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ditto_core.errors import DittoError
-from ditto_core.codebook import payload_bytes as codebook_nbytes
-from ditto_core.modelfile import ModelFile, TensorInfo
-from ditto_core.types import CodebookTensor, ModelConfig, QuantizedModel, TokenizerSpec
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import CodebookTensor, ModelConfig, QuantizedModel, TokenizerSpec
+from ditto_core.model.codebook import payload_bytes as codebook_nbytes
+from ditto_core.model.modelfile import ModelFile, TensorInfo
 from ditto_pack_bits import (BitsPacker, codebook_payload, dequantize, pack_indices,
                              unpack_indices)
 
@@ -134,7 +134,7 @@ def _tiny_model(rng, bad_shape=False):
     tok = TokenizerSpec(kind="bpe_bytes", tokens=(b"a", b"b", b"c", b"ab", b"abc"),
                         scores=np.zeros(5, np.float32), token_types=np.ones(5, np.uint32),
                         merges=((0, 1), (3, 2)), pre="gpt2")
-    from ditto_core.modelfile import expected_shapes
+    from ditto_core.model.modelfile import expected_shapes
     shapes = expected_shapes(cfg)
     values, plan = {}, {}
     for name, shape in shapes.items():

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from ditto_blas_openblas import OpenBlasTarget
-from ditto_core.errors import DittoError
-from ditto_core.types import IRModule
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import IRModule
 from ditto_pass_gemv_blas import GemvBlasPass
 from ditto_pass_gemv_blas import affine as P
 from ditto_pass_gemv_blas.ir_text import parse_functions
@@ -228,7 +228,7 @@ def test_hand_written_i32_induction_variables(tmp_path):
     import llvmlite.binding as llvm
     import numpy as np
 
-    from ditto_core.cc import link
+    from ditto_core.stages.cc import link
 
     new, report = GemvBlasPass().run(IRModule(MV32_IR, "mv32.ll"), OpenBlasTarget())
     (c,) = report.candidates

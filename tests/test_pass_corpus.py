@@ -141,7 +141,7 @@ def test_negatives_results_unchanged(corpus_builds):
 def test_openmp_region_serialized_matches_naive(corpus_sources, corpus_builds, tmp_path):
     """omp_threads="region": the parallel regions holding only a GEMV run serialized, one
     BLAS call per region; results equal the unrewritten OpenMP build."""
-    from ditto_core.cc import emit_ir, link, resolve_blas
+    from ditto_core.stages.cc import emit_ir, link, resolve_blas
     from ditto_pass_gemv_blas import GemvBlasPass
 
     from tests.fixtures_pass import run_exe
@@ -197,7 +197,7 @@ def test_strict_fp_corpus_with_allow_strict(corpus_sources, corpus_builds, tmp_p
     """Compiled without reassociation (-fno-associative-math: llvm.fmuladd without reassoc),
     the default pass rejects every nest; allow_strict=True rewrites them all, reports
     "reassociates": true, and the results stay within fp tolerance of the naive build."""
-    from ditto_core.cc import emit_ir, link, resolve_blas
+    from ditto_core.stages.cc import emit_ir, link, resolve_blas
     from ditto_pass_gemv_blas import GemvBlasPass
 
     from tests.fixtures_pass import run_exe

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core.cc import compile_c
+from ditto_core.stages.cc import compile_c
 
 SRC = Path(__file__).parent / "corpus" / "gemm.c"
 GEMMS = {"gemm_prefill": "C = opN(A)·opT(B)", "gemm_nn": "C = opN(A)·opN(B)",

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ditto_core.cc import compile_c
+from ditto_core.stages.cc import compile_c
 
 SRC = r"""
 #define _GNU_SOURCE

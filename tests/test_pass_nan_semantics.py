@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from ditto_core.cc import compile_c
+from ditto_core.stages.cc import compile_c
 
 N = 6
 SRC = r"""

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from ditto_core import pipeline
-from ditto_core.plugins import build_registry
+from ditto_core.stages import pipeline
+from ditto_core.stages.plugins import build_registry
 
 from .fixtures_compile import greedy_ids
 

@@ -9,11 +9,11 @@ from importlib import metadata
 import numpy as np
 import pytest
 
-from ditto_core import pipeline
-from ditto_core.components import QuantOptions
-from ditto_core.errors import PluginError
-from ditto_core.hookspecs import hookimpl
-from ditto_core.plugins import build_registry
+from ditto_core.base.errors import PluginError
+from ditto_core.kit.components import QuantOptions
+from ditto_core.kit.hookspecs import hookimpl
+from ditto_core.stages import pipeline
+from ditto_core.stages.plugins import build_registry
 
 def test_ditto_plugins_lists_defaults_and_installed_plugin(test_plugin_installed):
     out = subprocess.run(["ditto", "plugins", "--json"], check=True, capture_output=True,
@@ -126,7 +126,7 @@ def pass_plugin(modname, passes):
 
 
 def test_default_passes_are_what_the_registry_declares():
-    from ditto_core.selection import choose_compile, default_passes
+    from ditto_core.stages.selection import choose_compile, default_passes
 
     default = build_registry()
     assert default_passes(default) == ("gemv-blas",)

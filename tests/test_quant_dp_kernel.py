@@ -246,7 +246,7 @@ def test_c_assign_equals_reference(kind, rows, cols, bits, g, cbtype):
     """Nearest stored centroid, per-row SSE and norm: the C kernel's bytes are the numba
     reference's, on the codebooks the quantizer stores (optimal centroids rounded to the type),
     at b = 1..8 and tails."""
-    from ditto_core import quantkit
+    from ditto_core.kit import quantkit
     rng = np.random.default_rng([rows, cols, bits, g, 1])
     W = {"bf16": student_bf16, "q41": q41_grid,
          "ints": lambda r, a, b: small_ints(r, a, b, 41)}[kind](rng, rows, cols)

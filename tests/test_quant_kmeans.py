@@ -15,10 +15,10 @@ from gguf import quants
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
-from ditto_core.plugins import build_registry
-from ditto_core.types import Checkpoint, CodebookTensor, ModelConfig, TokenizerSpec
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import Checkpoint, CodebookTensor, ModelConfig, TokenizerSpec
+from ditto_core.kit.components import QuantOptions
+from ditto_core.stages.plugins import build_registry
 from ditto_quant_kmeans import KMeansQuantizer, kmeans1d, plan_tensors, quantize_matrix
 
 
@@ -244,7 +244,7 @@ def _checkpoint(rng, poison=None):
                       tied_embeddings=True)
     tok = TokenizerSpec(kind="bpe_bytes", tokens=tuple(bytes([65 + i]) for i in range(40)),
                         scores=np.zeros(40, np.float32), token_types=np.ones(40, np.uint32))
-    from ditto_core.modelfile import expected_shapes
+    from ditto_core.model.modelfile import expected_shapes
     shapes = expected_shapes(cfg)
     data = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     if poison:

@@ -7,11 +7,11 @@ codebooks + ``rows·ceil(cols/8)·b`` index bytes, against ``4·rows·cols`` for
 import numpy as np
 import pytest
 
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
-from ditto_core.codebook import saves_space as codebook_saves_space
-from ditto_core.modelfile import ModelFile
-from ditto_core.types import Checkpoint, ModelConfig, TokenizerSpec
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import Checkpoint, ModelConfig, TokenizerSpec
+from ditto_core.kit.components import QuantOptions
+from ditto_core.model.codebook import saves_space as codebook_saves_space
+from ditto_core.model.modelfile import ModelFile
 from ditto_pack_bits import BitsPacker
 from ditto_quant_kmeans import KMeansQuantizer, plan_tensors, plan_with_reasons
 
@@ -59,7 +59,7 @@ def test_user_report_cases_stay_f32():
 
 
 def _packed(tiny_gguf, tmp_path, name, options):
-    from ditto_core.plugins import build_registry
+    from ditto_core.stages.plugins import build_registry
     ck = build_registry().get("exporter", "gguf").load(tiny_gguf)
     qm = KMeansQuantizer().quantize(ck, options)
     out = tmp_path / name
@@ -106,7 +106,7 @@ def _checkpoint():
                       tied_embeddings=True)
     tok = TokenizerSpec(kind="bpe_bytes", tokens=tuple(bytes([65 + i]) for i in range(40)),
                         scores=np.zeros(40, np.float32), token_types=np.ones(40, np.uint32))
-    from ditto_core.modelfile import expected_shapes
+    from ditto_core.model.modelfile import expected_shapes
     shapes = expected_shapes(cfg)
     return Checkpoint(config=cfg, tokenizer=tok, tensors=_Untouchable(), shapes=shapes,
                       source=__file__)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from ditto_core.modelfile import ModelFile
+from ditto_core.model.modelfile import ModelFile
 from ditto_pack_bits import dequantize
 
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ditto_core.errors import DittoError
-from ditto_core.quantkit import IMPORTANCE_FLOOR, importance_weights
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.quantkit import IMPORTANCE_FLOOR, importance_weights
 from ditto_quant_kmeans import kmeans1d_weighted as kw
 from ditto_quant_kmeans import quantize_matrix
 

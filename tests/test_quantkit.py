@@ -1,4 +1,4 @@
-"""The quantizer kit (ditto_core.quantkit): --tensor-type rules, the planning order, checks of
+"""The quantizer kit (ditto_core.kit.quantkit): --tensor-type rules, the planning order, checks of
 what a quantize_matrix returns, and the ≤ 40-line example quantizer (examples/
 ditto-quant-quantile) producing a runnable build whose rules build.json and inspect show."""
 
@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ditto_core import pipeline, quantkit
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
-from ditto_core.plugins import build_registry
-from ditto_core.quantkit import CodebookQuantizer, TensorRule, plan_tensors
+from ditto_core.base.errors import DittoError
+from ditto_core.kit import quantkit
+from ditto_core.kit.components import QuantOptions
+from ditto_core.kit.quantkit import CodebookQuantizer, TensorRule, plan_tensors
+from ditto_core.stages import pipeline
+from ditto_core.stages.plugins import build_registry
 
 from .fixtures_compile import greedy_ids
 
@@ -141,7 +142,7 @@ def test_kit_refuses_non_finite_weights(tiny_checkpoint_8x8):
 
 @pytest.fixture
 def tiny_checkpoint_8x8():
-    from ditto_core.types import Checkpoint
+    from ditto_core.base.types import Checkpoint
 
     W = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
     return Checkpoint(config=None, tokenizer=None, tensors={"blk.0.attn_q.weight": lambda: W},
@@ -208,7 +209,7 @@ class Grid(CodebookQuantizer):
 
 @pytest.mark.parametrize("cb_type", ["f32", "f16", "int8"])
 def test_kit_rounds_codebooks_to_their_storage_type(cb_type):
-    from ditto_core.types import Checkpoint
+    from ditto_core.base.types import Checkpoint
 
     W = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
     ck = Checkpoint(config=None, tokenizer=None, tensors={"blk.0.ffn_up.weight": lambda: W},

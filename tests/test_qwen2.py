@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ditto_core.cli import cli
-from ditto_core.modelfile import ModelFile
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import ModelFile
 from tests.fixtures_compile import build_model
 from tests.fixtures_native import dump_logits, rel_error
 from tests.fixtures_qwen2 import hf_logits
@@ -65,8 +65,8 @@ def test_tiny_qwen2_quantized_build_runs_with_f32_biases(tiny_qwen2_hf, build_ca
                                                         tmp_path):
     """kmeans b = 4 with G = 48 (rows of 64 and 96: partial last sub-blocks); the biases are
     vectors, so they stay f32 whatever --tensor-type says about the matrices."""
-    from ditto_core.components import QuantOptions
-    from ditto_core.run import find_build
+    from ditto_core.kit.components import QuantOptions
+    from ditto_core.runtime.run import find_build
 
     d = tiny_qwen2_hf.untied
     rec = build_model(d, tmp_path / "q", build_cache_root, quantizer="kmeans",
@@ -96,9 +96,9 @@ def test_calibration_model_gives_transformers_logits(tiny_qwen2_hf):
     is a Qwen2ForCausalLM with the biases: its logits are transformers' on the directory."""
     import torch
 
-    from ditto_core import pipeline
-    from ditto_core.calibration import linear_inputs
+    from ditto_core.eval.calibration import linear_inputs
     from ditto_core.eval.torch_int8 import fp32_model_from_checkpoint
+    from ditto_core.stages import pipeline
 
     d = tiny_qwen2_hf.tied
     ck = pipeline.export(d)

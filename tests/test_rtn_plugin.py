@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gguf import quants
 
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.components import QuantOptions
 
 
 def test_registered_from_its_own_distribution(rtn_registry):

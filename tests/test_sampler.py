@@ -1,4 +1,4 @@
-"""native/sampler.c against a float64 reference (scipy.special.softmax of logits / T, which
+"""native/runtime/sampler.c against a float64 reference (scipy.special.softmax of logits / T, which
 cannot overflow for float32 logits and any float32 T > 0): every temperature > 0 gives a valid
 distribution, a T so small that logits / T overflows float32 behaves as its limit (greedy
 argmax), and top-p draws only from the reference nucleus. Property tests over extreme T and
@@ -22,7 +22,7 @@ F32_TINY = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-class Sampler(ctypes.Structure):  # native/sampler.h
+class Sampler(ctypes.Structure):  # native/runtime/sampler.h
     _fields_ = [("vocab_size", ctypes.c_int), ("temperature", ctypes.c_float),
                 ("topp", ctypes.c_float), ("rng", ctypes.c_uint64),
                 ("candidates", ctypes.c_void_p)]
@@ -32,7 +32,7 @@ class Sampler(ctypes.Structure):  # native/sampler.h
 def lib(tmp_path_factory):
     so = tmp_path_factory.mktemp("sampler") / "libsampler.so"
     subprocess.run(["clang-22", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC",
-                    "-shared", "-o", str(so), str(NATIVE / "sampler.c"), "-lm"], check=True)
+                    "-shared", "-o", str(so), str(NATIVE / "runtime" / "sampler.c"), "-lm"], check=True)
     lib = ctypes.CDLL(str(so))
     lib.softmax_temperature.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int,
                                         ctypes.c_float]

@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import pytest
 
-from ditto_core.run import run_build
-from ditto_core.runtime_api import open_build
-from ditto_core.serve_engine import common_prefix, find_stop, ngram_draft, partial_stop
+from ditto_core.runtime.run import run_build
+from ditto_core.runtime.runtime_api import open_build
+from ditto_core.serve.engine import common_prefix, find_stop, ngram_draft, partial_stop
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -38,7 +38,7 @@ def free_port() -> int:
 def start_server(build: Path, *args: str) -> SimpleNamespace:
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    proc = subprocess.Popen([sys.executable, "-c", "from ditto_core.cli import main; main()",
+    proc = subprocess.Popen([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
                              "serve", str(build), "--port", str(port), "--threads", "2", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -148,7 +148,7 @@ def test_engine_text_helpers():
 def test_infill_layout(tiny_build):
     """The repo-level FIM layout of /infill, on a stand-in model whose vocabulary has the FIM
     tokens (token ids of text: one per character)."""
-    from ditto_core.serve import Server
+    from ditto_core.serve.app import Server
 
     fim = {"<|fim_prefix|>": 1001, "<|fim_suffix|>": 1002, "<|fim_middle|>": 1003,
            "<|repo_name|>": 1004, "<|file_sep|>": 1005}
@@ -416,7 +416,7 @@ def test_build_without_library_says_rebuild(tiny_build, tmp_path):
     d.mkdir()
     for name in ("ditto-run", "model.ditto", "build.json"):
         (d / name).symlink_to(tiny_build / name)
-    proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
                            "serve", str(d)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "libditto.so" in proc.stderr and "rebuild" in proc.stderr
 

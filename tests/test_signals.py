@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ditto_core import run as run_mod
-from ditto_core import signals
+from ditto_core.base import signals
+from ditto_core.runtime import run as run_mod
 
 from .test_build_robust import _ditto_cmd, _fake_build
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from ditto_core.plugins import build_registry
+from ditto_core.stages.plugins import build_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import synth_checkpoint as S  # noqa: E402

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from ditto_core.modelfile import serialize_tokenizer
+from ditto_core.model.modelfile import serialize_tokenizer
 
 from .fixtures_tokenizer import (EDGE_CORPUS, NATIVE, TOKENIZER_SOURCES, WARN, build_driver,
                                  golden_rows, spec_from_sentencepiece)

@@ -1,4 +1,4 @@
-"""Byte-level BPE in C (native/tokenizer.c) on SmolLM2's vocabulary, against references:
+"""Byte-level BPE in C (native/tokenizer/tokenizer.c) on SmolLM2's vocabulary, against references:
 llama.cpp's token ids (tests/data/smollm2_tokenizer_golden.jsonl) and HF ``tokenizers``
 built from the same GGUF."""
 
@@ -132,7 +132,7 @@ def test_malformed_blocks_are_refused(tokenizer_lib, smollm2_block, smollm2_spec
     with pytest.raises(TokenizerError, match="unknown kind 7"):
         CTokenizer(tokenizer_lib, bad_kind, n)
     # first merge pointing at a token id past the vocabulary
-    from ditto_core.modelfile import serialize_ext
+    from ditto_core.model.modelfile import serialize_ext
     m0 = len(smollm2_block) - 8 * len(smollm2_spec.merges) - _pad4(
         len(smollm2_spec.chat_template.encode())) - len(serialize_ext(smollm2_spec))
     bad_merge = smollm2_block[:m0] + struct.pack("<II", n + 5, 0) + smollm2_block[m0 + 8:]

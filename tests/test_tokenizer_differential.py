@@ -18,8 +18,8 @@ import unicodedata
 
 import pytest
 
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import serialize_tokenizer
+from ditto_core.base.errors import DittoError
+from ditto_core.model.modelfile import serialize_tokenizer
 from ditto_export_hf.tokenizer import tokenizer_from_hf
 from tests.fixtures_tokenizer import EDGE_CORPUS, CTokenizer, TokenizerError
 

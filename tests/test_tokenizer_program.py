@@ -1,4 +1,4 @@
-"""The tokenizer inside the inference program: ``ditto-run --tokens`` (native/main.c) on a model
+"""The tokenizer inside the inference program: ``ditto-run --tokens`` (native/app/main.c) on a model
 file carrying SmolLM2's tokenizer prints llama.cpp's token ids for the golden corpus."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 import pytest
 
-from ditto_core.modelfile import ModelFile, serialize_tokenizer
+from ditto_core.model.modelfile import ModelFile, serialize_tokenizer
 from tests.fixtures_native import EXIT_USAGE, byte_vocab, run_native
 from tests.fixtures_tokenizer import EDGE_CORPUS, CTokenizer, _gguf_spec, tiny_model_with_tokenizer
 
@@ -163,9 +163,9 @@ def test_chat_equals_transformers(native_build, qwen_spec, qwen_tok_model, qwen_
 
 
 def test_chat_template_rendered_from_the_gguf_string(qwen05_gguf, qwen_spec, qwen_transformers):
-    """ditto_core.chat_template on the template string of the GGUF's metadata (as the exporter
+    """ditto_core.text.chat_template on the template string of the GGUF's metadata (as the exporter
     read it), as transformers renders it (its own default system message)."""
-    from ditto_core.chat_template import reduce_chat_template
+    from ditto_core.text.chat_template import reduce_chat_template
 
     template = qwen_spec.chat_template
     assert template == qwen_transformers.chat_template and "Alibaba Cloud" in template
@@ -231,7 +231,7 @@ def test_generation_stops_at_any_end_of_generation_token(native_build, tmp_path)
     # ditto inspect shows the set (a file without EOG records: its EOS)
     from click.testing import CliRunner
 
-    from ditto_core.cli import cli
+    from ditto_core.cli.main import cli
     for model, eog in ((with_eog, [0, 2]), (old, [2])):
         r = CliRunner().invoke(cli, ["inspect", "--json", str(model)])
         assert r.exit_code == 0, r.output
@@ -244,8 +244,8 @@ def test_generation_stops_at_any_end_of_generation_token(native_build, tmp_path)
 def test_eog_and_fim_records_are_checked(qwen_spec, tmp_path, native_build):
     """Both readers refuse an EOG / FIM record naming a token outside the vocabulary or a FIM
     role twice (FORMAT.md rule 24)."""
-    from ditto_core.errors import DittoError
-    from ditto_core.modelfile import parse_tokenizer
+    from ditto_core.base.errors import DittoError
+    from ditto_core.model.modelfile import parse_tokenizer
 
     spec = attrs.evolve(byte_vocab(chat=False), eog_ids=(0, 2), fim_ids=(0, 1, 2, -1, -1, -1))
     block = serialize_tokenizer(spec)
@@ -316,7 +316,7 @@ def test_hf_split_tokenizer_equals_hf(tokenizer_lib, qwen2_style_dir):
 
 
 def test_hf_split_with_another_regex_is_refused(qwen2_style_dir, tmp_path):
-    from ditto_core.errors import DittoError
+    from ditto_core.base.errors import DittoError
     from ditto_export_hf.tokenizer import tokenizer_from_hf
 
     d, hf = qwen2_style_dir
@@ -335,7 +335,7 @@ def test_ditto_run_passes_suffix_through(tmp_path):
     exe = tmp_path / "ditto-run"
     exe.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
     exe.chmod(0o755)
-    r = subprocess.run([sys.executable, "-c", "from ditto_core.cli import main; main()", "run",
+    r = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()", "run",
                         str(tmp_path), "-p", "def f(", "--suffix", "):\n", "--suffix-file", "x"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

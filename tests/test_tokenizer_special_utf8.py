@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile
+from ditto_core.base.errors import DittoError
+from ditto_core.model.modelfile import ModelFile
 from tests.fixtures_native import EXIT_MODEL, EXIT_OK, run_native
 from tests.modelfile_edit import ModelImage
 

@@ -1,4 +1,4 @@
-"""SentencePiece BPE in C (native/tokenizer.c) against the ``sentencepiece`` library: a BPE model
+"""SentencePiece BPE in C (native/tokenizer/tokenizer.c) against the ``sentencepiece`` library: a BPE model
 with byte fallback is trained inside the test session, converted to a TokenizerSpec, and the C
 tokenizer must give sentencepiece's ids and decoded text."""
 
@@ -88,7 +88,7 @@ TINY_CORPUS = SPM_CORPUS + ["The quick brown fox jumps over the lazy dog.",
 def test_tinycoder_vocab_matches_sentencepiece(tokenizer_lib, tiny_spec):
     import sentencepiece as spm
 
-    from ditto_core.modelfile import serialize_tokenizer
+    from ditto_core.model.modelfile import serialize_tokenizer
 
     from .fixtures_tokenizer import CTokenizer, sentencepiece_model_from_spec
 

@@ -1,24 +1,24 @@
-"""The generated Unicode class table (native/unicode_tables.c) is current and right."""
+"""The generated Unicode class table (native/tokenizer/unicode/unicode_tables.c) is current and right."""
 
 from __future__ import annotations
 
 import importlib.util
 
-from .fixtures_tokenizer import NATIVE
+from .fixtures_tokenizer import UNICODE
 
 
 def _generator():
     spec = importlib.util.spec_from_file_location("gen_unicode_tables",
-                                                  NATIVE / "gen_unicode_tables.py")
+                                                  UNICODE / "gen_unicode_tables.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_committed_table_equals_generator_output():
-    committed = (NATIVE / "unicode_tables.c").read_text(encoding="utf-8")
+    committed = (UNICODE / "unicode_tables.c").read_text(encoding="utf-8")
     assert committed == _generator().render(), \
-        "native/unicode_tables.c is stale: run python native/gen_unicode_tables.py"
+        "native/tokenizer/unicode/unicode_tables.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"
 
 
 def test_table_follows_hf_tokenizers_unicode_version():
@@ -57,9 +57,9 @@ def test_c_lookup_agrees_with_unicodedata_for_every_code_point(tokenizer_lib):
 
 
 def test_committed_case_table_equals_generator_output():
-    committed = (NATIVE / "unicode_case.c").read_text(encoding="utf-8")
+    committed = (UNICODE / "unicode_case.c").read_text(encoding="utf-8")
     assert committed == _generator().render_case(), \
-        "native/unicode_case.c is stale: run python native/gen_unicode_tables.py"
+        "native/tokenizer/unicode/unicode_case.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"
 
 
 def test_c_lowercase_agrees_with_hf_for_every_code_point(tokenizer_lib):
@@ -86,12 +86,12 @@ def test_c_lowercase_agrees_with_hf_for_every_code_point(tokenizer_lib):
 
 def test_committed_norm_table_equals_generator_output():
     spec = importlib.util.spec_from_file_location("gen_unicode_norm",
-                                                  NATIVE / "gen_unicode_norm.py")
+                                                  UNICODE / "gen_unicode_norm.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    committed = (NATIVE / "unicode_norm.c").read_text(encoding="utf-8")
+    committed = (UNICODE / "unicode_norm.c").read_text(encoding="utf-8")
     assert committed == mod.render(), \
-        "native/unicode_norm.c is stale: run python native/gen_unicode_norm.py"
+        "native/tokenizer/unicode/unicode_norm.c is stale: run python native/tokenizer/unicode/gen_unicode_norm.py"
 
 
 def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
@@ -101,8 +101,8 @@ def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
     import numpy as np
     from tokenizers import normalizers
 
-    from ditto_core.modelfile import serialize_tokenizer
-    from ditto_core.types import TokenizerSpec
+    from ditto_core.base.types import TokenizerSpec
+    from ditto_core.model.modelfile import serialize_tokenizer
 
     from .fixtures_tokenizer import CTokenizer
 
@@ -123,6 +123,6 @@ def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
 
 
 def test_committed_word_table_equals_generator_output():
-    committed = (NATIVE / "unicode_word.c").read_text(encoding="utf-8")
+    committed = (UNICODE / "unicode_word.c").read_text(encoding="utf-8")
     assert committed == _generator().render_word(), \
-        "native/unicode_word.c is stale: run python native/gen_unicode_tables.py"
+        "native/tokenizer/unicode/unicode_word.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"

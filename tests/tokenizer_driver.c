@@ -1,4 +1,4 @@
-/* tokenizer_driver.c: run native/tokenizer.c on texts from stdin (for the sanitizer test).
+/* tokenizer_driver.c: run native/tokenizer/tokenizer.c on texts from stdin (for the sanitizer test).
  *
  * usage: tokenizer_driver BLOCK_FILE N_VOCAB < records
  * BLOCK_FILE holds a tokenizer block (docs/FORMAT.md). Each record on stdin is a u32
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static int32_t *encode(const Tokenizer *t, const char *s, size_t n, int special, long *n_ids,
                        char *err, size_t errlen) {

@@ -24,8 +24,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ..errors import DittoError
-from ..run import find_build, run_stats
+from ditto_core.base.errors import DittoError
+from ditto_core.runtime.run import find_build, run_stats
 
 POWERCAP = Path("/sys/class/powercap")
 DECODE_PROMPT = "def fibonacci(n):"
@@ -104,7 +104,7 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
     file_bytes = model.stat().st_size
     n_weights = (meta.get("pack") or {}).get("n_weights")
     if not n_weights:
-        from ..modelfile import ModelFile
+        from ditto_core.model.modelfile import ModelFile
 
         with ModelFile.open(model, verify=False) as mf:
             n_weights = sum(t.n_weights for t in mf.tensors.values())

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import attrs
 
-from ..components import QuantOptions
-from ..errors import DittoError
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.components import QuantOptions
 
 QUANT_KEYS = {"bits": int, "group_size": int, "method": str, "codebook_type": str, "seed": int,
               "keep_fp32": lambda v: tuple(p for p in v.split("|") if p)}
@@ -35,7 +35,7 @@ def parse_config(spec: str):
     for what the string leaves out (the codebook type: ``pipeline.DEFAULT_CODEBOOK_TYPE``, so
     ``kmeans:bits=4`` is the same build as ``ditto build --quantizer kmeans --bits 4``). Raises
     DittoError naming the configuration for an unknown key or a bad value."""
-    from ..pipeline import DEFAULT_CODEBOOK_TYPE, BuildOptions
+    from ditto_core.stages.pipeline import DEFAULT_CODEBOOK_TYPE, BuildOptions
 
     name, _, rest = spec.partition(":")
     if not name:
@@ -89,7 +89,7 @@ def build_matches(out_dir: Path, options) -> bool:
 def ensure_build(model, out_dir: Path, options, *, show_progress: bool = False) -> Path:
     """Build ``model`` with ``options`` into ``out_dir`` unless a matching complete build is
     already there (the pipeline's stage cache makes a rebuild of known stages cheap too)."""
-    from .. import pipeline
+    from ditto_core.stages import pipeline
 
     out_dir = Path(out_dir)
     if not build_matches(out_dir, options):
@@ -101,9 +101,9 @@ def baseline_for(build_dir: Path, *, show_progress: bool = False) -> Path:
     """The fp32 build (``--quantizer none``, same BLAS) of the model ``build_dir`` was built
     from, built once into ``<cache root>/eval-baselines/`` and reused. Raises DittoError when
     build.json does not say which model (or that model is gone)."""
-    from .. import pipeline
-    from ..cache import default_root
-    from ..run import find_build
+    from ditto_core.base.cache import default_root
+    from ditto_core.runtime.run import find_build
+    from ditto_core.stages import pipeline
 
     _, _, meta = find_build(build_dir)
     model = meta.get("model_path") or meta.get("model")

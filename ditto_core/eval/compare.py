@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DittoError
-from ..outputs import input_files, output_target
+from ditto_core.base.errors import DittoError
+from ditto_core.base.outputs import input_files, output_target
 from . import builds as builds_mod
 
 #: The configuration name of the PyTorch dynamic-int8 baseline (torch_int8.py).
@@ -206,7 +206,7 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
     out_dir.mkdir(parents=True, exist_ok=True)
     baseline = ""
     if settings.get("eval", True) or TORCH_INT8 in specs:
-        from ..pipeline import BuildOptions
+        from ditto_core.stages.pipeline import BuildOptions
 
         baseline = str(builds_mod.ensure_build(model, out_dir / "builds" / "baseline",
                                                BuildOptions(quantizer="none", blas="openblas")))

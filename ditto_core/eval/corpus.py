@@ -27,7 +27,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from ..errors import DittoError
+from ditto_core.base.errors import DittoError
 
 CORPUS_MODULES = ("argparse", "functools", "textwrap", "shlex", "fractions", "heapq", "bisect",
                   "dataclasses", "enum", "statistics")

@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import DittoError
-from ..modelfile import ModelFile
-from ..run import find_build
+from ditto_core.base.errors import DittoError
+from ditto_core.model.modelfile import ModelFile
+from ditto_core.runtime.run import find_build
 from . import corpus as corpus_mod
 from .metrics import KLAccumulator
 
@@ -68,7 +68,7 @@ class LogitsCache:
     thread count (it changes the float summation order) and the chunk's token ids. The baseline of a sweep is then computed once."""
 
     def __init__(self, build_dir: Path, enabled: bool = True, threads: int | None = None):
-        from ..cache import default_root, file_hash
+        from ditto_core.base.cache import default_root, file_hash
 
         self.enabled = enabled and os.environ.get("DITTO_NO_CACHE") != "1"
         if self.enabled:
@@ -79,7 +79,7 @@ class LogitsCache:
             self.root = default_root() / "eval-logits"
 
     def path(self, chunk: list[int], rows: slice) -> Path:
-        from ..cache import make_key
+        from ditto_core.base.cache import make_key
 
         return self.root / (make_key({**self.ident, "ids": chunk,
                                       "rows": [rows.start, rows.stop]}) + ".f32")

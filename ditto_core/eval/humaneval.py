@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import DittoError
-from ..run import run_command
+from ditto_core.base.errors import DittoError
+from ditto_core.runtime.run import run_command
 from .metrics import pass_at_k
 
 STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")

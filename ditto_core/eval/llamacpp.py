@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import DittoError
+from ditto_core.base.errors import DittoError
 from . import corpus as corpus_mod
 
 N_CTX = corpus_mod.N_CTX
@@ -84,7 +84,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def _cache_dir() -> Path:
-    from ..cache import default_root
+    from ditto_core.base.cache import default_root
 
     d = default_root() / "llama-cpp"
     d.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def _cache_dir() -> Path:
 
 def f32_gguf(source: Path, bin_dir: Path | None = None) -> Path:
     """``source`` (a GGUF) converted to F32 by llama-quantize, cached by the source's hash."""
-    from ..cache import file_hash
+    from ditto_core.base.cache import file_hash
 
     source = Path(source)
     if source.suffix != ".gguf":
@@ -114,7 +114,7 @@ def base_logits(base_gguf: Path, n_chunks: int, *, bin_dir: Path | None = None,
                 threads: int | None = None) -> Path:
     """The ``--kl-divergence-base`` file of ``base_gguf`` over the first ``n_chunks`` chunks of
     the corpus (cached by the GGUF's hash and N)."""
-    from ..cache import file_hash
+    from ditto_core.base.cache import file_hash
 
     out = _cache_dir() / f"{file_hash(base_gguf)[:16]}-c{N_CTX}-n{n_chunks}.kld"
     if out.is_file():
@@ -167,7 +167,7 @@ def evaluate_peers(build_dir: Path, ggufs: list[Path], *, base_gguf: Path | None
                    quiet: bool = True) -> list[dict]:
     """score_peer for each GGUF against the base of ``build_dir``'s source model (or
     ``base_gguf``) on the first ``n_chunks`` chunks."""
-    from ..run import find_build
+    from ditto_core.runtime.run import find_build
 
     _check_ggufs(ggufs)
     if base_gguf is None:
@@ -183,7 +183,7 @@ def peer_rows(model: str, ggufs: list[Path], out_dir: Path, *, base_gguf: Path |
     """Rows for ``ditto compare``'s table (``source`` "llama.cpp", ``config`` "llama.cpp NAME")
     of each GGUF, scored against MODEL's F32 (or ``base_gguf``); each is saved in
     ``out_dir/peers/NAME-nN.json`` and reused while the GGUF and the base are the same."""
-    from ..pipeline import resolve_model
+    from ditto_core.stages.pipeline import resolve_model
 
     _check_ggufs(ggufs)
     if base_gguf is None:
@@ -191,7 +191,7 @@ def peer_rows(model: str, ggufs: list[Path], out_dir: Path, *, base_gguf: Path |
     base = base_logits(Path(base_gguf), n_chunks, bin_dir=bin_dir, threads=threads)
     rows = []
     for g in ggufs:
-        from ..cache import file_hash
+        from ditto_core.base.cache import file_hash
 
         saved = Path(out_dir) / "peers" / f"{Path(g).stem}-n{n_chunks}.json"
         key = {"gguf": file_hash(g), "base": base.name}

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import DittoError
+from ditto_core.base.errors import DittoError
 
 SPEC = "torch-int8"
 LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
@@ -55,7 +55,7 @@ def fp32_model(model: str):
     """transformers LlamaForCausalLM / Qwen2ForCausalLM (fp32, eval mode; see
     ``fp32_model_from_checkpoint``) with the weights of Ditto's export of
     MODEL (path or bundled name). Raises DittoError if torch/transformers are missing."""
-    from .. import pipeline
+    from ditto_core.stages import pipeline
 
     return fp32_model_from_checkpoint(pipeline.export(model))
 
@@ -123,7 +123,7 @@ def evaluate(model: str, baseline_dir: Path, *, n_chunks: int | None = None,
 
     import torch
 
-    from ..run import find_build
+    from ditto_core.runtime.run import find_build
     from . import corpus as corpus_mod
     from .fidelity import LogitsCache, build_vocab, dump_logits
     from .metrics import KLAccumulator
@@ -200,7 +200,7 @@ def bench(model: str, baseline_dir: Path, *, threads: list[int], repeat: int = 3
     """ditto bench's measures for the int8 model, each sample in a fresh Python process (peak
     RSS includes the fp32 model quantize_dynamic starts from). ``file_bytes`` is the size of
     the quantized state dict saved by torch.save. Same keys as bench.bench_build."""
-    from ..run import find_build
+    from ditto_core.runtime.run import find_build
     from . import corpus as corpus_mod
     from .bench import DECODE_PROMPT, spread
     from .fidelity import build_vocab

@@ -12,10 +12,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../forward.h"
-#include "../model.h"
-#include "../prefill.h"
-#include "../tokenizer.h"
+#include "../runtime/forward.h"
+#include "../model/model.h"
+#include "../runtime/prefill.h"
+#include "../tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < DITTO_HEADER_BYTES || size > (64u << 20)) return 0;

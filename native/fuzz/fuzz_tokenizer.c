@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model.h"
-#include "../tokenizer.h"
+#include "../model/model.h"
+#include "../tokenizer/tokenizer.h"
 
 #define MAX_FIXED 4
 static Tokenizer *fixed[MAX_FIXED];

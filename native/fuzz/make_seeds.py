@@ -25,10 +25,10 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from ditto_core.bundled import bundled_model
-from ditto_core.modelfile import TensorInfo, expected_shapes, serialize_tokenizer, write_model
-from ditto_core.plugins import get_registry
-from ditto_core.types import ModelConfig, TokenizerSpec
+from ditto_core.base.types import ModelConfig, TokenizerSpec
+from ditto_core.model.modelfile import TensorInfo, expected_shapes, serialize_tokenizer, write_model
+from ditto_core.stages.bundled import bundled_model
+from ditto_core.stages.plugins import get_registry
 
 TEXTS = ["hello world", "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
          "  leading  spaces\t\ttabs\n\nnewlines  ", "café naïve 日本語 😀 Ünïcödé",
@@ -61,7 +61,7 @@ def tiny_model(path: Path, tok: TokenizerSpec, *, tied: bool, seed: int) -> Path
     """A one-layer model (dim 16, hidden 24, 2 heads of 8, 1 KV head) with random weights:
     the embedding and the FFN as codebook tensors (b = 1..3, G = 8/16/256), the rest f32."""
     from ditto_pack_bits import codebook_payload
-    from ditto_core.types import CodebookTensor
+    from ditto_core.base.types import CodebookTensor
 
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.hookspecs import hookimpl
 
 VECLIB_HEADERS = ("System/Library/Frameworks/Accelerate.framework/Frameworks/"
                   "vecLib.framework/Headers")

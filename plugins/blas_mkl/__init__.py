@@ -11,8 +11,8 @@ import importlib.metadata as md
 import sys
 from pathlib import Path
 
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
+from ditto_core.base.errors import DittoError
+from ditto_core.kit.hookspecs import hookimpl
 
 
 def _mkl_dist() -> md.Distribution | None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import attrs
 
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
-from ditto_core.options import option
+from ditto_core.base.errors import DittoError
+from ditto_core.base.options import option
+from ditto_core.kit.hookspecs import hookimpl
 
 SYSTEM_LIB_DIR = Path("/usr/lib/x86_64-linux-gnu")
 SYSTEM_INCLUDE_DIRS = (Path("/usr/include/x86_64-linux-gnu/openblas-pthread"),

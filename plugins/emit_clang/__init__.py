@@ -22,9 +22,9 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
-from ditto_core.types import IRModule
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import IRModule
+from ditto_core.kit.hookspecs import hookimpl
 
 CLANG = "clang-22"
 LLVM_LINK = "llvm-link-22"

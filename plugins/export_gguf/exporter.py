@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.chat_template import with_chat_text
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import check_config, expected_shapes
-from ditto_core.types import Checkpoint, ModelConfig
-from ditto_core.untrusted import F32_MAX, Fields
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import Checkpoint, ModelConfig
+from ditto_core.base.untrusted import F32_MAX, Fields
+from ditto_core.model.modelfile import check_config, expected_shapes
+from ditto_core.text.chat_template import with_chat_text
 
 from .tokenizer import tokenizer_from_gguf
 
@@ -130,7 +130,7 @@ SWAPPABLE = _swappable()
 
 
 class GGUFExporter:
-    """Exporter component ``gguf`` (see ditto_core.components.Exporter)."""
+    """Exporter component ``gguf`` (see ditto_core.kit.components.Exporter)."""
 
     name = "gguf"
 

@@ -7,7 +7,7 @@
   pieces, kept as they are.
 
 The end-of-generation set and the FIM tokens are found as llama.cpp finds them
-(``ditto_core.special_tokens``: the ``tokenizer.ggml.eot/eom/fim_*_token_id`` keys, then token
+(``ditto_core.text.special_tokens``: the ``tokenizer.ggml.eot/eom/fim_*_token_id`` keys, then token
 texts such as ``<|im_end|>`` and ``<|fim_prefix|>``).
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ditto_core.bytelevel import unicode_to_bytes
-from ditto_core.errors import DittoError
-from ditto_core.special_tokens import eog_ids, fim_ids, gguf_fim_given
-from ditto_core.types import TokenizerSpec
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import TokenizerSpec
+from ditto_core.text.bytelevel import unicode_to_bytes
+from ditto_core.text.special_tokens import eog_ids, fim_ids, gguf_fim_given
 
 #: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md). Others are refused.
 PRE = {"smollm": "gpt2_digits", "gpt2": "gpt2", "default": "gpt2", "qwen2": "qwen2"}

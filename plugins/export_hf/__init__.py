@@ -2,7 +2,7 @@
 directories: config.json, safetensors, tokenizer.json), registered through the entry-point
 group ``ditto`` like any third-party plugin."""
 
-from ditto_core.hookspecs import hookimpl
+from ditto_core.kit.hookspecs import hookimpl
 
 from .exporter import HFExporter
 

@@ -16,12 +16,12 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from ditto_core.cache import warn
-from ditto_core.chat_template import with_chat_text
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ARCH_NAMES, check_config, expected_shapes
-from ditto_core.types import Checkpoint, ModelConfig
-from ditto_core.untrusted import Fields
+from ditto_core.base.cache import warn
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import Checkpoint, ModelConfig
+from ditto_core.base.untrusted import Fields
+from ditto_core.model.modelfile import ARCH_NAMES, check_config, expected_shapes
+from ditto_core.text.chat_template import with_chat_text
 
 from .safetensors_index import SafetensorsIndex
 from .tokenizer import tokenizer_from_hf
@@ -186,7 +186,7 @@ def report_unused_lm_head(index: SafetensorsIndex, lm_head: str, embed: str | No
 
 
 class HFExporter:
-    """Exporter component ``hf`` (see ditto_core.components.Exporter)."""
+    """Exporter component ``hf`` (see ditto_core.kit.components.Exporter)."""
 
     name = "hf"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
 
 #: safetensors dtype -> numpy dtype of the stored bytes
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}

@@ -11,7 +11,7 @@ Two kinds of ``BPE`` model are read:
   "▁"; ``byte_fallback``): pieces are kept and merged by HF's merge ranks (flag RANK_MERGES);
   a piece also gets ``-rank`` of the first merge producing it as its score (informational).
 The end-of-generation set and the FIM tokens come from the token texts as llama.cpp finds them
-(``ditto_core.special_tokens``), plus EOS and config.json's ``eos_token_id`` ids.
+(``ditto_core.text.special_tokens``), plus EOS and config.json's ``eos_token_id`` ids.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.bytelevel import unicode_to_byte, unicode_to_bytes
-from ditto_core.errors import DittoError
-from ditto_core.special_tokens import eog_ids, fim_ids
-from ditto_core.types import TokenizerSpec
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import TokenizerSpec
+from ditto_core.text.bytelevel import unicode_to_byte, unicode_to_bytes
+from ditto_core.text.special_tokens import eog_ids, fim_ids
 
-from ditto_core import format as F
+from ditto_core.model import format as F
 
 from .tokenizer_features import (added_records, check_byte_level, check_model,
                                  check_post_processor, check_sentencepiece, flatten,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import unicodedata
 
-from ditto_core import format as F
-from ditto_core.errors import DittoError
+from ditto_core.base.errors import DittoError
+from ditto_core.model import format as F
 
 METASPACE = "\u2581"
 
@@ -108,14 +108,14 @@ def apply_normalizer(steps: tuple, text: str) -> str:
     return text
 
 
-# Unicode White_Space (Rust char::is_whitespace), as native/gen_unicode_tables.py
+# Unicode White_Space (Rust char::is_whitespace), as native/tokenizer/unicode/gen_unicode_tables.py
 _WHITE_SPACE = frozenset(
     [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
      0x202F, 0x205F, 0x3000])
 
 
 #: The Split regex of Qwen2 / Qwen2.5 tokenizer.json files (Llama-3's with \p{N} alone), which
-#: Ditto's pre-tokenizer ``qwen2`` reproduces (native/tokenizer.c ``qwen2_match``)
+#: Ditto's pre-tokenizer ``qwen2`` reproduces (native/tokenizer/tokenizer.c ``qwen2_match``)
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 

@@ -2,7 +2,7 @@
 
 ``tokenizer.json`` and ``tokenizer_config.json`` are untrusted JSON: every field the converter
 (``tokenizer.py``) reads is checked here for its JSON type and range with
-``ditto_core.untrusted.Fields``, so a wrong-typed field is a DittoError naming the file and the
+``ditto_core.base.untrusted.Fields``, so a wrong-typed field is a DittoError naming the file and the
 field, never a TypeError/KeyError in the converter.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ditto_core.errors import DittoError
-from ditto_core.untrusted import U32_MAX, Fields
+from ditto_core.base.errors import DittoError
+from ditto_core.base.untrusted import U32_MAX, Fields
 
 #: tokenizer_config.json keys holding a special token: a string, {"content": str}, or null
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")

@@ -26,10 +26,10 @@ from typing import Sequence
 
 import attrs
 
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
-from ditto_core.options import option
-from ditto_core.types import IRModule
+from ditto_core.base.errors import DittoError
+from ditto_core.base.options import option
+from ditto_core.base.types import IRModule
+from ditto_core.kit.hookspecs import hookimpl
 
 from .llvm_init import init_llvm
 

@@ -3,7 +3,7 @@
 The tensor table comes from the model's plan, so the layout is fixed before any tensor is
 quantized; tensors are then pulled one at a time from ``QuantizedModel.tensors()`` (which is
 where the quantizer does its work), encoded (f32 bytes, or codebooks + bit-packed indices) and
-handed to ``ditto_core.modelfile.write_model``, which writes atomically. A rich progress bar
+handed to ``ditto_core.model.modelfile.write_model``, which writes atomically. A rich progress bar
 counts weights.
 """
 
@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from ditto_core.codebook import codebook_payload
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import TensorInfo, write_model
-from ditto_core.types import CodebookTensor, QuantizedModel
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import CodebookTensor, QuantizedModel
+from ditto_core.model.codebook import codebook_payload
+from ditto_core.model.modelfile import TensorInfo, write_model
 
 
 def plan_infos(model: QuantizedModel) -> list[TensorInfo]:

@@ -5,7 +5,7 @@ replaces each by a guarded call to the BLAS target's ``cblas_sgemv``/``cblas_dge
 docs/PASS.md.
 """
 
-from ditto_core.hookspecs import hookimpl
+from ditto_core.kit.hookspecs import hookimpl
 
 from .gemv_pass import GemvBlasPass
 

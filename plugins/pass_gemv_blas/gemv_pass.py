@@ -14,9 +14,9 @@ from typing import Literal
 
 import attrs
 
-from ditto_core.errors import DittoError
-from ditto_core.options import option
-from ditto_core.types import IRModule, PassReport
+from ditto_core.base.errors import DittoError
+from ditto_core.base.options import option
+from ditto_core.base.types import IRModule, PassReport
 
 from . import gemm, rewrite
 from .ir_text import parse_functions, split_top

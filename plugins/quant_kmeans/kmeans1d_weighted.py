@@ -1,7 +1,7 @@
 """Importance-weighted 1-D k-means on sub-blocks (numba kernels): activation-aware codebooks.
 
 Each weight x_c of a sub-block carries an importance a_c > 0 (the mean squared activation of its
-input channel c over a calibration text: ``ditto_core.calibration``), and the codebook of the
+input channel c over a calibration text: ``ditto_core.eval.calibration``), and the codebook of the
 sub-block minimises Σ a_c (x_c − centroid(x_c))². Under a diagonal approximation of the
 activation covariance this is the expected squared output error E‖(W − Ŵ) x‖² of the row, the
 objective llama.cpp's imatrix quantizers weight with the same statistic.

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.cache import default_root, warn
+from ditto_core.base.cache import default_root, warn
 
 SOURCE = Path(__file__).with_name("optimal_dp.c")
 SOURCES = (SOURCE, Path(__file__).with_name("assign_nearest.c"))

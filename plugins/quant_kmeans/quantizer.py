@@ -8,7 +8,7 @@ weight maps to the nearest value that is actually stored. With ``int8`` codebook
 stores an f16 scale ``s = f16(max|c| / 127)`` and the integers ``round(c / s)`` in −127..127
 (``int8_codebooks``); the stored centroid is ``s · round(c / s)``.
 
-The component is built on the quantizer kit (``ditto_core.quantkit``), which plans, checks,
+The component is built on the quantizer kit (``ditto_core.kit.quantkit``), which plans, checks,
 streams and reports; this module supplies the matrix method (``KMeansQuantizer.quantize_matrix``,
 parallel over sub-blocks in numba) and the lloyd settings as component options.
 """
@@ -21,13 +21,14 @@ import zlib
 import attrs
 import numpy as np
 
-from ditto_core import codebook, quantkit
-from ditto_core.quantkit import int8_codebooks  # noqa: F401  (part of this module's API)
-from ditto_core.components import QuantOptions
-from ditto_core.errors import DittoError
-from ditto_core.untrusted import check_finite
-from ditto_core.options import option
-from ditto_core.types import CodebookTensor
+from ditto_core.kit import quantkit
+from ditto_core.model import codebook
+from ditto_core.kit.quantkit import int8_codebooks  # noqa: F401  (part of this module's API)
+from ditto_core.base.errors import DittoError
+from ditto_core.base.options import option
+from ditto_core.base.types import CodebookTensor
+from ditto_core.base.untrusted import check_finite
+from ditto_core.kit.components import QuantOptions
 
 from . import kmeans1d, kmeans1d_weighted
 
@@ -96,7 +97,7 @@ def quantize_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
     for any thread count.
 
     ``importance``: float [cols], the per-input-channel importance (mean squared activation,
-    ``ditto_core.calibration``): the codebooks then minimise Σ importance[c]·(W[r,c] − Ŵ[r,c])²
+    ``ditto_core.eval.calibration``): the codebooks then minimise Σ importance[c]·(W[r,c] − Ŵ[r,c])²
     per sub-block (``kmeans1d_weighted``; ``quantkit.importance_weights`` normalises it).
     None: the unweighted k-means, byte for byte.
 
@@ -179,7 +180,7 @@ def plan_with_reasons(shapes, options: QuantOptions):
     ``shapes``: name → shape. Returns ``(plan, reasons)``: ``plan[name]`` is ("f32", None) for
     vectors (reason "vector"), names a rule keeps f32 (reason "GLOB=f32"), names matching a
     ``keep_fp32`` glob (reason "keep_fp32 <glob>"), and matrices whose CODEBOOK payload would
-    take at least the bytes of f32 (``ditto_core.codebook.saves_space``; reason
+    take at least the bytes of f32 (``ditto_core.model.codebook.saves_space``; reason
     ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
     ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' = min(8, b + 2),
     G' = max(G, cols); else ("codebook", (b, G, codebook_type)) as a rule or the options say.

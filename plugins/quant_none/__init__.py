@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ditto_core.components import QuantOptions
-from ditto_core.hookspecs import hookimpl
-from ditto_core.types import Checkpoint, QuantizedModel
+from ditto_core.base.types import Checkpoint, QuantizedModel
+from ditto_core.kit.components import QuantOptions
+from ditto_core.kit.hookspecs import hookimpl
 
 
 class NoneQuantizer:

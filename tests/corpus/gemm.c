@@ -1,5 +1,5 @@
 /* GEMM corpus of the gemv-blas pass (tests/test_pass_gemm.py): naive triple loop nests in the
- * forms the pass must turn into cblas_[sd]gemm, the runtime's prefill nest (native/gemm.c),
+ * forms the pass must turn into cblas_[sd]gemm, the runtime's prefill nest (native/kernels/gemm.c),
  * and nests it must leave to GEMV or to the C loop. Prints "name m n values..." and
  * "calls name m n GEMM GEMV" (BLAS calls the kernel made; the symbols below count and forward
  * to scipy-openblas32 through dlsym). */

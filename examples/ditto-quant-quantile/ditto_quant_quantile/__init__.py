@@ -1,12 +1,12 @@
-"""Example Ditto quantizer ``quantile``, built on the quantizer kit (ditto_core.quantkit):
+"""Example Ditto quantizer ``quantile``, built on the quantizer kit (ditto_core.kit.quantkit):
 each sub-block's codebook is its 2^b quantiles at (i + 1/2) / 2^b, and each weight takes the
 index of the nearest one. Planning, rules, streaming, checks and the report come from the kit."""
 
 import numpy as np
 
-from ditto_core.codebook import n_centroids
-from ditto_core.hookspecs import hookimpl
-from ditto_core.quantkit import CodebookQuantizer
+from ditto_core.kit.hookspecs import hookimpl
+from ditto_core.kit.quantkit import CodebookQuantizer
+from ditto_core.model.codebook import n_centroids
 
 
 class QuantileQuantizer(CodebookQuantizer):

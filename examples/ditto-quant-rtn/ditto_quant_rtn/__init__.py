@@ -8,19 +8,19 @@ scale and one minimum per group, as GGUF's Q4_1 does for G = 32 (ggml-quants.c,
 The result is a ``CodebookTensor`` whose codebook for each sub-block is the uniform grid
 ``min + scale · [0, 1, …, 2^b − 1]`` rounded to the requested codebook type, so Ditto packs
 and runs it exactly like a k-means codebook. The quantizer component is built on Ditto's
-quantizer kit (``ditto_core.quantkit``). This package imports only ``ditto_core``.
+quantizer kit (``ditto_core.kit.quantkit``). This package imports only ``ditto_core``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ditto_core import codebook
-from ditto_core.errors import DittoError
-from ditto_core.hookspecs import hookimpl
-from ditto_core.quantkit import CodebookQuantizer, round_codebooks
-from ditto_core.types import CodebookTensor
-from ditto_core.untrusted import check_finite
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import CodebookTensor
+from ditto_core.base.untrusted import check_finite
+from ditto_core.kit.hookspecs import hookimpl
+from ditto_core.kit.quantkit import CodebookQuantizer, round_codebooks
+from ditto_core.model import codebook
 
 
 def rtn_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
@@ -67,7 +67,7 @@ def rtn_matrix(W: np.ndarray, bits: int = 4, group_size: int = 256,
 
 
 class RTNQuantizer(CodebookQuantizer):
-    """Quantizer component ``rtn`` on Ditto's quantizer kit (``ditto_core.quantkit``): the kit
+    """Quantizer component ``rtn`` on Ditto's quantizer kit (``ditto_core.kit.quantkit``): the kit
     plans (vectors, ``--tensor-type`` rules, ``--keep-fp32`` globs and matrices whose codebooks
     would not be smaller than f32 stay f32; no embedding rule: every matrix gets the same b and
     G), checks finiteness, streams, rounds the grid to the codebook type (f16, f32 or int8)

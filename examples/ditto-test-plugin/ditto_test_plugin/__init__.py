@@ -6,7 +6,7 @@ test-ditto``, ``--quantizer test-identity``, ``--packer test-f32``, ``--emitter 
 of them in place of Ditto's default still runs end to end (tests/test_plugin_stages.py).
 """
 
-from ditto_core.hookspecs import hookimpl
+from ditto_core.kit.hookspecs import hookimpl
 
 from .blas import ScipyOpenBlas
 from .compile import ClangLinker, CountLoopsPass, PlainClangEmitter

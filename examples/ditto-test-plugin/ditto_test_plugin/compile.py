@@ -7,9 +7,9 @@ from pathlib import Path
 
 import attrs
 
-from ditto_core.errors import DittoError
-from ditto_core.options import option
-from ditto_core.types import IRModule, PassReport
+from ditto_core.base.errors import DittoError
+from ditto_core.base.options import option
+from ditto_core.base.types import IRModule, PassReport
 
 #: Reassociation without finite-math assumptions (what the gemv-blas pass needs, docs/BUILD.md).
 FP_FLAGS = ["-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ditto_core.errors import DittoError
-from ditto_core.modelfile import ModelFile, TensorInfo, write_model
-from ditto_core.types import Checkpoint, QuantizedModel
+from ditto_core.base.errors import DittoError
+from ditto_core.base.types import Checkpoint, QuantizedModel
+from ditto_core.model.modelfile import ModelFile, TensorInfo, write_model
 
 
 class DittoFileExporter:

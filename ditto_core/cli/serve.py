@@ -1,0 +1,80 @@
+"""``ditto serve BUILD``: the command that opens a build and serves it over HTTP
+(ditto_core.serve.app, docs/SERVE.md). Registered by ditto_core.cli.main when the server's
+packages (fastapi, uvicorn) are installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ditto_core.base.errors import DittoError
+from ditto_core.serve.app import create_app, load_server
+
+from .common import reports_errors
+
+
+@click.command("serve")
+@click.argument("build", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (loopback by default)")
+@click.option("--port", default=8012, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--ctx", type=click.IntRange(1), default=None,
+              help="context positions per slot [default: min(4096, max_seq_len)]")
+@click.option("--slots", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="sessions answering requests at once, each keeping its prompt cache")
+@click.option("--threads", default=0, type=click.IntRange(0),
+              help="OpenMP threads per evaluation [default: all cores]")
+@click.option("--batch-size", "batch", default=256, show_default=True,
+              type=click.IntRange(1, 512), help="prompt tokens evaluated together")
+@click.option("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
+@click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="read the API key from this file (first line)")
+@click.option("--spec", type=click.Choice(["none", "ngram"]), default="none",
+              show_default=True, help="speculative decoding: ngram = prompt lookup (greedy "
+                                      "requests)")
+@click.option("--spec-draft", "spec_k", default=8, show_default=True,
+              type=click.IntRange(1, 64), help="most draft tokens per step")
+@click.option("--max-queue", default=16, show_default=True, type=click.IntRange(0),
+              help="requests that may wait for a slot; more are answered 503")
+@click.option("--alias", default=None, help="model name in responses [default: the build "
+                                            "directory's name]")
+def serve_command(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec,
+                  spec_k, max_queue, alias):
+    """Serve BUILD over HTTP with llama-server's /infill, /completion, /tokenize ... and
+    OpenAI's /v1/completions and /v1/chat/completions (docs/SERVE.md)."""
+    reports_errors(_serve)(build, host, port, ctx, slots, threads, batch, api_key,
+                           api_key_file, spec, spec_k, max_queue, alias)
+
+
+def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec, spec_k,
+           max_queue, alias):
+    import uvicorn
+
+    if api_key is not None and api_key_file is not None:
+        raise click.UsageError("give --api-key or --api-key-file, not both")
+    if api_key_file is not None:
+        lines = api_key_file.read_text().splitlines()
+        api_key = lines[0].strip() if lines else ""
+        if not api_key:
+            raise DittoError(f"{api_key_file}: empty API key file")
+    server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
+                         api_key=api_key, spec=spec, spec_k=spec_k, max_queue=max_queue,
+                         alias=alias)
+    if spec != "none" and not server.engine.batch_exact:
+        click.echo("warning: --spec ngram: batched evaluation does not give the bits of "
+                   "one-token decoding on this build; speculation is off so that greedy "
+                   "output does not change", err=True)
+    app = create_app(server)
+    click.echo(f"ditto serve: {build} on http://{host}:{port} ({slots} slot(s) of "
+               f"{server.engine.n_ctx} positions, kernel {server.model.info['kernel']})",
+               err=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=10, lifespan="on")
+    uvicorn.Server(config).run()
+    server.model.close()
+
+
+def register(group: click.Group) -> None:
+    """Add ``ditto serve`` to the click group ``group``."""
+    group.add_command(serve_command)

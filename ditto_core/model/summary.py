@@ -1,0 +1,61 @@
+"""The summary of a model file that ``ditto inspect`` prints and ``Build.inspect()`` returns:
+config, tokenizer, tensor table, sizes, bits per weight, and (with the build's build.json)
+the quantize rule that decided each tensor. Plain data, no output: the CLI formats it."""
+
+from __future__ import annotations
+
+import attrs
+
+from ditto_core.text.special_tokens import FIM_ROLES
+
+
+def build_rules(record: dict | None) -> dict | None:
+    """The quantize rules of a build (its build.json ``record``): ``{"rules": the
+    --tensor-type rules, "tensors": name → the rule or reason that decided the tensor}``;
+    None without a record."""
+    if not isinstance(record, dict):
+        return None
+    opts = record.get("options") if isinstance(record.get("options"), dict) else {}
+    tensors = record.get("tensors") if isinstance(record.get("tensors"), dict) else {}
+    return {"rules": list(opts.get("tensor_types") or []),
+            "tensors": {n: (t.get("rule") or t.get("reason")) for n, t in tensors.items()
+                        if isinstance(t, dict)}}
+
+
+def inspect_summary(mf, record: dict | None = None) -> dict:
+    """Config, tensor table and sizes of an open ModelFile, as plain data; with the build.json
+    ``record`` of the build holding it, also the quantize ``rules`` and each tensor's
+    ``rule``. ``mf``: a ``modelfile.ModelFile``; sizes in bytes, ``bpw_*`` in bits per
+    weight."""
+    tensors = []
+    for t in mf.tensors.values():
+        tensors.append({"name": t.name, "encoding": t.encoding, "shape": list(t.shape),
+                        "bits": t.bits, "group_size": t.group_size,
+                        "codebook_type": t.codebook_type, "offset": t.offset,
+                        "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
+                        "theoretical_bytes": t.theoretical_bytes})
+    n_weights = sum(t.n_weights for t in mf.tensors.values())
+    payload = mf.payload_bytes
+    theo = sum(r["theoretical_bytes"] for r in tensors)
+    tok = mf.tokenizer
+    rules = build_rules(record)
+    if rules is not None:
+        for r in tensors:
+            r["rule"] = rules["tensors"].get(r["name"])
+    return {
+        **({"rules": rules["rules"]} if rules is not None else {}),
+        "path": str(mf.path), "version": mf.version, "file_bytes": mf.file_size,
+        "meta_bytes": mf.meta_size + 64,
+        "config": attrs.asdict(mf.config),
+        "tokenizer": {"kind": tok.kind, "n_tokens": len(tok.tokens), "n_merges": len(tok.merges),
+                      "pre": tok.pre, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+                      "add_bos": tok.add_bos, "chat_format": tok.chat_format,
+                      "eog_ids": list(tok.eog_ids) or ([tok.eos_id] if tok.eos_id >= 0 else []),
+                      "fim_ids": {role: i for role, i in zip(FIM_ROLES, tok.fim_ids) if i >= 0}},
+        "n_tensors": len(tensors), "n_weights": n_weights,
+        "payload_bytes": payload, "theoretical_bytes": theo,
+        "overhead_percent": 100.0 * (payload - theo) / theo,
+        "bpw_file": 8.0 * mf.file_size / n_weights,
+        "bpw_payload": 8.0 * payload / n_weights,
+        "tensors": tensors,
+    }

@@ -1,0 +1,743 @@
+"""``ditto serve BUILD``: llama-server's editor and OpenAI endpoints over a build's runtime
+library (docs/SERVE.md).
+
+FastAPI + uvicorn serve HTTP; pydantic models validate the requests (unknown fields are
+ignored, as llama-server does, so editor plugins that send extra options work unchanged);
+sse-starlette frames the streams. The engine (``serve_engine``) holds the model, the slots and
+their prompt caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from ditto_core.base.errors import DittoError
+from ditto_core.runtime.runtime_api import Model, RuntimeAPIError, open_build
+from .engine import BadRequest, Busy, Engine, GenParams, Result, is_runtime_input_error
+
+#: FIM control tokens by their text (Qwen2.5-Coder's names), for model files without FIM records.
+FIM_TEXTS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
+             "rep": "<|repo_name|>", "sep": "<|file_sep|>"}
+
+#: llama-server's fallback when a model has no chat template: ChatML.
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's error object with this HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_
+
+
+# ---------------------------------------------------------------------------- request models
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CompletionParams(_Req):
+    """Options of /completion and /infill (llama-server's names and defaults)."""
+
+    n_predict: StrictInt = -1
+    temperature: float = Field(0.8, ge=0)
+    top_k: StrictInt = 40
+    top_p: float = Field(0.95, gt=0, le=1)
+    seed: StrictInt = -1
+    stop: Union[list[str], str, None] = None
+    n_indent: StrictInt = Field(0, ge=0)
+    t_max_prompt_ms: float = Field(0, ge=0)
+    t_max_predict_ms: float = Field(0, ge=0)
+    cache_prompt: StrictBool = True
+    stream: StrictBool = False
+    response_fields: Union[list[str], None] = None
+    id_slot: StrictInt = -1
+    return_tokens: StrictBool = False
+    ignore_eos: StrictBool = False
+
+
+class CompletionRequest(CompletionParams):
+    prompt: Union[str, list[Union[StrictInt, str]]]
+
+
+class ExtraChunk(_Req):
+    filename: str = "tmp"
+    text: str = ""
+
+
+class InfillRequest(CompletionParams):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = []
+    prompt: str = ""
+
+
+class TokenizeRequest(_Req):
+    content: str
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+
+
+class DetokenizeRequest(_Req):
+    tokens: list[StrictInt] = []
+
+
+class StreamOptions(_Req):
+    include_usage: StrictBool = False
+
+
+class OAIParams(_Req):
+    """Options shared by the OpenAI endpoints."""
+
+    model: Union[str, None] = None
+    max_tokens: Union[StrictInt, None] = None
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: StrictInt = 0
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: Union[StreamOptions, None] = None
+    stop: Union[list[str], str, None] = None
+    seed: Union[StrictInt, None] = None
+    cache_prompt: StrictBool = True
+
+
+class OAICompletionRequest(OAIParams):
+    prompt: Union[str, list[str], list[StrictInt]]
+    suffix: Union[str, None] = None
+    echo: StrictBool = False
+
+
+class ContentPart(_Req):
+    type: str = "text"
+    text: str = ""
+
+
+class ChatMessage(_Req):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+
+
+class ChatRequest(OAIParams):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Union[StrictInt, None] = None
+
+
+# -------------------------------------------------------------------------------- the server
+
+class Server:
+    """The model, its engine and the request → prompt logic of every endpoint."""
+
+    def __init__(self, build: Path, model: Model, engine: Engine, alias: str,
+                 api_key: str | None = None):
+        self.build, self.model, self.engine = build, model, engine
+        self.alias, self.api_key = alias, api_key
+        # the FIM tokens recorded at export; by their text in a file without those records
+        roles = {"pre": "prefix", "suf": "suffix", "mid": "middle", "rep": "repo", "sep": "sep"}
+        self.fim = {k: model.fim_token(r) for k, r in roles.items()}
+        if any(self.fim[k] < 0 for k in ("pre", "suf", "mid")):
+            self.fim = {k: model.find_token(t) for k, t in FIM_TEXTS.items()}
+        self.created = int(time.time())
+        from ditto_core.model.modelfile import ModelFile
+
+        with ModelFile(model.path, verify=False) as mf:
+            spec = mf.tokenizer
+        self.chat_template = spec.chat_template or ""
+        self.special = {}
+        for name in ("bos", "eos", "unk", "pad"):
+            tid = getattr(spec, f"{name}_id")
+            if tid >= 0:
+                self.special[f"{name}_token"] = bytes(spec.tokens[tid]).decode("utf-8",
+                                                                                "replace")
+
+    # -- prompts -----------------------------------------------------------------------------
+    def tokens_of(self, text: str, *, bos: bool = False) -> list[int]:
+        """User text → ids; control-token texts in it stay plain text."""
+        return self.model.tokenize(text, add_bos=bos and self.model.info["add_bos"],
+                                   parse_special=False)
+
+    def completion_prompt(self, prompt) -> list[int]:
+        """/completion's prompt: text, ids, or a mix (BOS first when the model wants it and
+        the prompt starts with text)."""
+        if isinstance(prompt, str):
+            parts = [prompt]
+        else:
+            parts = list(prompt)
+        if not parts or parts == [""]:
+            raise ApiError(400, "prompt is empty")
+        ids: list[int] = []
+        for k, p in enumerate(parts):
+            if isinstance(p, str):
+                ids += self.tokens_of(p, bos=(k == 0))
+            else:
+                if not 0 <= p < self.model.vocab_size:
+                    raise ApiError(400, f"prompt: token id {p} is out of range "
+                                        f"(vocab {self.model.vocab_size})")
+                ids.append(p)
+        if not ids:
+            raise ApiError(400, "prompt is empty (0 tokens)")
+        return ids
+
+    def has_fim(self) -> bool:
+        return all(self.fim[k] >= 0 for k in ("pre", "suf", "mid"))
+
+    def infill_prompt(self, prefix: str, suffix: str, extra: list, prompt: str,
+                      n_predict: int) -> list[int]:
+        """The FIM prompt: [repo-level extra context] <FIM_PRE> prefix <FIM_SUF> suffix
+        <FIM_MID> prompt. With <|repo_name|> and <|file_sep|> in the vocabulary the extra
+        chunks are laid out as files of a repository (Qwen2.5-Coder's repo-level format), else
+        their text goes first as is. Prefix (its end), suffix (its start) and extra context (its
+        end) are cut to fit the context, the prefix getting three quarters of the room."""
+        if not self.has_fim():
+            raise ApiError(400, "this model has no FIM tokens (<|fim_prefix|>, <|fim_suffix|>, "
+                                "<|fim_middle|>): /infill and suffix are not supported")
+        f = self.fim
+        extra_ids: list[int] = []
+        repo = f["rep"] >= 0 and f["sep"] >= 0
+        if repo:
+            extra_ids += [f["rep"]] + self.tokens_of("myproject\n")
+        for ch in extra:
+            if repo:
+                extra_ids += [f["sep"]] + self.tokens_of(ch.filename + "\n")
+            extra_ids += self.tokens_of(ch.text)
+        if repo:
+            extra_ids += [f["sep"]] + self.tokens_of("filename\n")
+        pre, suf, mid = self.tokens_of(prefix), self.tokens_of(suffix), self.tokens_of(prompt)
+        n_ctx = self.engine.n_ctx
+        reserve = min(n_predict if n_predict > 0 else 256, n_ctx // 4)
+        bos = [self.model.info["bos_id"]] if (self.model.info["add_bos"]
+                                              and self.model.info["bos_id"] >= 0) else []
+        room = n_ctx - 1 - reserve - len(bos) - 3 - len(mid)
+        if room < 0:
+            raise ApiError(400, f"prompt: {len(mid)} tokens leave no room in the context of "
+                                f"{n_ctx}")
+        n_suf = min(len(suf), room // 4)
+        n_pre = min(len(pre), room - n_suf)
+        n_suf = min(len(suf), room - n_pre)
+        pre, suf = pre[len(pre) - n_pre:], suf[:n_suf]
+        n_extra = min(len(extra_ids), room - n_pre - n_suf)
+        extra_ids = extra_ids[len(extra_ids) - n_extra:] if n_extra > 0 else []
+        return (bos + extra_ids + [f["pre"]] + pre + [f["suf"]] + suf + [f["mid"]] + mid)
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        """The model's chat template (ChatML when it has none) rendered with jinja2 as
+        transformers does, for ``messages`` and the generation prompt. The template's own text
+        is tokenized with control tokens parsed, each message's content without."""
+        from ditto_core.text.chat_template import _environment
+
+        contents = []
+        for msg in messages:
+            c = msg.content
+            if isinstance(c, list):
+                c = "".join(p.text for p in c if p.type == "text")
+            contents.append(c or "")
+        marks = [f"\x00ditto-message-{k}-{uuid.uuid4().hex}\x00" for k in range(len(messages))]
+        msgs = [{"role": m.role, "content": mk} for m, mk in zip(messages, marks)]
+        try:
+            text = _environment().from_string(self.chat_template or CHATML).render(
+                messages=msgs, tools=None, documents=None, add_generation_prompt=True,
+                **self.special)
+        except Exception as exc:  # jinja2 errors, raise_exception() of the template
+            raise ApiError(400, f"messages: the chat template cannot render them: {exc}")
+        ids: list[int] = []
+        pos = 0
+        for mk, content in zip(marks, contents):
+            i = text.find(mk, pos)
+            if i < 0:
+                raise ApiError(400, "messages: the chat template does not show every message")
+            ids += self.model.tokenize(text[pos:i], parse_special=True)
+            ids += self.model.tokenize(content, parse_special=False)
+            pos = i + len(mk)
+        ids += self.model.tokenize(text[pos:], parse_special=True)
+        return ids
+
+    # -- generation ----------------------------------------------------------------------------
+    def check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ApiError(400, "prompt is empty (0 tokens)")
+        if len(ids) >= self.engine.n_ctx:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
+                                f"{self.engine.n_ctx} (--ctx); shorten it")
+
+    async def run(self, request, ids: list[int], params: GenParams, on_chunk=None) -> Result | None:
+        """Generate for ``ids``: wait for a slot, then collect the events (``on_chunk(text,
+        ids)`` awaited for each piece when streaming). Returns the Result, or None when the
+        client went away (generation cancelled)."""
+        self.check_prompt(ids)
+        try:
+            slot = await self.engine.acquire(ids, params.id_slot)
+        except Busy as exc:
+            raise ApiError(503, str(exc), "unavailable_error") from None
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+        q: asyncio.Queue = asyncio.Queue()
+        cancel = self.engine.start(slot, ids, params, q.put_nowait)
+        checked = time.monotonic()
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), 0.1)
+                except asyncio.TimeoutError:
+                    ev = None
+                # a non-streamed request learns of a closed connection only by asking; a
+                # stream's task is cancelled by sse-starlette instead
+                if on_chunk is None and time.monotonic() - checked >= 0.1:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        cancel.set()
+                        return None
+                if ev is None:
+                    continue
+                if ev[0] == "chunk":
+                    if on_chunk is not None:
+                        await on_chunk(ev[1], ev[2])
+                elif ev[0] == "done":
+                    return ev[1]
+                else:
+                    exc = ev[1]
+                    if is_runtime_input_error(exc):
+                        raise ApiError(400, str(exc))
+                    raise ApiError(500, f"generation failed: {exc}", "server_error")
+        finally:
+            cancel.set()  # a client that went away (or an error) stops the generation
+
+    def gen_params(self, p: CompletionParams) -> GenParams:
+        if p.n_predict < -1:
+            raise ApiError(400, f"n_predict must be -1 (no limit), 0 (evaluate the prompt "
+                                f"only) or positive, got {p.n_predict}")
+        stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
+        return GenParams(n_predict=p.n_predict, temperature=p.temperature, top_k=p.top_k,
+                         top_p=p.top_p, seed=p.seed, stop=tuple(stop), n_indent=p.n_indent,
+                         t_max_prompt_ms=p.t_max_prompt_ms, t_max_predict_ms=p.t_max_predict_ms,
+                         cache_prompt=p.cache_prompt, ignore_eos=p.ignore_eos,
+                         id_slot=p.id_slot)
+
+    def oai_params(self, p: OAIParams, max_tokens: int | None) -> GenParams:
+        if p.n != 1:
+            raise ApiError(400, f"n: only 1 choice is supported, got {p.n}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}")
+        stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
+        return GenParams(n_predict=max_tokens if max_tokens is not None else -1,
+                         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                         seed=p.seed if p.seed is not None and p.seed >= 0 else -1,
+                         stop=tuple(stop), cache_prompt=p.cache_prompt)
+
+    def settings(self, params: GenParams | None) -> dict:
+        p = params or GenParams()
+        return {"n_ctx": self.engine.n_ctx, "model": self.alias,
+                "params": {"n_predict": p.n_predict, "seed": p.seed,
+                           "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                           "stop": list(p.stop), "n_indent": p.n_indent,
+                           "ignore_eos": p.ignore_eos, "t_max_prompt_ms": p.t_max_prompt_ms,
+                           "t_max_predict_ms": p.t_max_predict_ms,
+                           "cache_prompt": p.cache_prompt},
+                "speculative": self.engine.spec != "none"}
+
+    def completion_body(self, res: Result, params: GenParams, ids: list[int],
+                        return_tokens: bool) -> dict:
+        return {"index": 0, "content": res.content,
+                "tokens": list(res.tokens) if return_tokens else [],
+                "id_slot": res.id_slot, "stop": True, "model": self.alias,
+                "tokens_predicted": len(res.tokens), "tokens_evaluated": len(ids),
+                "generation_settings": self.settings(params),
+                "prompt": self.model.detokenize(ids, show_special=True),
+                "has_new_line": "\n" in res.content, "truncated": res.truncated,
+                "stop_type": "limit" if res.stop_type == "cancelled" else res.stop_type,
+                "stopping_word": res.stopping_word, "tokens_cached": res.tokens_cached,
+                "timings": res.timings}
+
+
+def select_fields(body: dict, fields: list[str] | None) -> dict:
+    """llama-server's ``response_fields``: only the named fields; "a/b" takes body["a"]["b"]
+    and names it "a/b". Missing fields are left out."""
+    if not fields:
+        return body
+    out = {}
+    for f in fields:
+        cur: Any = body
+        for part in f.split("/"):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                break
+        else:
+            out[f] = cur
+    return out
+
+
+def finish_reason(res: Result) -> str:
+    return "length" if res.stop_type == "limit" else "stop"
+
+
+def error_body(status: int, message: str, type_: str) -> dict:
+    return {"error": {"code": status, "message": message, "type": type_}}
+
+
+def create_app(server: Server):
+    """The FastAPI application of ``server`` (every endpoint of docs/SERVE.md)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from sse_starlette.sse import EventSourceResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        server.engine.close()  # cancels what still runs, stops the slot workers
+
+    app = FastAPI(title="ditto serve", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return JSONResponse(error_body(exc.status, exc.message, exc.type),
+                            status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request, exc: RequestValidationError):
+        msgs = []
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+            if e.get("type") == "json_invalid":
+                msgs.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', '')}")
+            else:
+                msgs.append(f"{loc or 'body'}: {e.get('msg')}")
+        return JSONResponse(error_body(400, "; ".join(msgs), "invalid_request_error"),
+                            status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail),
+                                       "not_found_error" if exc.status_code == 404
+                                       else "invalid_request_error"),
+                            status_code=exc.status_code)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if (server.api_key is not None and request.method != "OPTIONS"
+                and request.url.path not in ("/health", "/v1/health")):
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get(
+                "x-api-key", "")
+            if not secrets.compare_digest(given.encode(), server.api_key.encode()):
+                return JSONResponse(error_body(401, "Invalid API Key", "authentication_error"),
+                                    status_code=401)
+        return await call_next(request)
+
+    # -- plain endpoints -------------------------------------------------------------------
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/props")
+    async def props():
+        return {"default_generation_settings": server.settings(None),
+                "total_slots": len(server.engine.slots),
+                "model_path": str(server.model.path), "model_alias": server.alias,
+                "chat_template": server.chat_template,
+                "modalities": {"vision": False, "audio": False},
+                "build_info": f"ditto serve; kernel {server.model.info['kernel']}",
+                "infill": server.has_fim(),
+                "speculative": {"type": server.engine.spec, "n_max": server.engine.spec_k,
+                                "batch_exact": server.engine.batch_exact}}
+
+    @app.get("/slots")
+    async def slots():
+        return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy,
+                 "speculative": server.engine.spec != "none", "n_cached": len(s.tokens),
+                 "n_requests": s.n_requests,
+                 "params": server.settings(s.params)["params"]} for s in server.engine.slots]
+
+    @app.get("/metrics")
+    async def metrics():
+        e = server.engine
+        m = dict(e.metrics)
+        busy = sum(s.busy for s in e.slots)
+        rows = [
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+             m["prompt_tokens_total"]),
+            ("prompt_seconds_total", "counter", "Prompt process time in seconds.",
+             m["prompt_seconds_total"]),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+             m["prompt_tokens_total"] / m["prompt_seconds_total"]
+             if m["prompt_seconds_total"] else 0.0),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed.",
+             m["tokens_predicted_total"]),
+            ("tokens_predicted_seconds_total", "counter", "Predict process time in seconds.",
+             m["tokens_predicted_seconds_total"]),
+            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+             m["tokens_predicted_total"] / m["tokens_predicted_seconds_total"]
+             if m["tokens_predicted_seconds_total"] else 0.0),
+            ("requests_processing", "gauge", "Number of requests processing.", busy),
+            ("requests_deferred", "gauge", "Number of requests waiting for a slot.", e.waiting),
+            ("requests_total", "counter", "Number of generation requests started.",
+             m["requests_total"]),
+            ("n_tokens_max", "counter", "Largest prompt seen, in tokens.", m["n_tokens_max"]),
+            ("n_decode_total", "counter", "Number of evaluation calls.", m["n_decode_total"]),
+            ("spec_decode_num_drafts_total", "counter", "Speculative verification steps.",
+             m["spec_drafts_total"]),
+            ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
+             m["spec_draft_tokens_total"]),
+            ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+             m["spec_accepted_tokens_total"]),
+        ]
+        lines = []
+        for name, kind, help_, value in rows:
+            lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {value}"]
+        return PlainTextResponse("\n".join(lines) + "\n",
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        try:
+            ids = server.model.tokenize(req.content, add_bos=req.add_special,
+                                        parse_special=req.parse_special)
+        except RuntimeAPIError as exc:
+            raise ApiError(400, f"content: {exc}") from None
+        if not req.with_pieces:
+            return {"tokens": ids}
+        out = []
+        for t in ids:
+            b = server.model.piece(t)
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        try:
+            return {"content": server.model.detokenize(req.tokens)}
+        except RuntimeAPIError as exc:
+            raise ApiError(400, f"tokens: {exc}") from None
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        info = server.model.info
+        return {"object": "list", "data": [{
+            "id": server.alias, "object": "model", "created": server.created,
+            "owned_by": "ditto",
+            "meta": {"n_vocab": info["vocab_size"], "n_ctx_train": info["max_seq_len"],
+                     "n_embd": info["dim"], "size": server.model.path.stat().st_size}}]}
+
+    # -- llama-server completion endpoints --------------------------------------------------
+    async def llama_completion(request, ids, req: CompletionParams, params: GenParams):
+        if not req.stream:
+            res = await server.run(request, ids, params)
+            if res is None:
+                return JSONResponse({}, status_code=499)
+            body = server.completion_body(res, params, ids, req.return_tokens)
+            return select_fields(body, req.response_fields)
+        server.check_prompt(ids)
+
+        async def events():
+            out: asyncio.Queue = asyncio.Queue()
+
+            async def on_chunk(text, tok_ids):
+                await out.put({"index": 0, "content": text, "tokens": list(tok_ids),
+                               "stop": False, "id_slot": -1})
+
+            task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
+            try:
+                while True:
+                    getter = asyncio.ensure_future(out.get())
+                    done, _ = await asyncio.wait({getter, task},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if getter in done:
+                        yield {"data": json.dumps(getter.result())}
+                        continue
+                    getter.cancel()
+                    while not out.empty():
+                        yield {"data": json.dumps(out.get_nowait())}
+                    try:
+                        res = task.result()
+                    except ApiError as exc:
+                        yield {"data": json.dumps(error_body(exc.status, exc.message,
+                                                             exc.type))}
+                        return
+                    body = server.completion_body(res, params, ids, req.return_tokens)
+                    body["content"] = ""
+                    yield {"data": json.dumps(select_fields(body, req.response_fields))}
+                    return
+            finally:
+                task.cancel()
+
+        return EventSourceResponse(events(), sep="\n")
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(req: CompletionRequest, request: Request):
+        params = server.gen_params(req)
+        ids = server.completion_prompt(req.prompt)
+        return await llama_completion(request, ids, req, params)
+
+    @app.post("/infill")
+    async def infill(req: InfillRequest, request: Request):
+        params = server.gen_params(req)
+        ids = server.infill_prompt(req.input_prefix, req.input_suffix, req.input_extra,
+                                   req.prompt, req.n_predict)
+        return await llama_completion(request, ids, req, params)
+
+    # -- OpenAI endpoints ------------------------------------------------------------------
+    async def oai(request, ids, params: GenParams, stream: bool, include_usage: bool,
+                  chat: bool):
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        obj = "chat.completion" if chat else "text_completion"
+
+        def usage(res):
+            return {"prompt_tokens": len(ids), "completion_tokens": len(res.tokens),
+                    "total_tokens": len(ids) + len(res.tokens)}
+
+        def choice(text, fr, delta=False):
+            if chat:
+                key = "delta" if delta else "message"
+                msg = {"content": text} if delta else {"role": "assistant", "content": text}
+                return {"index": 0, key: msg, "logprobs": None, "finish_reason": fr}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr}
+
+        if not stream:
+            res = await server.run(request, ids, params)
+            if res is None:
+                return JSONResponse({}, status_code=499)
+            return {"id": cid, "object": obj, "created": int(time.time()),
+                    "model": server.alias, "system_fingerprint": "ditto",
+                    "choices": [choice(res.content, finish_reason(res))],
+                    "usage": usage(res), "timings": res.timings}
+        server.check_prompt(ids)
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices, **kw):
+            return {"data": json.dumps({"id": cid, "object": chunk_obj,
+                                        "created": int(time.time()), "model": server.alias,
+                                        "system_fingerprint": "ditto", "choices": choices,
+                                        **kw})}
+
+        async def events():
+            out: asyncio.Queue = asyncio.Queue()
+
+            async def on_chunk(text, _ids):
+                await out.put(text)
+
+            if chat:
+                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])
+            task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
+            try:
+                while True:
+                    getter = asyncio.ensure_future(out.get())
+                    done, _ = await asyncio.wait({getter, task},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if getter in done:
+                        yield chunk([choice(getter.result(), None, delta=True)])
+                        continue
+                    getter.cancel()
+                    while not out.empty():
+                        yield chunk([choice(out.get_nowait(), None, delta=True)])
+                    try:
+                        res = task.result()
+                    except ApiError as exc:
+                        yield {"data": json.dumps(error_body(exc.status, exc.message,
+                                                             exc.type))}
+                        return
+                    if chat:
+                        yield chunk([{"index": 0, "delta": {}, "logprobs": None,
+                                      "finish_reason": finish_reason(res)}])
+                    else:
+                        yield chunk([choice("", finish_reason(res))])
+                    if include_usage:
+                        yield chunk([], usage=usage(res))
+                    yield {"data": "[DONE]"}
+                    return
+            finally:
+                task.cancel()
+
+        return EventSourceResponse(events(), sep="\n")
+
+    @app.post("/v1/completions")
+    async def v1_completions(req: OAICompletionRequest, request: Request):
+        params = server.oai_params(req, req.max_tokens if req.max_tokens is not None else 16)
+        if req.echo:
+            raise ApiError(400, "echo: not supported")
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, "prompt: only one prompt per request is supported")
+            prompt = prompt[0]
+        if req.suffix is not None:
+            if not isinstance(prompt, str):
+                raise ApiError(400, "suffix needs a text prompt")
+            ids = server.infill_prompt(prompt, req.suffix, [], "", params.n_predict)
+        else:
+            ids = server.completion_prompt(prompt)
+        inc = bool(req.stream_options and req.stream_options.include_usage)
+        return await oai(request, ids, params, req.stream, inc, chat=False)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def v1_chat(req: ChatRequest, request: Request):
+        mt = req.max_completion_tokens if req.max_completion_tokens is not None \
+            else req.max_tokens
+        params = server.oai_params(req, mt)
+        ids = server.chat_prompt(req.messages)
+        inc = bool(req.stream_options and req.stream_options.include_usage)
+        return await oai(request, ids, params, req.stream, inc, chat=True)
+
+    return JsonBody(app)
+
+
+class JsonBody:
+    """ASGI middleware: a POST body is read as JSON whatever its Content-Type says (curl -d
+    sends form encoding; llama-server reads JSON either way)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+            scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------- opening a build
+
+def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads: int = 0,
+                batch: int = 256, api_key: str | None = None, spec: str = "none",
+                spec_k: int = 8, max_queue: int = 16, alias: str | None = None) -> Server:
+    """Open a build's model through its ``libditto.so`` and make the engine. ``ctx``: positions
+    per slot (default: min(4096, max_seq_len)). Raises DittoError for a directory that is no
+    build, a build without the library (rebuild), a bad value."""
+    model = open_build(build, threads=threads)
+    try:
+        n_ctx = ctx if ctx else min(4096, model.max_seq_len)
+        if not 1 <= n_ctx <= model.max_seq_len:
+            raise DittoError(f"--ctx {n_ctx}: must be 1..{model.max_seq_len} (the model's "
+                             "max_seq_len)")
+        engine = Engine(model, n_slots=slots, n_ctx=n_ctx, n_batch=batch, max_queue=max_queue,
+                        spec=spec, spec_k=spec_k)
+    except BaseException:
+        model.close()
+        raise
+    return Server(Path(build), model, engine, alias or Path(build).resolve().name, api_key)

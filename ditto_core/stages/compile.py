@@ -1,0 +1,211 @@
+"""The compile half of ``ditto build``: Ditto's C runtime (native/**/*.c) → emit IR → rewrite →
+link, with per-stage timings and a content-hash cache (docs/BUILD.md).
+
+The runtime is compiled as C11 with ``-D_POSIX_C_SOURCE=200809L`` and OpenMP, exactly the
+flags of ``native/Makefile``; the executable reads any model file given with ``-m``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import attrs
+
+from ditto_core.base.cache import Cache, file_hash, make_key, tree_hash
+from ditto_core.base.errors import DittoError
+from ditto_core.base.signals import pid_tag, sweep_stale
+from ditto_core.base.types import PassReport
+from .cc import COMPILE_STAGES, compile_program, summary_lines
+from .plugins import Registry, get_registry
+from .selection import CompileStages, choose_compile
+
+#: C flags of the runtime (mirrors native/Makefile's STD and OMP).
+RUNTIME_FLAGS = ("-std=c11", "-D_POSIX_C_SOURCE=200809L")
+
+#: Extra C flags and link flags of the runtime as a shared library (``libditto.so``, the C API
+#: of native/runtime/ditto.h; native/Makefile's ``lib`` target): position-independent code, only the
+#: ``DITTO_API`` functions exported.
+LIBRARY_FLAGS = ("-fPIC", "-fvisibility=hidden")
+LIBRARY_LINK_FLAGS = ("-shared", "-Wl,-soname,libditto.so")
+
+#: The source of the command line, left out of the shared library.
+MAIN_SOURCE = "main.c"
+
+
+def native_dir() -> Path:
+    """Directory of the C runtime sources (the ``ditto_native`` package)."""
+    import ditto_native
+    return Path(ditto_native.SOURCE_DIR)
+
+
+def runtime_sources(src_dir: Path | None = None) -> list[Path]:
+    """The C files that make up the runtime executable: every ``.c`` under the runtime's
+    folders (``ditto_native.RUNTIME_DIRS``: ``native/app/main.c``, ``native/kernels/**/*.c``,
+    ...), folder by folder; the libFuzzer targets of ``native/fuzz`` are not among them.
+    Raises DittoError when the directory holds no C file or no ``main.c``."""
+    from ditto_native import RUNTIME_DIRS
+
+    d = Path(src_dir) if src_dir is not None else native_dir()
+    files = [f for sub in RUNTIME_DIRS for f in sorted((d / sub).rglob("*.c"))]
+    if not files or not any(f.name == "main.c" for f in files):
+        raise DittoError(f"{d}: no C runtime sources (main.c missing)")
+    return files
+
+
+def source_root(sources) -> Path:
+    """The directory the runtime's includes are spelled from (``-I``; ``native/``): the
+    deepest directory holding every source."""
+    return Path(os.path.commonpath([Path(s).resolve().parent for s in sources]))
+
+
+@attrs.frozen
+class CompileResult:
+    """What ``build_runtime`` produced: the executable, one PassReport per pass in run order,
+    seconds per stage (``cc.COMPILE_STAGES``; zeros on a cache hit), whether the cache served
+    it, the cache key, the summary lines, and the shared library (``library``; None when none
+    was asked for)."""
+
+    executable: Path
+    reports: tuple[PassReport, ...]
+    seconds: dict
+    cached: bool
+    key: str
+    summary: tuple
+    library: Path | None = None
+
+    @property
+    def passes(self) -> list[dict]:
+        """The reports as build.json holds them (``PassReport.to_json``)."""
+        return [r.to_json() for r in self.reports]
+
+
+def plugin_fingerprint(component) -> str:
+    """Hash of the source files of the package defining ``component`` (so editing a pass or
+    the linker invalidates cached executables)."""
+    try:
+        mod_file = Path(inspect.getfile(type(component)))
+    except TypeError:
+        return "?"
+    return tree_hash(sorted(mod_file.parent.glob("*.py")))
+
+
+def library_sources(sources) -> list[Path]:
+    """The runtime sources of the shared library: ``sources`` without ``main.c``. Raises
+    DittoError when nothing is left."""
+    lib = [Path(s) for s in sources if Path(s).name != MAIN_SOURCE]
+    if not lib:
+        raise DittoError(f"{Path(sources[0]).parent}: no C runtime sources besides "
+                         f"{MAIN_SOURCE} for the shared library")
+    return lib
+
+
+def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=(),
+                library: bool = False) -> str:
+    """Cache key of the compile stages: runtime sources and headers, flags, every compile
+    component's name, resolved options and code (emitter, passes in order, linker, BLAS target
+    with its flags), the host CPU, the llvmlite version, and whether the shared library is
+    built too (its flags)."""
+    import llvmlite
+    import llvmlite.binding as llvm
+
+    headers = sorted(source_root(sources).rglob("*.h"))
+    blas = stages.blas.component if stages.blas is not None else None
+    parts = {
+        "sources": tree_hash(list(sources) + headers),
+        "flags": list(RUNTIME_FLAGS) + list(extra_flags), "openmp": openmp,
+        "components": stages.record(),
+        "code": [plugin_fingerprint(c.component) for c in stages.all()],
+        "blas_flags": None if blas is None else [blas.compile_flags(), blas.link_flags()],
+        "host": [llvm.get_host_cpu_name(), platform.machine()],
+        "llvmlite": llvmlite.__version__,
+    }
+    if library:  # keys of builds without the library stay as they were
+        parts["library"] = [list(LIBRARY_FLAGS), list(LIBRARY_LINK_FLAGS)]
+    return make_key(parts)
+
+
+def pass_reports_problem(meta: dict, rewrite: bool) -> str | None:
+    """Why a compile cache entry's meta dict cannot give the pass reports of the build, or
+    None: ``passes`` must be a list of report objects whose summary lines can be made."""
+    passes = meta.get("passes", [])
+    if not isinstance(passes, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("candidates", []), list)
+            and all(isinstance(c, dict) for c in p.get("candidates", [])) for p in passes):
+        return "meta.json 'passes' is not a list of pass reports"
+    try:
+        summary_lines([PassReport.from_json(p) for p in passes], rewrite)
+    except Exception as exc:  # any malformed field: the entry is rebuilt
+        return f"meta.json 'passes' cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
+def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openblas",
+                  rewrite: bool = True, openmp: bool = True, src_dir: Path | None = None,
+                  cache: Cache | None = None, extra_flags=(),
+                  on_stage: Callable[[str], None] | None = None,
+                  ir_out: Path | None = None, registry: Registry | None = None,
+                  library: Path | None = None) -> CompileResult:
+    """Compile the C runtime into the executable ``out`` with ``cc.compile_program``.
+
+    ``stages``: the chosen emitter, passes, linker and BLAS target (``selection``); default:
+    ``choose_compile(registry, blas=blas, rewrite=rewrite)`` (clang, the default passes,
+    llvm). Stages (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the
+    passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
+    reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
+    is called as each stage starts (progress display). ``library``: also compile the runtime
+    without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the same
+    stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
+    executable (``on_stage`` is not called again); its stage seconds are added to the
+    executable's, and it is cached with it. Raises DittoError
+    (compile/link failure, unknown or unavailable component); nothing is written at ``out``
+    (or ``library``) then.
+    """
+    out = Path(out)
+    if stages is None:
+        stages = choose_compile(registry or get_registry(), blas=blas, rewrite=rewrite)
+    rewrite = bool(stages.passes)
+    sources = runtime_sources(src_dir)
+    cache = cache if cache is not None else Cache(enabled=False)
+    key = compile_key(sources, stages, openmp, extra_flags, library=library is not None)
+    files = {"executable": out}
+    if library is not None:
+        library = Path(library)
+        files["library"] = library
+    meta = cache.fetch("compile", key, files,
+                       validate=lambda m: pass_reports_problem(m, rewrite))
+    if meta is not None:
+        reports = tuple(PassReport.from_json(p) for p in meta.get("passes", ()))
+        return CompileResult(out, reports, {s: 0.0 for s in COMPILE_STAGES}, True, key,
+                             tuple(summary_lines(reports, rewrite)), library)
+    cflags = list(RUNTIME_FLAGS) + (["-fopenmp"] if openmp else []) + list(extra_flags)
+    sweep_stale(Path(tempfile.gettempdir()), "ditto-compile-")  # left by killed builds
+    with tempfile.TemporaryDirectory(prefix=f"ditto-compile-{pid_tag()}") as tmp:
+        done = compile_program(sources, stages, out, workdir=Path(tmp),
+                               include_dirs=[source_root(sources)], flags=cflags,
+                               on_stage=on_stage)
+        if library is not None:
+            try:
+                lib = compile_program(library_sources(sources), stages, library,
+                                      workdir=Path(tmp) / "library",
+                                      include_dirs=[source_root(sources)],
+                                      flags=cflags + list(LIBRARY_FLAGS),
+                                      link_flags=list(LIBRARY_LINK_FLAGS))
+            except BaseException:
+                out.unlink(missing_ok=True)
+                raise
+            done = attrs.evolve(done, seconds={k: v + lib.seconds.get(k, 0.0)
+                                               for k, v in done.seconds.items()})
+    if ir_out is not None:
+        Path(ir_out).write_text(done.module.text)
+    cache.put("compile", key, files,
+              {"passes": [r.to_json() for r in done.reports], "components": stages.record(),
+               "openmp": openmp, "seconds": done.seconds,
+               "sources": [s.name for s in sources], "source_hashes":
+               {s.name: file_hash(s) for s in sources}})
+    return CompileResult(out, done.reports, done.seconds, False, key,
+                         tuple(summary_lines(done.reports, rewrite)), library)

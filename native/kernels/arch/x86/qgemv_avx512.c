@@ -1,0 +1,242 @@
+/* qgemv_avx512.c: integer GEMV for int8 codebook tensors with b = 4, AVX-512 VNNI (+ VBMI):
+ * 128 columns per step in zmm registers (definitions in qgemv.h; docs/KERNELS.md "Integer
+ * kernels").
+ */
+#include "../../qgemv.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+
+#include "simd_avx2.h"
+
+/* ---- b = 4 over 128 columns per step (perm128 activations), zmm ----
+ * The 64 index bytes of 128 columns are one load; their low nibbles (the even columns) and,
+ * after a 16-bit shift right by 4, their high nibbles (the odd columns) are looked up in the
+ * sub-block's 16 centroids, stored as the unsigned bytes w + 128 (the table xor 0x80). With
+ * VBMI the lookup is vpermb on the table repeated in all four lanes: it reads index bits 0..5,
+ * and bits 4..5 (the neighbouring nibble) only pick which copy, so no mask is needed; without
+ * VBMI it is vpand 0x0f + vpshufb. vpdpbusd multiplies those unsigned weights by the signed
+ * bytes ml and mh of m * q (qgemv.h), so per sub-block
+ *   sum (w + 128) (256 mh + ml) = T + 128 * sum m q,  T = (lo lanes) + 256 (hi lanes) - corr.
+ * Four rows at a time (one activation load per four rows, 8 accumulators); G <= 512 keeps
+ * |T| < 2^31, so every sum is formed modulo 2^32 (wrapping int32 lanes) and comes out exact.
+ * Other G, and the last r1 - r0 mod 4 rows, go to the AVX2 kernel (the same bits). */
+
+#define VNNI512_F16C_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")))
+#define VBMI512_F16C_FN                                                                        \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,f16c")))
+
+void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+#define LOOKUP128_PERMB(tbl, v) _mm512_permutexvar_epi8((v), (tbl))
+#define LOOKUP128_PSHUFB(tbl, v) _mm512_shuffle_epi8((tbl), _mm512_and_si512((v), low4))
+
+/* 128 columns of one row (index bytes at ip): lo and hi gain the dot products. */
+#define STEP128(LOOKUP, ip, tbl, lo, hi)                                                       \
+    STEP128_V(LOOKUP, _mm512_loadu_si512((const void *)(ip)), tbl, lo, hi)
+
+/* The same on 64 index bytes already loaded (v). */
+#define STEP128_V(LOOKUP, v, tbl, lo, hi)                                                      \
+    do {                                                                                       \
+        __m512i v_ = (v);                                                                      \
+        __m512i we_ = LOOKUP(tbl, v_), wo_ = LOOKUP(tbl, _mm512_srli_epi16(v_, 4));            \
+        lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo, we_, ale), wo_, alo);                 \
+        hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi, we_, ahe), wo_, aho);                 \
+    } while (0)
+
+/* The index line at byte off of each of the four rows into L2: one line per row per step,
+ * i8_prefetch_ahead() past the row, so the loads of the rows the kernel reaches next are in
+ * flight while these compute (the hardware prefetcher alone, or one burst per four-row group,
+ * keeps fewer of them in flight: docs/KERNELS.md "In-loop prefetch"). */
+#define PREFETCH4(row, off)                                                                    \
+    do {                                                                                       \
+        for (int i_ = 0; i_ < 4; i_++)                                                         \
+            _mm_prefetch((const char *)(row)[i_] + (off), _MM_HINT_T1);                        \
+    } while (0)
+
+#define ACTS128(c)                                                                             \
+    const __m512i ale = _mm512_loadu_si512((const void *)(qa->ml + (c)));                      \
+    const __m512i alo = _mm512_loadu_si512((const void *)(qa->ml + (c) + 64));                 \
+    const __m512i ahe = _mm512_loadu_si512((const void *)(qa->mh + (c)));                      \
+    const __m512i aho = _mm512_loadu_si512((const void *)(qa->mh + (c) + 64))
+
+/* The mask of the index bytes of the last n < 128 columns of a b = 4 row (ceil(n / 2) bytes):
+ * a masked load reads none of the bytes past it, so it never touches memory past the tensor,
+ * and gives the zero-padded step that index 0 times zero activations makes exact. */
+static inline __mmask64 tail_mask64(int n) {
+    return (__mmask64)(~0ull >> (64u - (unsigned)(n + 1) / 2u));
+}
+
+/* lo + 256 hi, 16 lanes folded to 8 (wrapping int32) */
+__attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i lo, __m512i hi) {
+    __m512i t = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+    return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP)                                                    \
+    FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
+                                int cols, const uint32_t *corr) {                              \
+        const uint8_t *row[4];                                                                 \
+        i8_b4_rows4_begin(L, r, row, 0);                                                       \
+        const size_t ahead = i8_prefetch_ahead(L, row[3]);                                     \
+        const int full = cols & ~127;                                                          \
+        const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(-128);            \
+        (void)low4;                                                                            \
+        __m256d acc = _mm256_setzero_pd();                                                     \
+        for (int s = 0; s < L->n_sub; s++) {                                                   \
+            __m512i t0, t1, t2, t3;                                                            \
+            const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;     \
+            const size_t cs = (size_t)L->n_sub * 16u;                                          \
+            t0 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)cb)));              \
+            t1 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + cs))));       \
+            t2 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + 2 * cs))));   \
+            t3 = _mm512_xor_si512(flip, _mm512_broadcast_i32x4(_mm_loadu_si128(                \
+                                            (const __m128i *)(const void *)(cb + 3 * cs))));   \
+            int c0 = s * L->group_size;                                                        \
+            int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;                    \
+            int stop = c1 < full ? c1 : full;                                                  \
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;                    \
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;                                        \
+            int c = c0;                                                                        \
+            for (; c < stop; c += 128) { /* no calls: everything stays in registers */        \
+                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
+                ACTS128(c);                                                                    \
+                STEP128(LOOKUP, row[0] + c / 2, t0, l0, h0);                                   \
+                STEP128(LOOKUP, row[1] + c / 2, t1, l1, h1);                                   \
+                STEP128(LOOKUP, row[2] + c / 2, t2, l2, h2);                                   \
+                STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
+            }                                                                                  \
+            if (c < c1) { /* the rows' partial last step: masked loads, zero past the row */   \
+                const __mmask64 m_ = tail_mask64(cols - c);                                    \
+                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
+                ACTS128(c);                                                                    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[0] + c / 2), t0, l0, h0);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[1] + c / 2), t1, l1, h1);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);    \
+                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);    \
+            }                                                                                  \
+            __m128i T = hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),   \
+                                    fold_lohi(l3, h3));                                        \
+            T = _mm_sub_epi32(T, _mm_set1_epi32((int)corr[s]));                                \
+            acc = _mm256_add_pd(acc,                                                           \
+                                _mm256_mul_pd(scales4_pd(L, r, s), _mm256_cvtepi32_pd(T)));    \
+        }                                                                                      \
+        store4_combined(y + r, acc, qa->D);                                                    \
+    }                                                                                          \
+    FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
+        i8cb_b4_rows4_run(NAME##_rows4, i8cb_b4_rows_avx2, y, qa, L, r0, r1, cols);            \
+    }
+
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB)
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB)
+
+/* ---- b = 6, AVX-512 VBMI: 64 columns per step (natural column order) ----
+ * 64 indices are 48 bytes (eight groups of 6 bytes, FORMAT.md). One vpermb puts group k into
+ * qword k, one vpmultishiftqb takes the 8 bits at offsets 0, 6, ..., 42 of each qword (index
+ * j of the group in bits 0..5 of byte j), and one vpermb looks the indices up in the
+ * sub-block's 64 centroids (one zmm, stored as w + 128; vpermb reads bits 0..5 only). Two
+ * vpdpbusd multiply them by the signed bytes nl, nh of m * q (qgemv.h) as in the b = 4 kernel
+ * above. Four rows at a time; a sub-block is summed in runs of at most 512 columns, each run's
+ * int32 sum exact (|run| < 2^31) and added in double (exact: integers below 2^53). G % 64 != 0,
+ * inputs without the VNNI arrays and the last rows mod 4 go to the AVX2 b = 6 kernel. */
+
+void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+
+#define B6_LOAD_MASK ((__mmask64)0x0000ffffffffffffull) /* the 48 index bytes of 64 columns */
+
+/* 64 b = 6 indices (the 48 bytes of v) as bytes, index in bits 0..5 */
+VBMI512_F16C_FN static inline __m512i b6_idx64(__m512i v, __m512i place, __m512i offsets) {
+    return _mm512_multishift_epi64_epi8(offsets, _mm512_permutexvar_epi8(place, v));
+}
+
+#define B6_STEP(ip, tbl, lo, hi) B6_STEP_M(B6_LOAD_MASK, ip, tbl, lo, hi)
+
+/* The same reading only the index bytes in mask (the others zero). */
+#define B6_STEP_M(mask, ip, tbl, lo, hi)                                                       \
+    do {                                                                                       \
+        __m512i w_ = _mm512_permutexvar_epi8(                                                  \
+            b6_idx64(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (tbl));           \
+        lo = _mm512_dpbusd_epi32(lo, w_, _mm512_loadu_si512((const void *)(qa->nl + c)));     \
+        hi = _mm512_dpbusd_epi32(hi, w_, _mm512_loadu_si512((const void *)(qa->nh + c)));     \
+    } while (0)
+
+VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L,
+                                          int r, int cols) {
+    static const uint8_t PLACE[64] = {
+        0,  1,  2,  3,  4,  5,  5,  5,  6,  7,  8,  9,  10, 11, 11, 11,
+        12, 13, 14, 15, 16, 17, 17, 17, 18, 19, 20, 21, 22, 23, 23, 23,
+        24, 25, 26, 27, 28, 29, 29, 29, 30, 31, 32, 33, 34, 35, 35, 35,
+        36, 37, 38, 39, 40, 41, 41, 41, 42, 43, 44, 45, 46, 47, 47, 47};
+    const __m512i place = _mm512_loadu_si512((const void *)PLACE);
+    const __m512i offsets = _mm512_set1_epi64(0x2a241e18120c0600ll); /* 0, 6, ..., 42 */
+    const __m512i flip = _mm512_set1_epi8(-128);
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
+    const int full = cols & ~63;
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
+    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 64u, 4 * (size_t)L->n_sub * 64u,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    __m256d acc = _mm256_setzero_pd();
+    for (int s = 0; s < L->n_sub; s++) {
+        const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u;
+        const size_t cs = (size_t)L->n_sub * 64u;
+        const __m512i t0 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)cb));
+        const __m512i t1 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + cs)));
+        const __m512i t2 =
+            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 2 * cs)));
+        const __m512i t3 =
+            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 3 * cs)));
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        __m256d T = _mm256_setzero_pd();
+        for (int c = c0; c < c1;) {
+            int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
+            int stop = run < full ? run : full;
+            uint32_t corr = 0;
+            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+                corr += (uint32_t)qa->msum[j];
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            for (; c < stop; c += 64) { /* no calls: everything stays in registers */
+                const size_t off = (size_t)c / 64 * 48;
+                PREFETCH4(row, ahead + off);
+                B6_STEP(row[0] + off, t0, l0, h0);
+                B6_STEP(row[1] + off, t1, l1, h1);
+                B6_STEP(row[2] + off, t2, l2, h2);
+                B6_STEP(row[3] + off, t3, l3, h3);
+            }
+            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
+                const size_t off = (size_t)c / 64 * 48;
+                const __mmask64 m = (__mmask64)(
+                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c), 6u)));
+                B6_STEP_M(m, row[0] + off, t0, l0, h0);
+                B6_STEP_M(m, row[1] + off, t1, l1, h1);
+                B6_STEP_M(m, row[2] + off, t2, l2, h2);
+                B6_STEP_M(m, row[3] + off, t3, l3, h3);
+                c = run;
+            }
+            __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),
+                                                  fold_lohi(l2, h2), fold_lohi(l3, h3)),
+                                      _mm_set1_epi32((int)(128u * corr)));
+            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
+        }
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), T));
+    }
+    store4_combined(y + r, acc, qa->D);
+}
+
+VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,
+                                             int r0, int r1, int cols) {
+    int r = r0;
+    if (L->group_size % 64 == 0 && qa->has_vnni)
+        for (; r + 4 <= r1; r += 4) b6_rows4_vbmi(y, qa, L, r, cols);
+    if (r < r1) i8cb_b6_rows_avx2(y, qa, L, r, r1, cols);
+}
+
+#endif

@@ -1,0 +1,431 @@
+/* kernels.c: the GEMV kernel tables, their selection by CPU features, and the threaded int8
+ * codebook GEMV (kernels.h). */
+#include "kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "arch/x86/codebook_avx2.h"
+#include "arch/x86/codebook_avx512.h"
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
+
+static int always(void) { return 1; }
+
+#if defined(__x86_64__) || defined(__i386__)
+void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_b4_rows_avxvnni(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                          int cols);
+void i8cb_b4_rows_avx512vnni(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
+void i8cb_b4_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
+void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
+void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                        int cols);
+void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
+int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
+void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                    int rows, int cols);
+void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                       int rows, int cols);
+void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
+                          int r1, int rows, int cols);
+
+static int has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+}
+static int has_avxvnni(void) { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
+static int has_avx512vnni(void) {
+    return has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+static int has_avx512vbmi(void) {
+    return has_avx512vnni() && __builtin_cpu_supports("avx512vbmi");
+}
+
+static const KernelTable TABLES[] = {
+    {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi, i8cb_rows_avx2_any,
+     i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2, NULL, NULL},
+    {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
+     i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
+     codebook_gemv_avx512, act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
+    {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
+     i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
+    {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
+     i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
+     i8_dec8_rows_avx2, i8_decode_rows_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+};
+
+#elif defined(__aarch64__)
+void i8cb_b4_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                        int cols);
+void i8cb_gemm_neon(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                    int rows, int cols);
+
+static int has_neon_dotprod(void) {
+#if defined(__APPLE__)
+    return 1; /* every Apple M-series core has the dot product instructions */
+#else
+    return (getauxval(AT_HWCAP) & (1ul << 20)) != 0; /* HWCAP_ASIMDDP */
+#endif
+}
+
+static const KernelTable TABLES[] = {
+    {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+};
+
+#else
+static const KernelTable TABLES[] = {
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+};
+#endif
+
+#define N_TABLES ((int)(sizeof TABLES / sizeof TABLES[0]))
+
+static const KernelTable *active = NULL;
+
+const KernelTable *kernel_tables(int *n) {
+    *n = N_TABLES;
+    return TABLES;
+}
+
+const char *kernel_name_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].name : NULL; }
+
+int kernel_supported_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].supported() : 0; }
+
+const char *kernel_active_name(void) { return kernels_active()->name; }
+
+const KernelTable *kernel_table_by_name(const char *name) {
+    for (int i = 0; i < N_TABLES; i++)
+        if (strcmp(TABLES[i].name, name) == 0) return &TABLES[i];
+    return NULL;
+}
+
+int kernels_select(const char *force, char *err, size_t errlen) {
+    if (!force || !*force) force = getenv("DITTO_KERNEL");
+    if (force && *force) {
+        const KernelTable *t = kernel_table_by_name(force);
+        if (!t) {
+            char names[256] = "";
+            for (int i = 0; i < N_TABLES; i++) {
+                strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                strncat(names, TABLES[i].name, sizeof names - strlen(names) - 1);
+            }
+            snprintf(err, errlen, "unknown kernel '%s' (this program has: %s)", force, names);
+            return -1;
+        }
+        if (!t->supported()) {
+            snprintf(err, errlen, "kernel '%s' needs CPU features this CPU lacks (%s)", force,
+                     t->features);
+            return -1;
+        }
+        active = t;
+        return 0;
+    }
+    for (int i = 0; i < N_TABLES; i++) {
+        if (TABLES[i].supported()) {
+            active = &TABLES[i];
+            return 0;
+        }
+    }
+    active = &TABLES[N_TABLES - 1];
+    return 0;
+}
+
+const KernelTable *kernels_active(void) {
+    if (!active) {
+        char err[256];
+        if (kernels_select(NULL, err, sizeof err)) { /* a bad DITTO_KERNEL: say so, go on */
+            fprintf(stderr, "ditto: DITTO_KERNEL: %s; using the default\n", err);
+            kernels_select("", err, sizeof err);
+            for (int i = 0; i < N_TABLES && !active; i++)
+                if (TABLES[i].supported()) active = &TABLES[i];
+        }
+    }
+    return active;
+}
+
+static int act_quantize_by(const KernelTable *K, QuantActs *qa, const float *x, int n,
+                           int with_vnni) {
+    return (K->act_quant ? K->act_quant : act_quantize_generic)(qa, x, n, with_vnni);
+}
+
+int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
+    return act_quantize_by(kernels_active(), qa, x, n, with_vnni);
+}
+
+I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
+    if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || has_vnni))
+        return K->i8_b4;
+    if (K->i8_b6 && bits == 6 && G % 32 == 0) return K->i8_b6;
+    if (K->i8_any && G % 32 == 0) return K->i8_any;
+    return i8cb_rows_generic;
+}
+
+void split_rows(int rows, int t, int nt, int *r0, int *r1) {
+    int nblk = (rows + 15) / 16;
+    int b0 = (int)((long long)nblk * t / nt), b1 = (int)((long long)nblk * (t + 1) / nt);
+    *r0 = b0 * 16 < rows ? b0 * 16 : rows;
+    *r1 = b1 * 16 < rows ? b1 * 16 : rows;
+}
+
+/* fn over rows [0, rows), split across the OpenMP threads (split_rows). */
+static void rows_over_threads(I8RowsFn fn, float *y, const QuantActs *qa, const I8Layout *L,
+                              int rows, int cols) {
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1) fn(y, qa, L, r0, r1, cols);
+    }
+#else
+    fn(y, qa, L, 0, rows, cols);
+#endif
+}
+
+void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
+    const KernelTable *K = kernels_active();
+    /* a sub-block longer than the row is the whole row (G <= cols keeps int arithmetic) */
+    int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    I8Layout L = i8_layout(W->data, bits, G, rows, cols);
+    I8RowsFn fn = kernel_pick_i8(K, bits, G, qa->has_vnni);
+    if (W->w8 && K->i8_dec8 && G % 32 == 0) {
+        L.w8 = W->w8;
+        fn = K->i8_dec8;
+    }
+    rows_over_threads(fn, y, qa, &L, rows, cols);
+}
+
+/* Whether table K decodes a tensor of bit width b and group size G (G <= cols). */
+static int decodes(const KernelTable *K, int bits, int G) {
+    return K->i8_dec8 && bits >= DEC8_MIN_BITS && G % 32 == 0;
+}
+
+/* All rows decoded through K's decoder, the rows split across the OpenMP threads. */
+static void decode_i8(const KernelTable *K, int8_t *w8, const I8Layout *L, int rows, int cols) {
+    I8DecodeFn fn = K->i8_decode ? K->i8_decode : i8_decode_rows_generic;
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1) fn(w8, L, r0, r1, cols);
+    }
+#else
+    fn(w8, L, 0, rows, cols);
+#endif
+}
+
+static int8_t *decoded_copy(const KernelTable *K, const I8Layout *L, int rows, int cols) {
+    int8_t *w8 = malloc((size_t)rows * (((size_t)cols + 31) / 32 * 32));
+    if (w8) decode_i8(K, w8, L, rows, cols);
+    return w8;
+}
+
+int kernels_decode_tensor(Tensor *W) {
+    if (W->encoding != DITTO_ENC_CODEBOOK || W->codebook_type != DITTO_CB_I8 || W->w8) return 0;
+    int rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    if (!decodes(kernels_active(), (int)W->bits, G)) return 0;
+    I8Layout L = i8_layout(W->data, (int)W->bits, G, rows, cols);
+    W->w8 = decoded_copy(kernels_active(), &L, rows, cols);
+    return W->w8 ? 1 : -1;
+}
+
+void kernels_free_tensor(Tensor *W) {
+    free(W->w8);
+    W->w8 = NULL;
+}
+
+int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                           int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
+    if (group_size > cols) group_size = cols;
+    if (!decodes(K, bits, group_size)) {
+        int ran = i8cb_gemv_with(kernel, y, x, payload, bits, group_size, rows, cols);
+        return ran < 0 ? -1 : 0;
+    }
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
+    int8_t *w8 = decoded_copy(K, &L, rows, cols);
+    if (!w8 || act_quantize_by(K, &qa, x, cols, 1)) {
+        free(w8);
+        return -1;
+    }
+    L.w8 = w8;
+    rows_over_threads(K->i8_dec8, y, &qa, &L, rows, cols);
+    free(w8);
+    act_free(&qa);
+    return 1;
+}
+
+int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    if (act_quantize_by(K, &qa, x, cols, 1)) return -1;
+    if (group_size > cols) group_size = cols; /* as gemv() sees it */
+    I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
+    I8RowsFn fn = kernel_pick_i8(K, bits, group_size, 1);
+    int fast = fn != i8cb_rows_generic;
+    rows_over_threads(fn, y, &qa, &L, rows, cols);
+    act_free(&qa);
+    return fast;
+}
+
+int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
+                           int8_t *q, int8_t *qp, uint8_t *aqp) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported()) return -1;
+    QuantActs qa;
+    memset(&qa, 0, sizeof qa);
+    if (act_quantize_by(K, &qa, x, n, 0)) return -1;
+    size_t n_pad = (size_t)qa.n_pad;
+    *D = qa.D;
+    memcpy(m, qa.m, n_pad / QA_BLOCK);
+    memcpy(q, qa.q, n_pad);
+    if (qp) memcpy(qp, qa.qp, n_pad);
+    if (aqp) memcpy(aqp, qa.aqp, n_pad);
+    act_free(&qa);
+    return (int)n_pad;
+}
+
+int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
+    return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL);
+}
+
+/* One thread's rows [r0, r1) of gemm_i8() through table K on layout L. */
+static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, int T,
+                         const I8Layout *L, int r0, int r1, int rows, int cols) {
+    if (r0 >= r1) return;
+    int vnni = 1;
+    for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
+    if (K->i8_gemm && L->group_size % 32 == 0) {
+        K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols);
+        return;
+    }
+    I8RowsFn fn = kernel_pick_i8(K, L->bits, L->group_size, vnni);
+    /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
+    for (int rb = r0; rb < r1; rb += 16) {
+        int re = rb + 16 < r1 ? rb + 16 : r1;
+        for (int t = 0; t < T; t++) fn(Y + (size_t)t * (size_t)rows, &qa[t], L, rb, re, cols);
+    }
+}
+
+/* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
+static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
+                      const uint8_t *payload, int bits, int G, int rows, int cols) {
+    I8Layout L = i8_layout(payload, bits, G, rows, cols);
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        int r0 = 0, r1 = rows;
+#ifdef _OPENMP
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+#endif
+        gemm_i8_part(K, Y, qa, T, &L, r0, r1, rows, cols);
+    }
+    return K->i8_gemm && G % 32 == 0;
+}
+
+void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
+    int cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    gemm_i8_by(kernels_active(), Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, cols);
+}
+
+int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K || !K->supported() || T < 1) return -1;
+    QuantActs *qa = calloc((size_t)T, sizeof *qa);
+    int ok = qa != NULL, ran = -1;
+    for (int t = 0; ok && t < T; t++)
+        ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, K->vnni_acts) == 0;
+    if (ok) {
+        if (group_size > cols) group_size = cols; /* as gemm_i8() sees it */
+        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols);
+    }
+    for (int t = 0; qa && t < T; t++) act_free(&qa[t]);
+    free(qa);
+    return ran;
+}
+
+/* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
+ * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
+ * has a GEMM kernel: gemm_i8_part() then runs it for every G % 32 == 0, and no b = 4 row kernel
+ * (G % 32 == 0 or 64) reads them for the other G. */
+static QuantActs *quantize_rows(const float *X, int T, int cols) {
+    static QuantActs qa[MATMUL_BATCH_MAX];
+    const KernelTable *K = kernels_active();
+    int vnni = K->vnni_acts && !K->i8_gemm, failed = 0, t;
+#pragma omp parallel for reduction(| : failed) private(t)
+    for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
+        failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;
+    if (failed) {
+        fprintf(stderr, "ditto: out of memory quantizing %d activation rows of %d floats\n", T,
+                cols);
+        abort();
+    }
+    return qa;
+}
+
+void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
+    gemm_i8(Y, quantize_rows(X, T, (int)W->cols), T, W);
+}
+
+void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
+                               int n) {
+    const KernelTable *K = kernels_active();
+    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols);
+    I8Layout L[GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        int G = (int)(W[i]->group_size < W[i]->cols ? W[i]->group_size : W[i]->cols);
+        L[i] = i8_layout(W[i]->data, (int)W[i]->bits, G, (int)W[i]->rows, (int)W[i]->cols);
+    }
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
+            int rows = (int)W[i]->rows, r0 = 0, r1 = rows;
+#ifdef _OPENMP
+            split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+#endif
+            gemm_i8_part(K, Y[i], qa, T, &L[i], r0, r1, rows, (int)W[i]->cols);
+        }
+    }
+}

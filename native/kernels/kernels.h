@@ -1,0 +1,149 @@
+/* kernels.h: the GEMV kernel table, one per instruction set, chosen once at model load from the
+ * CPU's features (docs/KERNELS.md "Kernel table").
+ *
+ * A table says, for each tensor format, which function computes it: int8 codebooks with b = 4
+ * (the default build) through an integer kernel of that ISA when G is a multiple of its chunk,
+ * b = 6 (the default embedding/classifier rule) through its b = 6 kernel when G % 32 == 0,
+ * other int8 codebooks with G % 32 == 0 through its any-b kernel (if it has one), the rest
+ * through the scalar reference; f16/f32 codebooks through the float lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
+ * by name, for tests and benchmarks.
+ */
+#ifndef DITTO_KERNELS_H
+#define DITTO_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qgemv.h"
+#include "../model/model.h"
+
+/* rows [r0, r1) of y = W x for an int8 codebook tensor (qgemv.h) */
+typedef void (*I8RowsFn)(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                         int cols);
+/* Y[t][r] (row stride `rows`) for t < T and rows [r0, r1) of an int8 codebook tensor: a GEMM over
+ * T quantized inputs that decodes each row's weights once (bit-identical to the row kernels) */
+typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                         int rows, int cols);
+/* the whole y = W x for an f16/f32 codebook tensor (parameters of codebook_gemv_ref) */
+typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
+                          uint32_t codebook_type, int bits, int group_size, int rows, int cols);
+
+/* rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
+ * past cols): w8[r][c] = the centroid of index (r, c); generic: i8_decode_rows_generic (qgemv.h) */
+typedef void (*I8DecodeFn)(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
+
+/* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
+typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int with_vnni);
+
+typedef struct {
+    const char *name;     /* "generic", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "neon" */
+    const char *features; /* what the CPU needs, as named in /proc/cpuinfo (x86) or HWCAP */
+    int (*supported)(void);
+    I8RowsFn i8_b4;       /* int8 codebooks, b = 4, G % i8_b4_chunk == 0; NULL: generic */
+    int i8_b4_chunk;
+    I8RowsFn i8_b6;       /* int8 codebooks, b = 6 (the default classifier), G % 32 == 0; NULL:
+                             i8_any */
+    I8RowsFn i8_any;      /* int8 codebooks, any b, G % 32 == 0 (when i8_b4 does not apply) */
+    I8GemmFn i8_gemm;     /* int8 codebooks, any b, G % 32 == 0, T inputs (prefill); NULL: the
+                             row kernels once per input */
+    int vnni_acts;        /* i8_b4 reads QuantActs' VNNI arrays */
+    FloatCbFn float_cb;   /* f16/f32 codebooks */
+    ActQuantFn act_quant; /* activation quantization; NULL: act_quantize_generic */
+    I8RowsFn i8_dec8;     /* int8 codebooks with b >= DEC8_MIN_BITS decoded at load to int8
+                             weights (L->w8), G % 32 == 0; NULL: the table decodes nothing */
+    I8DecodeFn i8_decode; /* that decoding for rows [r0, r1); NULL: i8_decode_rows_generic */
+} KernelTable;
+
+/* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the
+ * default classifier) needs ~20 AVX2 instructions per 32 weights to unpack and look up, a
+ * plain int8 weight 4 (docs/KERNELS.md "Decoded classifier"). */
+#define DEC8_MIN_BITS 5
+
+/* Every table compiled into this program, best first; *n gets their number. */
+const KernelTable *kernel_tables(int *n);
+
+/* The int8 row kernel a table uses for bit width b and group size G (G <= cols), given whether
+ * the quantized input has the VNNI arrays; i8cb_rows_generic when no SIMD kernel applies. */
+I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni);
+
+/* Table i's name (NULL past the last), whether this CPU can run it, and the active table's name
+ * (plain C types, for tests and benchmarks through ctypes). */
+const char *kernel_name_at(int i);
+int kernel_supported_at(int i);
+const char *kernel_active_name(void);
+
+/* The table named name (NULL if no such table is compiled in). */
+const KernelTable *kernel_table_by_name(const char *name);
+
+/* Choose the table the GEMVs use: the one named `force` (NULL or "" = the best this CPU
+ * supports, or the DITTO_KERNEL environment variable when set). Returns 0, or -1 with a message
+ * in err for an unknown name or a table this CPU cannot run (naming the missing features). */
+int kernels_select(const char *force, char *err, size_t errlen);
+
+/* The table in use (selects the default on first use). */
+const KernelTable *kernels_active(void);
+
+/* y[W->rows] = W x for an int8 codebook tensor whose input is already quantized (qa->n must be
+ * W->cols): the activation quantization can be shared by several tensors with the same input
+ * (q/k/v, gate/up). Rows are split across OpenMP threads in runs of 16 (a 64-byte line of y),
+ * so no two threads write the same cache line. */
+void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
+
+/* Y[T][W->rows] = X[T][W->cols] · Wᵀ for an int8 codebook tensor, T activation rows already
+ * quantized (qa[0..T)): a GEMM for batched prefill. Threads split the rows as gemv_i8() does;
+ * each thread takes 16 rows at a time through all T rows of X, so the weights are read from
+ * memory once per call. Y[t] is bit-identical to gemv_i8(Y[t], &qa[t], W). */
+void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W);
+
+/* The same from float32 rows X[T][W->cols] (1 <= T <= MATMUL_BATCH_MAX), each quantized once
+ * (act_quantize) into buffers kept between calls; not reentrant. matmul_batch() uses it. */
+void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W);
+
+/* Y[i] = X · W[i]ᵀ for n <= GEMM_MULTI_MAX int8 codebook tensors with the same cols (q/k/v,
+ * gate/up): X quantized once, all of them in one parallel region (each thread takes its rows
+ * of every tensor, no barrier in between). Y[i] has the bits of gemm_i8_float_input(Y[i], X,
+ * T, W[i]); not reentrant. */
+#define GEMM_MULTI_MAX 4
+void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
+                               int n);
+
+/* Decode W's weights to int8 once (W->w8, rows * roundup(cols, 32) bytes, OpenMP over rows)
+ * when the active table reads decoded weights faster than its lookup kernel: W an int8
+ * codebook tensor with b >= DEC8_MIN_BITS and G % 32 == 0, and the table has i8_dec8. gemv_i8
+ * then runs i8_dec8 on W->w8: the same integer sums, so the same bits. Returns 1 when decoded,
+ * 0 when not needed, -1 when out of memory (W unchanged). kernels_free_tensor() frees W->w8. */
+int kernels_decode_tensor(Tensor *W);
+void kernels_free_tensor(Tensor *W);
+
+/* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
+void split_rows(int rows, int t, int nt, int *r0, int *r1);
+
+/* For tests and benchmarks: y = W x for an int8 codebook payload (parameters of
+ * codebook_gemv_ref) through the table named `kernel`, x quantized on the spot. Returns 1 when
+ * one of the table's SIMD kernels ran (kernel_pick_i8), 0 when the scalar
+ * reference did, -1 for an unknown kernel, one this CPU cannot run, or no memory. */
+int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols);
+
+/* For tests: i8cb_gemv_with() with the weights decoded first as kernels_decode_tensor() does
+ * for that table. Returns 1 when the table's decoded-weight kernel ran, 0 when the table
+ * decodes nothing for these b and G (then the row kernels ran), -1 as i8cb_gemv_with(). */
+int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const uint8_t *payload,
+                           int bits, int group_size, int rows, int cols);
+
+/* For tests: Y[T][rows] = X[T][cols] · Wᵀ for an int8 codebook payload through the table named
+ * `kernel` (gemm_i8() with that table; each X row quantized by its act_quantize). Returns 1 when
+ * the table's GEMM kernel ran, 0 when its row kernels did (once per input), -1 for an unknown
+ * kernel, one this CPU cannot run, T < 1, or no memory. */
+int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
+                   int bits, int group_size, int rows, int cols);
+
+/* For tests: act_quantize(x, n) copied out: *D, m[n_pad / 32], q[n_pad] (n_pad =
+ * roundup(n, 64), the caller's arrays that large). Returns n_pad, or -1 (no memory). */
+int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);
+/* The same through the table named `kernel` (-1 if it is unknown or unsupported here), also
+ * copying the perm32 arrays qp[n_pad] and aqp[n_pad] when those are not NULL. */
+int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
+                           int8_t *q, int8_t *qp, uint8_t *aqp);
+
+#endif

@@ -1,0 +1,194 @@
+/* forward.c: Llama / Qwen2 forward pass (see forward.h). */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "../kernels/matmul.h"
+
+static size_t kv_floats(const DittoConfig *c, int ctx) {
+    return (size_t)c->n_layers * (size_t)ctx * c->n_kv_heads * c->head_dim;
+}
+
+size_t runstate_bytes(const DittoConfig *c, int ctx) {
+    size_t q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t n = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim +
+               (size_t)c->n_heads * ctx + c->vocab_size + 2 * kv_floats(c, ctx) +
+               (size_t)ctx * c->head_dim; /* cos + sin tables */
+    return n * sizeof(float);
+}
+
+int runstate_init(RunState *s, const DittoConfig *c, int ctx) {
+    memset(s, 0, sizeof *s);
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, half = c->head_dim / 2;
+    s->ctx = ctx;
+    s->x = calloc(c->dim, sizeof(float));
+    s->xb = calloc(c->dim, sizeof(float));
+    s->xb2 = calloc(c->dim, sizeof(float));
+    s->q = calloc(q_dim, sizeof(float));
+    s->att_out = calloc(q_dim, sizeof(float));
+    s->hb = calloc(c->hidden_dim, sizeof(float));
+    s->hb2 = calloc(c->hidden_dim, sizeof(float));
+    s->att = calloc((size_t)c->n_heads * ctx, sizeof(float));
+    s->logits = calloc(c->vocab_size, sizeof(float));
+    s->key_cache = calloc(kv_floats(c, ctx), sizeof(float));
+    s->value_cache = calloc(kv_floats(c, ctx), sizeof(float));
+    s->rope_cos = calloc((size_t)ctx * half, sizeof(float));
+    s->rope_sin = calloc((size_t)ctx * half, sizeof(float));
+    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->att_out || !s->hb || !s->hb2 || !s->att ||
+        !s->logits || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        runstate_free(s);
+        return -1;
+    }
+    /* RoPE angles pos * theta^(-2j/d), computed in double (transformers' inv_freq formula) */
+    for (int pos = 0; pos < ctx; pos++) {
+        for (size_t j = 0; j < half; j++) {
+            double inv_freq = 1.0 / pow((double)c->rope_theta, (double)(2 * j) / c->head_dim);
+            double angle = pos * inv_freq;
+            s->rope_cos[pos * half + j] = (float)cos(angle);
+            s->rope_sin[pos * half + j] = (float)sin(angle);
+        }
+    }
+    return 0;
+}
+
+void runstate_free(RunState *s) {
+    free(s->x);
+    free(s->xb);
+    free(s->xb2);
+    free(s->q);
+    free(s->att_out);
+    free(s->hb);
+    free(s->hb2);
+    free(s->att);
+    free(s->logits);
+    free(s->key_cache);
+    free(s->value_cache);
+    free(s->rope_cos);
+    free(s->rope_sin);
+    memset(s, 0, sizeof *s);
+}
+
+void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * scale);
+}
+
+static void swiglu_scalar(float *g, const float *up, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "simd_exp.h"
+
+/* The same formula, one rounding per step as the scalar form, e^x from exp8; a last partial
+ * group of eight through a padded copy. */
+AVX2_FMA_FN static void swiglu_avx2(float *g, const float *up, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 d = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, x)));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, d), _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0};
+        for (int j = i; j < n; j++) gt[j - i] = g[j], ut[j - i] = up[j];
+        swiglu_avx2(gt, ut, 8);
+        for (int j = i; j < n; j++) g[j] = gt[j - i];
+    }
+}
+#endif
+
+SwigluFn swiglu_for(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return swiglu_avx2;
+#endif
+    return swiglu_scalar;
+}
+
+void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t) {
+    int half = d / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *hv = v + h * d;
+        for (int j = 0; j < half; j++) {
+            float x0 = hv[j], x1 = hv[j + half];
+            hv[j] = x0 * cos_t[j] - x1 * sin_t[j];
+            hv[j + half] = x1 * cos_t[j] + x0 * sin_t[j];
+        }
+    }
+}
+
+static const float *f32_data(const Tensor *t) { return (const float *)(const void *)t->data; }
+
+void add_bias(float *y, const Tensor *b) {
+    if (!b) return;
+    const float *v = f32_data(b);
+    for (int i = 0; i < (int)b->cols; i++) y[i] += v[i];
+}
+
+/* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
+ * positions 0..pos, then the weighted sum of values (attention.h). */
+static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
+    int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
+    int group = (int)(c->n_heads / c->n_kv_heads);
+    size_t layer_off = (size_t)layer * s->ctx * kv_dim;
+    float inv_sqrt_d = 1.0f / sqrtf((float)d);
+    AttendFn attend = attend_for(d);
+    int h;
+#pragma omp parallel for private(h)
+    for (h = 0; h < (int)c->n_heads; h++) {
+        int kvh = h / group;
+        attend(s->att_out + h * d, s->q + h * d, s->key_cache + layer_off + kvh * d,
+               s->value_cache + layer_off + kvh * d, (size_t)kv_dim, pos + 1, d, inv_sqrt_d,
+               s->att + (size_t)h * s->ctx);
+    }
+}
+
+float *forward(const Model *m, RunState *s, int token, int pos) {
+    const DittoConfig *c = &m->config;
+    int dim = (int)c->dim, hidden = (int)c->hidden_dim, d = (int)c->head_dim;
+    int kv_dim = (int)(c->n_kv_heads * c->head_dim);
+    const float *cos_t = s->rope_cos + (size_t)pos * (d / 2);
+    const float *sin_t = s->rope_sin + (size_t)pos * (d / 2);
+    SwigluFn swiglu = swiglu_for();
+
+    tensor_row(s->x, m->token_embd, (uint64_t)token); /* embedding lookup */
+
+    for (int l = 0; l < (int)c->n_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        size_t kv_off = ((size_t)l * s->ctx + pos) * kv_dim;
+        float *k = s->key_cache + kv_off, *v = s->value_cache + kv_off;
+
+        /* attention block */
+        rmsnorm(s->xb, s->x, f32_data(w->attn_norm), dim, c->norm_eps);
+        gemv(s->q, s->xb, w->wq);
+        gemv(k, s->xb, w->wk);
+        gemv(v, s->xb, w->wv);
+        add_bias(s->q, w->bq); /* Qwen2: q/k/v biases, before RoPE */
+        add_bias(k, w->bk);
+        add_bias(v, w->bv);
+        rope(s->q, (int)c->n_heads, d, cos_t, sin_t);
+        rope(k, (int)c->n_kv_heads, d, cos_t, sin_t);
+        attention(c, s, l, pos);
+        gemv(s->xb2, s->att_out, w->wo);
+        for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
+
+        /* SwiGLU feed-forward block */
+        rmsnorm(s->xb, s->x, f32_data(w->ffn_norm), dim, c->norm_eps);
+        gemv(s->hb, s->xb, w->w_gate);
+        gemv(s->hb2, s->xb, w->w_up);
+        swiglu(s->hb, s->hb2, hidden); /* silu(gate) * up */
+        gemv(s->xb2, s->hb, w->w_down);
+        for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
+    }
+
+    rmsnorm(s->x, s->x, f32_data(m->output_norm), dim, c->norm_eps);
+    gemv(s->logits, s->x, m->output); /* tied: token_embd, through the same kernels */
+    return s->logits;
+}

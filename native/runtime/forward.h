@@ -1,0 +1,63 @@
+/* forward.h: the Llama forward pass for one token at a time, with a KV cache.
+ *
+ * Per layer (transformers' LlamaDecoderLayer): x += Wo·attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with
+ * n = RMSNorm(x); x += Wdown·(silu(Wgate·m) ⊙ Wup·m) with m = RMSNorm(x). Then logits =
+ * Wcls·RMSNorm(x). Qwen2 (Qwen2DecoderLayer) adds the biases: RoPE(Wq·n + bq), RoPE(Wk·n +
+ * bk), Wv·n + bv. RoPE is the rotate-half form (docs/FORMAT.md "Rotary layout"); attention is
+ * grouped-query (query head h reads KV head h / (n_heads / n_kv_heads)).
+ */
+#ifndef DITTO_FORWARD_H
+#define DITTO_FORWARD_H
+
+#include "../model/model.h"
+
+/* Activations and KV cache, allocated once; forward() allocates nothing. */
+typedef struct {
+    int ctx;            /* positions the KV cache holds (<= config.max_seq_len) */
+    float *x;           /* [dim] residual stream */
+    float *xb;          /* [dim] normalised input of a sub-layer */
+    float *xb2;         /* [dim] sub-layer output */
+    float *q;           /* [n_heads*head_dim] queries */
+    float *att_out;     /* [n_heads*head_dim] attention output before Wo */
+    float *hb;          /* [hidden_dim] gate, then silu(gate)*up */
+    float *hb2;         /* [hidden_dim] up */
+    float *att;         /* [n_heads][ctx] attention scores */
+    float *logits;      /* [vocab_size] */
+    float *key_cache;   /* [n_layers][ctx][n_kv_heads*head_dim] */
+    float *value_cache; /* [n_layers][ctx][n_kv_heads*head_dim] */
+    float *rope_cos;    /* [ctx][head_dim/2] cos(pos * theta^(-2j/head_dim)) */
+    float *rope_sin;    /* [ctx][head_dim/2] */
+} RunState;
+
+/* Allocate the state for a context of ctx positions (1 <= ctx <= max_seq_len).
+ * Returns 0, or -1 when out of memory (s then holds nothing to free). */
+int runstate_init(RunState *s, const DittoConfig *c, int ctx);
+void runstate_free(RunState *s);
+
+/* Bytes runstate_init() allocates for ctx positions (KV cache included). */
+size_t runstate_bytes(const DittoConfig *c, int ctx);
+
+/* Run token (0 <= token < vocab_size) at position pos (0 <= pos < s->ctx), positions
+ * 0..pos-1 having been run before. Returns s->logits, [vocab_size] float32. */
+float *forward(const Model *m, RunState *s, int token, int pos);
+
+/* y[i] += b[i] for i < b->cols (b an f32 vector: a Qwen2 q/k/v bias); nothing when b is
+ * NULL (Llama). */
+void add_bias(float *y, const Tensor *b);
+
+/* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019). */
+void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* g[i] = silu(g[i]) * up[i] = g[i] / (1 + e^-g[i]) * up[i] for i < n (SwiGLU, Shazeer 2020). */
+typedef void (*SwigluFn)(float *g, const float *up, int n);
+
+/* The form for this CPU, chosen once before a parallel loop: on AVX2 + FMA CPUs eight at a
+ * time with exp8 (simd_exp.h, within 2 ulp of expf), else expf. Decode and prefill use the same
+ * choice, so their results agree bit for bit. */
+SwigluFn swiglu_for(void);
+
+/* Rotate-half RoPE (Su et al. 2021, HF q/k order; FORMAT.md "Rotary layout") on n_heads heads
+ * of size d stored back to back in v, with the position's tables cos_t/sin_t [d/2]. */
+void rope(float *v, int n_heads, int d, const float *cos_t, const float *sin_t);
+
+#endif
