@@ -1,6 +1,6 @@
 """Session fixtures of the compile stages: a small C program with GEMV loop nests of several
-forms, built by ``ditto_core.stages.cc.compile_c`` with and without the IR rewrite (each built once per
-test session), and a helper that runs it on numpy inputs."""
+forms, built by ``ditto_core.stages.cc.compile_c`` with and without the IR rewrite (each built
+once per test session), and a helper that runs it on numpy inputs."""
 
 from __future__ import annotations
 

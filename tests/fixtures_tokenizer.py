@@ -1,7 +1,7 @@
 """Session fixtures and helpers for the C tokenizer (native/tokenizer/tokenizer.c).
 
-- ``tokenizer_lib``: native/tokenizer/tokenizer.c + unicode_tables.c compiled with clang-22 into a shared
-  library, called through ctypes (``CTokenizer``).
+- ``tokenizer_lib``: native/tokenizer/tokenizer.c + the unicode tables compiled with clang-22
+  into a shared library, called through ctypes (``CTokenizer``).
 - ``smollm2_spec`` / ``smollm2_ctok``: SmolLM2's tokenizer as the GGUF exporter reads it, serialized
   to a model-file tokenizer block (ditto_core.model.modelfile.serialize_tokenizer) and loaded in C.
 - ``smollm2_hf``: the reference: HF ``tokenizers`` built straight from the GGUF's vocab and merges
@@ -37,7 +37,8 @@ NATIVE = ROOT / "native"
 GOLDEN = ROOT / "tests" / "data" / "smollm2_tokenizer_golden.jsonl"
 UNICODE = NATIVE / "tokenizer" / "unicode"
 TOKENIZER_SOURCES = [NATIVE / "tokenizer" / "tokenizer.c", UNICODE / "unicode_tables.c",
-                     UNICODE / "unicode_case.c", UNICODE / "unicode_norm.c", UNICODE / "unicode_word.c"]
+                     UNICODE / "unicode_case.c", UNICODE / "unicode_norm.c",
+                     UNICODE / "unicode_word.c"]
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
 # GGUF token types (FORMAT.md)

@@ -1,7 +1,7 @@
 """Edit fields of a Ditto model file image in place and fix up its CRC-32 (a test helper).
 
-The struct layouts come from ditto_core.model.format (docs/FORMAT.md), so a mutated file differs from
-a valid one only in the field a test changes: every check behind the checksum is reachable.
+The struct layouts come from ditto_core.model.format (docs/FORMAT.md), so a mutated file differs
+from a valid one only in the field a test changes: every check behind the checksum is reachable.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ P = ctypes.c_void_p
 def lib(tmp_path_factory):
     out = tmp_path_factory.mktemp("attn") / "libattn.so"
     p = subprocess.run(["clang-22", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC",
-                        "-shared", "-o", str(out), str(SOURCE_DIR / "runtime" / "attention.c"), "-lm"],
+                        "-shared", "-o", str(out), str(SOURCE_DIR / "runtime" / "attention.c"),
+                        "-lm"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     L = ctypes.CDLL(str(out))

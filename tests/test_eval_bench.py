@@ -59,12 +59,12 @@ def test_bench_tinycoder(eval_builds, tmp_path):
 
 
 def test_bench_cli(eval_builds):
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench", eval_builds["none"],
-                           "--threads", "1", "--repeat", "1", "-n", "4", "--prompt-tokens", "16",
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
+                           eval_builds["none"], "--threads", "1", "--repeat", "1", "-n", "4", "--prompt-tokens", "16",
                            "--json", "-q"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert list(r["threads"]) == ["1"] and r["quantizer"] == "none"
-    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench", eval_builds["none"],
-                           "--threads", "0,x"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
+                           eval_builds["none"], "--threads", "0,x"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "'0,x': expected thread counts like 1,2" in proc.stderr

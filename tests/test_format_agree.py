@@ -95,7 +95,7 @@ def test_struct_layout_matches_c(c_layout, struct_name):
         assert __import__("struct").calcsize("<" + code) == c_size, (struct_name, f)
 
 
-# ---- the CODEBOOK encoding: ditto_core/model/codebook.py and the ditto_cb_* functions of the header
+# ---- the CODEBOOK encoding: ditto_core/model/codebook.py and the header's ditto_cb_* functions
 
 #: (rows, cols, b, G): G dividing cols or not, G >= cols, tails of the 8-index groups, b = 1..8
 CB_CASES = [(1, 1, 1, 2), (3, 10, 3, 4), (2, 9, 2, 16), (576, 1536, 4, 256), (7, 13, 5, 3),

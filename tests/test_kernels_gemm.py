@@ -1,6 +1,6 @@
-"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm: native/kernels/arch/x86/qgemm_avx2.c with
-its AVX2, AVX-VNNI and AVX-512 VNNI multiply-adds, native/kernels/arch/arm/qgemm_neon.c) against the scalar
-reference GEMV, bit for bit, through tests/qgemm_driver.c: b = 1..8, G <= 512 and G > 512, row
+"""The int8 GEMM kernels of batched prefill (KernelTable.i8_gemm:
+native/kernels/arch/x86/qgemm_avx2.c with its AVX2, AVX-VNNI and AVX-512 VNNI multiply-adds,
+native/kernels/arch/arm/qgemm_neon.c) against the scalar reference GEMV, bit for bit, through tests/qgemm_driver.c: b = 1..8, G <= 512 and G > 512, row
 lengths with and without a partial 32-column chunk, T = 1..9 inputs, several row ranges (rows
 outside the range untouched).
 

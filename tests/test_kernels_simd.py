@@ -1,7 +1,6 @@
-"""The SIMD codebook GEMVs (native/kernels/arch/x86/codebook_avx2.c, native/kernels/arch/x86/codebook_avx512.c) against the scalar
-reference
-``codebook_gemv_ref`` (native/kernels/codebook_ref.c) and a float64 NumPy dequantize-then-dot, on payloads
-written by the project's packer (ditto_pack_bits.codebook_payload): every bit width b = 1..8,
+"""The SIMD codebook GEMVs (native/kernels/arch/x86/codebook_avx2.c,
+native/kernels/arch/x86/codebook_avx512.c) against the scalar reference ``codebook_gemv_ref``
+(native/kernels/codebook_ref.c) and a float64 NumPy dequantize-then-dot, on payloads written by the project's packer (ditto_pack_bits.codebook_payload): every bit width b = 1..8,
 group sizes G that are and are not multiples of 8, cols with tails, f16 and f32 codebooks.
 Also: the CPU check against /proc/cpuinfo, thread-count independence, padding indices
 ignored, warning-free builds, and tests/codebook_simd_driver.c under ASan+UBSan and through
@@ -135,7 +134,8 @@ def test_padding_indices_and_unused_centroids_ignored(simd_lib, bits, kernel):
         assert np.all(np.abs(got - ref) <= 1e-5 * bound), (cols, G)
 
 
-@pytest.mark.parametrize("src", ["kernels/arch/x86/codebook_avx2.c", "kernels/arch/x86/codebook_avx512.c"])
+@pytest.mark.parametrize("src", ["kernels/arch/x86/codebook_avx2.c",
+                                 "kernels/arch/x86/codebook_avx512.c"])
 @pytest.mark.parametrize("cc", ["gcc", "clang-22"])
 def test_kernel_builds_warning_free(tmp_path, cc, src):
     p = subprocess.run(["nice", cc, *STD, "-O3", *WARN, "-fopenmp", "-c", str(NATIVE / src),

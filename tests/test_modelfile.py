@@ -13,8 +13,9 @@ from hypothesis import given, settings, strategies as st
 from ditto_core.base.errors import DittoError
 from ditto_core.model import format as F
 from ditto_core.model.codebook import codebook_bytes, payload_bytes as codebook_nbytes
-from ditto_core.model.modelfile import (ModelFile, TensorInfo, expected_shapes, f32_nbytes, parse_tokenizer,
-                                  serialize_tokenizer, tokenizers_equal, write_model)
+from ditto_core.model.modelfile import (ModelFile, TensorInfo, expected_shapes, f32_nbytes,
+                                        parse_tokenizer, serialize_tokenizer, tokenizers_equal,
+                                        write_model)
 from ditto_core.base.types import ModelConfig, TokenizerSpec
 
 CFG = ModelConfig(dim=16, hidden_dim=40, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4,

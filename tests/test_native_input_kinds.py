@@ -1,5 +1,5 @@
-"""Two kinds of input ditto-run refuses up front (native/io/input.h, native/app/main.c): an input path
-that is not a regular file (a FIFO must not block the open, a device must not be read), and a
+"""Two kinds of input ditto-run refuses up front (native/io/input.h, native/app/main.c): an input
+path that is not a regular file (a FIFO must not block the open, a device must not be read), and a
 numeric flag that is not exactly a number in range (blanks, signs on unsigned values, trailing
 text, empty values, overflow). Run under ASan + UBSan, like tests/test_native_cli.py."""
 

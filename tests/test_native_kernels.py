@@ -1,5 +1,5 @@
-"""The C kernels (native/kernels/matmul.c, codebook_ref.c, model.c) called through ctypes against direct
-NumPy computations: codebook GEMV and row decode for every bit width b = 1..8 and group sizes
+"""The C kernels (native/kernels/matmul.c, codebook_ref.c, native/model/model.c) called through
+ctypes against direct NumPy computations: codebook GEMV and row decode for every bit width b = 1..8 and group sizes
 with tail sub-blocks, the fp32 GEMV, half -> float conversion and CRC-32."""
 
 import ctypes

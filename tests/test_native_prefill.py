@@ -1,5 +1,5 @@
-"""Batched prefill (native/runtime/prefill.c, native/kernels/gemm.c): the prompt, --score and --dump-logits
-input evaluated in tiles of tokens equal the token-by-token forward pass (--batch-size 1) and
+"""Batched prefill (native/runtime/prefill.c, native/kernels/gemm.c): the prompt, --score and
+--dump-logits input evaluated in tiles of tokens equal the token-by-token forward pass (--batch-size 1) and
 the NumPy reference, for f32 and codebook models, tied and untied, with and without GQA,
 prompt lengths that are not a multiple of the tile; the GEMM kernels against NumPy."""
 

@@ -32,7 +32,8 @@ class Sampler(ctypes.Structure):  # native/runtime/sampler.h
 def lib(tmp_path_factory):
     so = tmp_path_factory.mktemp("sampler") / "libsampler.so"
     subprocess.run(["clang-22", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC",
-                    "-shared", "-o", str(so), str(NATIVE / "runtime" / "sampler.c"), "-lm"], check=True)
+                    "-shared", "-o", str(so), str(NATIVE / "runtime" / "sampler.c"), "-lm"],
+                   check=True)
     lib = ctypes.CDLL(str(so))
     lib.softmax_temperature.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int,
                                         ctypes.c_float]

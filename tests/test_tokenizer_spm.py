@@ -1,5 +1,5 @@
-"""SentencePiece BPE in C (native/tokenizer/tokenizer.c) against the ``sentencepiece`` library: a BPE model
-with byte fallback is trained inside the test session, converted to a TokenizerSpec, and the C
+"""SentencePiece BPE in C (native/tokenizer/tokenizer.c) against the ``sentencepiece`` library: a
+BPE model with byte fallback is trained inside the test session, converted to a TokenizerSpec, and the C
 tokenizer must give sentencepiece's ids and decoded text."""
 
 from __future__ import annotations

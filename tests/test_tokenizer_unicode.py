@@ -1,4 +1,5 @@
-"""The generated Unicode class table (native/tokenizer/unicode/unicode_tables.c) is current and right."""
+"""The generated Unicode class table (native/tokenizer/unicode/unicode_tables.c) is current and
+right."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def _generator():
 
 def test_committed_table_equals_generator_output():
     committed = (UNICODE / "unicode_tables.c").read_text(encoding="utf-8")
-    assert committed == _generator().render(), \
-        "native/tokenizer/unicode/unicode_tables.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"
+    assert committed == _generator().render(), (
+        "native/tokenizer/unicode/unicode_tables.c is stale: run python "
+        "native/tokenizer/unicode/gen_unicode_tables.py")
 
 
 def test_table_follows_hf_tokenizers_unicode_version():
@@ -58,8 +60,9 @@ def test_c_lookup_agrees_with_unicodedata_for_every_code_point(tokenizer_lib):
 
 def test_committed_case_table_equals_generator_output():
     committed = (UNICODE / "unicode_case.c").read_text(encoding="utf-8")
-    assert committed == _generator().render_case(), \
-        "native/tokenizer/unicode/unicode_case.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"
+    assert committed == _generator().render_case(), (
+        "native/tokenizer/unicode/unicode_case.c is stale: run python "
+        "native/tokenizer/unicode/gen_unicode_tables.py")
 
 
 def test_c_lowercase_agrees_with_hf_for_every_code_point(tokenizer_lib):
@@ -90,8 +93,9 @@ def test_committed_norm_table_equals_generator_output():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     committed = (UNICODE / "unicode_norm.c").read_text(encoding="utf-8")
-    assert committed == mod.render(), \
-        "native/tokenizer/unicode/unicode_norm.c is stale: run python native/tokenizer/unicode/gen_unicode_norm.py"
+    assert committed == mod.render(), (
+        "native/tokenizer/unicode/unicode_norm.c is stale: run python "
+        "native/tokenizer/unicode/gen_unicode_norm.py")
 
 
 def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
@@ -124,5 +128,6 @@ def test_c_normalization_forms_equal_hf_on_every_code_point(tokenizer_lib):
 
 def test_committed_word_table_equals_generator_output():
     committed = (UNICODE / "unicode_word.c").read_text(encoding="utf-8")
-    assert committed == _generator().render_word(), \
-        "native/tokenizer/unicode/unicode_word.c is stale: run python native/tokenizer/unicode/gen_unicode_tables.py"
+    assert committed == _generator().render_word(), (
+        "native/tokenizer/unicode/unicode_word.c is stale: run python "
+        "native/tokenizer/unicode/gen_unicode_tables.py")

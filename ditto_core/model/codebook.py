@@ -300,8 +300,8 @@ def split_payload(rows: int, cols: int, bits: int, group_size: int, codebook_typ
 def dequantize(info, payload: np.ndarray) -> np.ndarray:
     """Reference decoder of one tensor: float32 [rows, cols] (or [n] for a vector).
 
-    ``info``: a ``ditto_core.model.modelfile.TensorInfo`` (encoding "f32" or "codebook", shape, bits,
-    group_size, codebook_type); ``payload``: its uint8 payload (``ModelFile.payload(name)``).
+    ``info``: a ``ditto_core.model.modelfile.TensorInfo`` (encoding "f32" or "codebook", shape,
+    bits, group_size, codebook_type); ``payload``: its uint8 payload (``ModelFile.payload(name)``).
     ``W[r][c] = codebook[r][c // G][index[r][c]]`` (FORMAT.md). Raises DittoError for a payload
     of the wrong length or an unknown encoding."""
     p = np.asarray(payload, dtype=np.uint8).reshape(-1)

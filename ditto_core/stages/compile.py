@@ -158,8 +158,8 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
     reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
     is called as each stage starts (progress display). ``library``: also compile the runtime
-    without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the same
-    stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
+    without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the
+    same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
     executable (``on_stage`` is not called again); its stage seconds are added to the
     executable's, and it is cached with it. Raises DittoError
     (compile/link failure, unknown or unavailable component); nothing is written at ``out``

@@ -478,8 +478,8 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
           registry: Registry | None = None, *, cache_root: Path | None = None,
           show_progress: bool = False, calibrate=None) -> dict:
     """Run the six stages and write the build directory ``out_dir`` (docs/BUILD.md):
-    ``ditto-run`` (the executable), ``libditto.so`` (the runtime's C API, native/runtime/ditto.h, for
-    ``ditto serve``), ``model.ditto`` and ``build.json`` (per-stage seconds, bpw, pass report,
+    ``ditto-run`` (the executable), ``libditto.so`` (the runtime's C API, native/runtime/ditto.h,
+    for ``ditto serve``), ``model.ditto`` and ``build.json`` (per-stage seconds, bpw, pass report,
     options).
 
     Atomic: everything is built in ``<out_dir>.tmp-*`` beside it and renamed at the end, so a

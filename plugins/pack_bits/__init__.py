@@ -7,7 +7,7 @@ and ``dequantize`` (payload → float32 weights).
 """
 
 from ditto_core.model.codebook import (codebook_payload, dequantize, pack_indices, row_bytes,
-                                 split_payload, unpack_indices)
+                                       split_payload, unpack_indices)
 from ditto_core.kit.hookspecs import hookimpl
 
 from .packer import BitsPacker, plan_infos
