@@ -1,5 +1,5 @@
-"""What every ``ditto`` command module shares (``cli``, ``cli_cc``, ``cli_eval``): the output
-console, the error/stop-signal wrapper, and the compile-stage flags of ``ditto build`` and
+"""What every ``ditto`` command module shares (``cli.main``, ``cli.cc``, ``cli.eval``,
+``cli.serve``): the output console, the error/stop-signal wrapper, and the compile-stage flags of ``ditto build`` and
 ``ditto cc``. The bottom of the command-line layer: it imports no other command module."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""``ditto serve BUILD``: llama-server's editor and OpenAI endpoints over a build's runtime
-library (docs/SERVE.md).
+"""The server of ``ditto serve BUILD`` (the command: ditto_core.cli.serve): llama-server's
+editor and OpenAI endpoints over a build's runtime library (docs/SERVE.md).
 
 FastAPI + uvicorn serve HTTP; pydantic models validate the requests (unknown fields are
 ignored, as llama-server does, so editor plugins that send extra options work unchanged);
-sse-starlette frames the streams. The engine (``serve_engine``) holds the model, the slots and
+sse-starlette frames the streams. The engine (``serve.engine``) holds the model, the slots and
 their prompt caches.
 """
 
