@@ -122,7 +122,27 @@ def _check(status: int, err) -> None:
 
 
 def _i32(ids: Sequence[int]) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(ids, dtype=np.int64).astype(np.int32))
+    """``ids`` as a contiguous int32 array. Raises RuntimeAPIError (ERR_INPUT) for an id outside
+    int32, which a cast would wrap into another id."""
+    try:
+        arr = np.asarray(ids, dtype=np.int64)
+    except OverflowError:  # wider than 64 bits
+        arr = None
+    if arr is None or (arr.size and (arr.min() < -2**31 or arr.max() >= 2**31)):
+        i, v = next((i, v) for i, v in enumerate(ids) if not -2**31 <= int(v) < 2**31)
+        raise RuntimeAPIError(ERR_INPUT, f"token id {v} at index {i} is out of range")
+    return np.ascontiguousarray(arr.astype(np.int32))
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8. Raises RuntimeAPIError (ERR_INPUT) for a lone surrogate (JSON's
+    "\\ud800" escapes give one), which has no UTF-8 form."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RuntimeAPIError(ERR_INPUT, f"text is not valid Unicode: lone surrogate "
+                                         f"U+{ord(text[exc.start]):04X} at index "
+                                         f"{exc.start}") from None
 
 
 class Model:
@@ -173,8 +193,8 @@ class Model:
                  parse_special: bool = False) -> list[int]:
         """Token ids of ``text`` (str or UTF-8 bytes) by the model's own tokenizer.
         ``parse_special``: control-token texts become their tokens. Raises RuntimeAPIError
-        for invalid UTF-8."""
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        for invalid UTF-8 (a str with a lone surrogate)."""
+        data = _utf8(text) if isinstance(text, str) else bytes(text)
         err = ctypes.create_string_buffer(_ERRLEN)
         cap = len(data) + 8
         while True:

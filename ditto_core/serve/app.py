@@ -429,6 +429,21 @@ def create_app(server: Server):
                                        else "invalid_request_error"),
                             status_code=exc.status_code)
 
+    @app.exception_handler(RuntimeAPIError)
+    async def _runtime_error(request, exc: RuntimeAPIError):
+        # user input the runtime refuses (text that is not valid Unicode ...) is the client's
+        if is_runtime_input_error(exc):
+            return JSONResponse(error_body(400, str(exc), "invalid_request_error"),
+                                status_code=400)
+        return JSONResponse(error_body(500, f"runtime error: {exc}", "server_error"),
+                            status_code=500)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request, exc: Exception):
+        # a bug: still OpenAI's error object, so that clients can show the message
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}",
+                                       "server_error"), status_code=500)
+
     @app.middleware("http")
     async def _auth(request: Request, call_next):
         if (server.api_key is not None and request.method != "OPTIONS"
