@@ -154,7 +154,7 @@ def stop_server(srv) -> None:
 def ditto_server(name: str, build: Path, threads: int, ctx: int, work: Path,
                  spec: str = "none"):
     port = free_port()
-    cmd = [sys.executable, "-c", "from ditto_core.cli import main; main()", "serve", str(build),
+    cmd = [sys.executable, "-c", "from ditto_core.cli.main import main; main()", "serve", str(build),
            "--port", str(port), "--threads", str(threads), "--ctx", str(ctx), "--slots", "1",
            "--spec", spec]
     env = {"OMP_NUM_THREADS": str(threads),

@@ -82,7 +82,7 @@ def bound_generation(body: dict, path: str) -> None:
 @pytest.fixture(scope="module")
 def api_schema(fuzz_server):
     """The OpenAPI description of the app (built without a model) pointed at the server."""
-    from ditto_core.serve import create_app
+    from ditto_core.serve.app import create_app
 
     raw = create_app(SimpleNamespace()).app.openapi()
     schema = schemathesis.openapi.from_dict(raw)
