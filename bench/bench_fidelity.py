@@ -30,7 +30,8 @@ directory, ``--llama-bin`` or what build-llama-cpp.sh prints; M = the model name
         -o $W/M/ditto-896-g128                                      # likewise G224
     # scores
     ditto eval $W/M/ditto-CONFIG --baseline FP32 --chunks N --json    # each Ditto build
-    ditto eval $W/M/ditto-default --chunks N --llama-cpp $LLAMA --peer-gguf $W/M-T.gguf ...
+    LLAMA_ARG_REPACK=0 ditto eval $W/M/ditto-default --chunks N --llama-cpp $LLAMA \
+        --peer-gguf $W/M-T.gguf ...          # (no repacking: see llama_row)
 
 The Ditto rows call ``ditto_core.api.build`` and ``ditto_core.eval.fidelity.evaluate_fidelity``
 (what ``ditto eval`` runs; baseline ``eval.builds.baseline_for``); the llama.cpp rows call
@@ -130,6 +131,10 @@ def ditto_row(model: str, config: str, work: Path, chunks: int, bin_dir: Path | 
 
 def llama_row(model: str, config: str, work: Path, chunks: int, bin_dir: Path) -> dict:
     t = config.removeprefix("llama-")
+    # llama.cpp's AMX matmul (taken for Q4_0 etc. when the CPU lists amx_int8) dies with SIGILL
+    # where the kernel does not grant the tile state (this VM); no repacking = no AMX buffers,
+    # the same formats run by the AVX-512 kernels
+    os.environ.setdefault("LLAMA_ARG_REPACK", "0")
     f32 = llamacpp.f32_gguf(bundled_model(model), bin_dir)
     t0 = time.time()
     if t.endswith("-imatrix"):
