@@ -162,10 +162,13 @@ def table(model: str, rows: dict) -> str:
     title = bl.MODEL_TITLES.get(model, model)
     lines = [f"| model file ({title}) | MB | bpw | mean KLD ± s.e. | same top-1 | PPL |",
              "|---|---|---|---|---|---|"]
-    base = next(iter(rows.values()), None)
-    if base is not None:
-        lines.append(f"| fp32 (shipped GGUF dequantized; `--quantizer none`) | | 32 | 0 | 100 % "
-                     f"| {base['ppl_baseline']:.3f} |")
+    ppl = {src: r["ppl_baseline"] for c, r in rows.items()
+           for src in ["llama" if c.startswith("llama-") else "ditto"]}
+    if ppl:
+        cell = " / ".join(f"{v:.3f}" + (" (llama.cpp F32)" if k == "llama" else "")
+                          for k, v in sorted(ppl.items()))
+        lines.append("| fp32 (the shipped GGUF dequantized: `--quantizer none`; llama.cpp: its "
+                     f"F32 GGUF) | | 32 | 0 | 100 % | {cell} |")
     for r in rows.values():
         lines.append(f"| {r['label']} | {r['file_bytes'] / 1e6:.1f} | {r['bpw']:.2f} | "
                      f"{r['mean_kld']:.4f} ± {r['kld_stderr']:.4f} | "
