@@ -151,18 +151,23 @@ def table(results: dict, threads: list[int], p: int, n: int, model: str = "smoll
     return "\n".join(lines)
 
 
-def write_results(md: Path, text: str, model: str = "smollm2") -> None:
-    """Replace the table of ``model`` between its markers in ``md`` (appended when absent)."""
+def write_results(md: Path, text: str, model: str = "smollm2", tag: str = "bench_llamacpp",
+                  heading: str | None = None) -> None:
+    """Replace the table of ``model`` between its ``tag`` markers in ``md`` (appended under
+    ``heading`` when absent; default: "Ditto vs llama.cpp on MODEL (bench/bench_llamacpp.py)").
+    SmolLM2's bench_llamacpp table keeps its historical unnamed markers."""
     doc = md.read_text()
-    begin, end = ((MARK_BEGIN, MARK_END) if model == "smollm2" else
-                  (f"<!-- bench_llamacpp:{model}:begin -->", f"<!-- bench_llamacpp:{model}:end -->"))
+    begin, end = ((MARK_BEGIN, MARK_END) if model == "smollm2" and tag == "bench_llamacpp" else
+                  (f"<!-- {tag}:{model}:begin -->", f"<!-- {tag}:{model}:end -->"))
     block = f"{begin}\n{text}\n{end}"
     if begin in doc:
         pre, rest = doc.split(begin, 1)
         doc = pre + block + rest.split(end, 1)[1]
     else:
-        doc = doc.rstrip("\n") + (f"\n\n## Ditto vs llama.cpp on {MODEL_TITLES.get(model, model)} "
-                                  "(bench/bench_llamacpp.py)\n\n") + block + "\n"
+        if heading is None:
+            heading = (f"Ditto vs llama.cpp on {MODEL_TITLES.get(model, model)} "
+                       "(bench/bench_llamacpp.py)")
+        doc = doc.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
     md.write_text(doc)
 
 
