@@ -18,7 +18,7 @@ directory, ``--llama-bin`` or what build-llama-cpp.sh prints; M = the model name
     $LLAMA/llama-quantize --allow-requantize SRC $W/M-T.gguf T        # T = Q4_0 IQ4_NL Q4_K_M
     $LLAMA/llama-imatrix -m F32 -f CAL -c 512 -t 2 -o $W/M-stdlib.imatrix.gguf
     $LLAMA/llama-quantize --imatrix $W/M-stdlib.imatrix.gguf F32 $W/M-IQ4_NL-imatrix.gguf IQ4_NL
-    # (CAL = ditto_core.calibration.stdlib_calibration_path(), the text --calibration stdlib uses)
+    # (CAL = ditto_core.eval.calibration.stdlib_calibration_path(), the text --calibration stdlib uses)
     # Ditto builds
     ditto build M --quantizer kmeans --blas openblas -o $W/M/ditto-default
     ditto build M --quantizer kmeans --blas openblas --calibration stdlib \\
