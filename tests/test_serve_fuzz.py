@@ -23,12 +23,11 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from tests.test_serve import start_server, stop_server  # noqa: E402
+from tests.test_serve import start_server, stop_server
 
 #: examples per endpoint (schemathesis) and per malformed-body test (hypothesis)
 SCHEMA_EXAMPLES = 30
