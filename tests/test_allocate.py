@@ -110,3 +110,45 @@ def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
     assert rows["blk.1.attn_q.weight"]["rule"] == f"allocated b{c['bits']},G{c['group_size']}"
     assert (rows["blk.1.attn_q.weight"]["bits"], rows["blk.1.attn_q.weight"]["group_size"]) == \
         (c["bits"], c["group_size"])
+
+
+def test_speed_aware_candidates():
+    """The speed-aware filter keeps the layouts a table runs at b = 4's speed: on avx2 the b = 4
+    matrices and the decoded classifier, on avx512vbmi every G % 64 == 0 layout; "auto" names
+    the table only when something is slow on it; unknown tables are refused."""
+    from ditto_core import kernel_paths as KP
+
+    avx2, vbmi = KP.table("avx2"), KP.table("avx512vbmi")
+    cands = sorted(set(A.MATRIX_CANDIDATES))
+    assert A.fast_candidates(avx2, cands, 576, False) == [(4, 128), (4, 256), (4, 512)]
+    assert A.fast_candidates(vbmi, cands, 576, False) == cands
+    assert A.fast_candidates(vbmi, [(5, 96), (5, 32)], 576, False) == [(5, 96), (5, 32)]  # none
+    assert A.fast_candidates(avx2, [(6, 576), (7, 576)], 576, True) == [(6, 576), (7, 576)]
+    assert A.fast_candidates(avx2, [(5, 576), (4, 576)], 576, False) == [(4, 576)]
+    assert A.resolve_speed_table("auto", avx2) == "avx2"
+    assert A.resolve_speed_table("auto", vbmi) is None
+    assert A.resolve_speed_table("off") is None and A.resolve_speed_table("neon") == "neon"
+    with pytest.raises(DittoError, match="avx9"):
+        A.resolve_speed_table("avx9")
+
+
+def test_speed_aware_build_keeps_fast_layouts(tmp_path):
+    """tinycoder under a budget with speed_aware="avx2": only layouts avx2 runs at b = 4's
+    speed are measured and chosen (every matrix b = 4; the classifier, decoded at load, may
+    take more bits), and the file is still within the budget."""
+    from ditto_core import build
+    from ditto_core import kernel_paths as KP
+    from ditto_core.modelfile import ModelFile
+
+    b = build("tinycoder", quantizer="kmeans", blas="openblas", out=tmp_path / "s",
+              target_bpw=36.6, speed_aware="avx2")
+    alloc = json.loads((tmp_path / "s" / "build.json").read_text())["allocation"]
+    assert alloc["speed_table"] == "avx2"
+    assert (tmp_path / "s" / "model.ditto").stat().st_size <= alloc["budget_bytes"]
+    with ModelFile.open(b.model_file) as mf:
+        cls = KP.classifier_name(mf.config)
+    assert alloc["tensors"] and all(c["bits"] == 4 for n, c in alloc["tensors"].items()
+                                    if n != cls), alloc["tensors"]
+    for n, cands in alloc["candidates"].items():
+        if n != cls:
+            assert {c["bits"] for c in cands} == {4}, (n, cands)
