@@ -279,6 +279,9 @@ VBMI512_F16C_FN static inline __m512i anyb_table64(const int8_t *cb, const int b
         break;
     }
     }
+    /* An opaque table: LLVM would otherwise fold the small broadcasts (b <= 3) into generic
+     * 512-bit byte shufflevectors, whose x86 lowering does not terminate under LLVM 22. */
+    __asm__("" : "+v"(t));
     return _mm512_xor_si512(t, _mm512_set1_epi8(-128));
 }
 
