@@ -2,14 +2,21 @@
 the same run (docs/KERNELS.md "Integer kernels"). Prints one JSON object (and a table on stderr).
 
     python bench/bench_gemv.py [--shapes 576x576,...] [--threads 1,2] [--rounds 5]
-        [--formats int8,f16] [--kernels best,generic] [--stream-mib 256] [-o out.json]
+        [--formats int8,f16] [--kernels best,generic] [--bits 4,5] [--group-size 128,256,576]
+        [--compare-native DIR] [--stream-mib 256] [-o out.json]
 
 Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/kernels/matmul.c) with the
 kernel table forced by name (``kernels_select``), so an int8 figure includes quantizing x once
-per call, as in decode. Formats: ``int8`` (b = 4, G = 256, int8 centroids + f16 scale per
-sub-block: 4.5625 bpw), ``f16`` (b = 4, G = 256, f16 centroids: 5 bpw, the float-lookup
-kernels), ``f32`` (the naive loop nest, not BLAS). Payloads are random (the speed does not
-depend on the values). Kernel ``best`` is the table this CPU selects by default.
+per call, as in decode. Formats: ``int8`` (int8 centroids + f16 scale per sub-block: 4.5625
+bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the float-lookup
+kernels), ``f32`` (the naive loop nest, not BLAS). The codebook formats run every layout of
+``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the whole row, as
+the runtime clamps it); each result names its layout and the kernel path of the table
+(ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the values).
+Kernel ``best`` is the table this CPU selects by default. ``--compare-native DIR`` also builds
+the kernels of another source tree (e.g. ``git archive`` of an older commit's native/) and
+runs every int8 case through it too, interleaved in the same rounds (labels ending ``@DIR``'s
+name), so before/after ratios see the same machine load.
 
 STREAM read: a sum over a ``--stream-mib`` float32 array (several vector accumulators, OpenMP
 over the threads of the row), timed like the GEMVs; its GB/s is the bandwidth the GEMV can
@@ -41,6 +48,7 @@ from ditto_core.base.types import CodebookTensor  # noqa: E402
 from ditto_core.model import codebook  # noqa: E402
 from ditto_core.model import format as F  # noqa: E402
 from ditto_core.model.codebook import codebook_payload  # noqa: E402
+from ditto_core.model import kernel_paths as KP  # noqa: E402
 from ditto_native import KERNEL_SOURCES  # noqa: E402
 from ditto_quant_kmeans.quantizer import int8_codebooks  # noqa: E402
 
@@ -140,19 +148,21 @@ double bench_stream(const float *a, long n, double burst_s) {
 """
 
 
-def build(tmp: Path) -> ctypes.CDLL:
-    """The kernels (clang-22 -O3 -fopenmp, the runtime's flags) and the harness (the same plus
-    -fassociative-math, so the STREAM sum is vectorised) as two shared libraries."""
+def build(tmp: Path, native: Path = NATIVE) -> ctypes.CDLL:
+    """The kernels of ``native`` (clang-22 -O3 -fopenmp, the runtime's flags) and the harness
+    (the same plus -fassociative-math, so the STREAM sum is vectorised) as one shared
+    library in ``tmp``."""
     src = tmp / "harness.c"
     src.write_text(HARNESS)
     obj = tmp / "harness.o"
     std = ["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O3", "-fopenmp", "-fPIC"]
     subprocess.run(["nice", "clang-22", *std, "-fassociative-math", "-fno-signed-zeros",
-                    "-fno-trapping-math", f"-I{NATIVE}", "-c", "-o", str(obj), str(src)],
+                    "-fno-trapping-math", f"-I{native}", "-c", "-o", str(obj), str(src)],
                    check=True)
     out = tmp / "libbench_gemv.so"
+    files = [f for f in KERNEL_FILES if (native / f).is_file()]
     subprocess.run(["nice", "clang-22", *std, "-shared", "-o", str(out), str(obj),
-                    *(str(NATIVE / f) for f in KERNEL_FILES), "-lm"], check=True)
+                    *(str(native / f) for f in files), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     P = ctypes.c_void_p
     lib.bench_gemv.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,
@@ -166,11 +176,11 @@ def build(tmp: Path) -> ctypes.CDLL:
     return lib
 
 
-def payload_for(fmt: str, rows: int, cols: int, rng) -> np.ndarray:
-    """A random payload of the format (b = 4, G = 256 for the codebook formats)."""
+def payload_for(fmt: str, rows: int, cols: int, rng, b: int = 4, G: int = 256) -> np.ndarray:
+    """A random payload of the format (b-bit indices, sub-blocks of G for the codebook
+    formats), as uint8 bytes."""
     if fmt == "f32":
         return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8).reshape(-1)
-    b, G = 4, 256
     S, K = codebook.n_sub_blocks(cols, G), codebook.n_centroids(b)
     cent = rng.normal(size=(rows, S, K)).astype(np.float32)
     idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
@@ -193,16 +203,26 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="int8,f16")
     ap.add_argument("--kernels", default="best,generic",
                     help="kernel tables for int8 (best = this CPU's default)")
+    ap.add_argument("--bits", default="4", help="bit widths of the codebook formats (list)")
+    ap.add_argument("--group-size", default="256", help="group sizes G of the codebook formats")
+    ap.add_argument("--compare-native", type=Path, default=None, metavar="DIR",
+                    help="also run the int8 cases through the kernels of this native/ tree")
     ap.add_argument("--stream-mib", type=int, default=256)
     ap.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     formats = [f for f in args.formats.split(",") if f]
+    layouts = [(int(b), int(g)) for b in args.bits.split(",") for g in args.group_size.split(",")]
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-gemv-") as tmp:
         lib = build(Path(tmp))
+        libs = {"": lib}
+        if args.compare_native:
+            (Path(tmp) / "cmp").mkdir()
+            libs["@" + args.compare_native.resolve().name] = build(Path(tmp) / "cmp",
+                                                                   args.compare_native.resolve())
         best = lib.kernel_active_name().decode()
         kernels = [best if k == "best" else k for k in args.kernels.split(",") if k]
         kernels = list(dict.fromkeys(kernels))
@@ -211,11 +231,14 @@ def main(argv=None) -> int:
         for rows, cols in shapes:
             x = rng.normal(size=cols).astype(np.float32)
             y = np.zeros(rows, np.float32)
-            cases = []  # (label, fmt, kernel, payload)
+            cases = []  # (label, fmt, kernel, payload, b, G, lib suffix)
             for fmt in formats:
-                p = payload_for(fmt, rows, cols, rng)
-                for k in (kernels if fmt == "int8" else [best]):
-                    cases.append((f"{fmt}/{k}", fmt, k, p))
+                for b, G in (layouts if fmt != "f32" else [(4, 256)]):
+                    p = payload_for(fmt, rows, cols, rng, b, G)
+                    lay = f"/b{b}G{G}" if fmt != "f32" and layouts != [(4, 256)] else ""
+                    for k in (kernels if fmt == "int8" else [best]):
+                        for suffix in (libs if fmt == "int8" else [""]):
+                            cases.append((f"{fmt}/{k}{lay}{suffix}", fmt, k, p, b, G, suffix))
             for t in threads:
                 lib.omp_set_num_threads(t)
                 samples = {c[0]: [] for c in cases}
@@ -223,31 +246,39 @@ def main(argv=None) -> int:
                 for _ in range(args.rounds):
                     samples["stream_read"].append(
                         lib.bench_stream(stream.ctypes.data, stream.size, args.burst_s))
-                    for label, fmt, k, p in cases:
-                        s = lib.bench_gemv(k.encode(), ENC[fmt], CBT[fmt], 4, 256, rows, cols,
-                                           p.ctypes.data, p.size, x.ctypes.data, y.ctypes.data,
-                                           args.burst_s)
+                    for label, fmt, k, p, b, G, suffix in cases:
+                        libs[suffix].omp_set_num_threads(t)
+                        s = libs[suffix].bench_gemv(k.encode(), ENC[fmt], CBT[fmt], b, G, rows,
+                                                    cols, p.ctypes.data, p.size, x.ctypes.data,
+                                                    y.ctypes.data, args.burst_s)
                         if s < 0:
                             raise SystemExit(f"kernel {k} is not available on this CPU")
                         samples[label].append(s)
                 stream_gbs = stream.nbytes / statistics.median(samples["stream_read"]) / 1e9
                 row = {"rows": rows, "cols": cols, "threads": t,
                        "stream_read_GB_s": round(stream_gbs, 2), "kernels": {}}
-                for label, fmt, k, p in cases:
+                for label, fmt, k, p, b, G, suffix in cases:
                     med = statistics.median(samples[label])
                     gbs = p.size / med / 1e9
+                    path = (KP.kernel_path(KP.table(k), b, G, cols) if fmt == "int8"
+                            else None)
                     row["kernels"][label] = {
-                        "format": fmt, "kernel": k, "packed_bytes": int(p.size),
+                        "format": fmt, "kernel": k, "bits": b, "group_size": G,
+                        "path": (f"{k}:{path}" if path != "generic" else path)
+                        if path and not suffix else None,
+                        "source": args.compare_native.name if suffix else "native",
+                        "packed_bytes": int(p.size),
                         "bpw": round(8.0 * p.size / (rows * cols), 4),
                         "us": round(med * 1e6, 2), "us_min": round(min(samples[label]) * 1e6, 2),
                         "GB_s": round(gbs, 3), "fraction_of_stream": round(gbs / stream_gbs, 3)}
                 results.append(row)
                 for label, r in row["kernels"].items():
-                    print(f"{rows:>6}x{cols:<6} t={t} {label:<16} {r['us']:>10.1f} us "
+                    print(f"{rows:>6}x{cols:<6} t={t} {label:<28} {r['us']:>10.1f} us "
                           f"{r['GB_s']:>7.2f} GB/s ({100 * r['fraction_of_stream']:.0f}% of "
                           f"STREAM read {stream_gbs:.1f} GB/s)", file=sys.stderr)
     out = {"bench": "bench_gemv", "default_kernel": best, "kernels": kernels,
-           "formats": formats, "rounds": args.rounds, "burst_s": args.burst_s,
+           "formats": formats, "layouts": [list(x) for x in layouts],
+           "compare_native": str(args.compare_native) if args.compare_native else None, "rounds": args.rounds, "burst_s": args.burst_s,
            "stream_mib": args.stream_mib, "cpu_count": os.cpu_count(),
            "load_average_before": load_before, "results": results}
     text = json.dumps(out, indent=1)

@@ -114,7 +114,8 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
           openmp: bool = True, cache: bool = True, progress: bool = False,
           registry: Registry | None = None, calibration: str | os.PathLike | None = None,
           importance: str | os.PathLike | None = None, target_bpw: float | None = None,
-          max_size_of: str | os.PathLike | None = None) -> Build:
+          max_size_of: str | os.PathLike | None = None,
+          speed_aware: str | None = "auto") -> Build:
     """Build ``model`` (an HF directory, a .gguf file, or a bundled name: ``"smollm2"``,
     ``"tinycoder"``, ``"qwen2.5-coder-0.5b"``, ``"qwen2.5-coder-1.5b"``; the Qwen ones are
     downloaded into the cache on first use, docs/INPUTS.md) into the directory ``out``
@@ -131,9 +132,13 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     for the shipped one) or ``importance``: an importance file (``ditto calibrate``) whose
     per-channel activation statistics weight the quantizer's error (docs/QUANT.md);
     ``target_bpw`` or ``max_size_of`` (a file whose size is the budget): per-tensor b and G
-    chosen under that file-size budget (``ditto_core.kit.allocate``). Raises DittoError (PluginError, OptionError) before any
+    chosen under that file-size budget (``ditto_core.kit.allocate``), with ``speed_aware``
+    (``"auto"``: this CPU's kernel table when some candidate layout is slow on it; ``"off"``
+    or None; or a table name) only among the layouts that table runs about as fast as b = 4
+    (``allocate.resolve_speed_table``). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
+    from ditto_core.kit.allocate import resolve_speed_table
     from ditto_core.eval.calibration import cached_importance
     from ditto_core.stages.pipeline import BuildOptions
     from ditto_core.stages.pipeline import build as run_pipeline
@@ -151,7 +156,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
                            codebook_type=codebook_type, seed=seed,
                            importance=None if importance is None else str(importance),
                            target_bpw=target_bpw,
-                           max_size_of=None if max_size_of is None else str(max_size_of)))
+                           max_size_of=None if max_size_of is None else str(max_size_of),
+                           speed_table=resolve_speed_table(speed_aware)
+                           if target_bpw is not None or max_size_of is not None else None))
     record = run_pipeline(model, Path(out), opts, registry, show_progress=progress,
                           calibrate=cached_importance)
     return Build(Path(out), record)

@@ -110,3 +110,63 @@ def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
     assert rows["blk.1.attn_q.weight"]["rule"] == f"allocated b{c['bits']},G{c['group_size']}"
     assert (rows["blk.1.attn_q.weight"]["bits"], rows["blk.1.attn_q.weight"]["group_size"]) == \
         (c["bits"], c["group_size"])
+
+
+def test_speed_aware_candidates():
+    """The speed-aware filter keeps the layouts a table runs at b = 4's speed: on avx2 the b = 4
+    matrices and the decoded classifier, on avx512vbmi every G % 64 == 0 layout; "auto" names
+    the table only when something is slow on it; unknown tables are refused."""
+    from ditto_core.model import kernel_paths as KP
+
+    avx2, vbmi = KP.table("avx2"), KP.table("avx512vbmi")
+    cands = sorted(set(A.MATRIX_CANDIDATES))
+    assert A.fast_candidates(avx2, cands, 576, False) == [(4, 128), (4, 256), (4, 512)]
+    assert A.fast_candidates(vbmi, cands, 576, False) == cands
+    assert A.fast_candidates(vbmi, [(5, 96), (5, 32)], 576, False) == [(5, 96), (5, 32)]  # none
+    assert A.fast_candidates(avx2, [(6, 576), (7, 576)], 576, True) == [(6, 576), (7, 576)]
+    assert A.fast_candidates(avx2, [(5, 576), (4, 576)], 576, False) == [(4, 576)]
+    assert A.resolve_speed_table("auto", avx2) == "avx2"
+    assert A.resolve_speed_table("auto", vbmi) is None
+    assert A.resolve_speed_table("off") is None and A.resolve_speed_table("neon") == "neon"
+    with pytest.raises(DittoError, match="avx9"):
+        A.resolve_speed_table("avx9")
+
+
+def test_speed_aware_allocation_keeps_fast_layouts():
+    """A small synthetic model (vocab 8, so the tied classifier saves nothing and stays f32)
+    whose error falls with b: under a budget 6 % above the all-b = 4 file the plain plan takes
+    b = 5 or 6 somewhere, the speed-aware plan for avx2 only b = 4 layouts (still within the
+    budget), and for avx512vbmi (every candidate fast) the plain plan."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ditto_core.model.modelfile import expected_shapes
+    from ditto_core.base.types import ModelConfig
+    from tests.test_modelfile import tiny_tokenizer
+
+    cfg = ModelConfig(dim=256, hidden_dim=512, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=64,
+                      vocab_size=8, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5,
+                      tied_embeddings=True)
+    shapes = expected_shapes(cfg)
+    rng = np.random.default_rng(0)
+    W = {n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()}
+    ck = SimpleNamespace(config=cfg, tokenizer=tiny_tokenizer(), shapes=shapes,
+                         tensors={n: (lambda n=n: W[n]) for n in shapes})
+    mats = [n for n, s in shapes.items() if len(s) == 2 and n != "token_embd.weight"]
+    plan = {n: ("codebook", (4, 256, "int8")) if n in mats else ("f32", None) for n in shapes}
+    reasons = {n: {"rule": "default" if n in mats else "f32"} for n in shapes}
+
+    def quantize(S, b, g, name, imp):  # error 2^-b, a little more for larger G
+        return S * (1 + 2.0 ** -b * (1 + g / 1024))
+
+    base = A.file_bytes(cfg, ck.tokenizer, shapes, plan)
+    budget = int(base * 1.06)
+    run = {t: A.allocate(ck, plan, reasons, budget, "int8", quantize, lambda n, c: None,
+                         ["token_embd.weight"], speed_table=t)[1] for t in (None, "avx2",
+                                                                            "avx512vbmi")}
+    bits = {t: {c["bits"] for c in r["tensors"].values()} for t, r in run.items()}
+    assert bits[None] - {3, 4}, bits  # the plain plan spends the budget on b = 5 or 6
+    assert bits["avx2"] == {4} and run["avx2"]["speed_table"] == "avx2"
+    assert run["avx2"]["planned_bytes"] <= budget
+    assert run["avx512vbmi"]["tensors"] == run[None]["tensors"]

@@ -3,6 +3,7 @@ executables that run without environment variables, atomic output."""
 
 import re
 import subprocess
+import sys
 
 import llvmlite.binding as llvm
 import pytest
@@ -133,3 +134,35 @@ def test_invalid_ir(tmp_path):
     with pytest.raises(DittoError, match="bad.ll: invalid LLVM IR"):
         LlvmLinker().link(IRModule("define i32 @f( {", source="bad.ll"), None, tmp_path / "x")
     assert list(tmp_path.iterdir()) == []
+
+
+CROSS_CPU_BUILD = """
+import sys
+from pathlib import Path
+from ditto_core.stages.compile import build_runtime
+from ditto_core.stages.plugins import get_registry
+from ditto_core.stages.selection import choose_compile
+stages = choose_compile(get_registry(), blas=None, rewrite=False,
+                        options={"llvm": {"cpu": sys.argv[1], "features": ""}})
+out = Path(sys.argv[2])
+build_runtime(out, stages=stages)
+sys.stdout.write(str(out.stat().st_size))
+"""
+
+
+@pytest.mark.parametrize("cpu", ["sapphirerapids"])
+def test_runtime_compiles_for_other_cpus_in_bounded_time(cpu, tmp_path):
+    """The whole runtime goes through the O3 pipeline and code generation for a CPU other than
+    this host's (Sapphire Rapids: AVX-512 VBMI, VNNI, FP16, AMX), within 5 minutes and
+    6 GB: LLVM 22's x86 lowering of some 512-bit byte shuffles never terminates, so a kernel
+    that lets such a shuffle form (e.g. a small broadcast folded into a byte permutation) must
+    fail here, whatever CPU runs the tests."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    proc = subprocess.run([sys.executable, "-c", CROSS_CPU_BUILD, cpu, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout) > 100_000

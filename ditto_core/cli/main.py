@@ -59,14 +59,26 @@ def export_cmd(model, out, exporter, quiet):
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-verify", is_flag=True, help="Skip the CRC-32 check (faster).")
+@click.option("--kernel", "kernel", default=None, metavar="TABLE",
+              help="Show the kernel paths of this kernel table (avx512vbmi, avx512vnni, avxvnni, "
+                   "avx2, neon, generic) instead of the one this CPU runs.")
 @reports_errors
-def inspect_cmd(file, as_json, no_verify):
+def inspect_cmd(file, as_json, no_verify, kernel):
     """Show a model file's config, tokenizer, tensor table, sizes and bits per weight.
 
     "theoretical" is the size with no padding: b-bit indices plus the codebooks (4 bytes per
     weight for fp32 tensors); the overhead % compares the tensor payloads (without the
-    fixed header/metadata) to it."""
+    fixed header/metadata) to it. "kernel" is the GEMV path the runtime takes for each tensor
+    on this CPU's kernel table (as ditto-run chooses it, DITTO_KERNEL included), e.g.
+    avx512vbmi:i8_b4, avx2:i8_any, generic (the scalar reference), decoded-int8 (the
+    classifier decoded at load), lookup (an embedding read row by row)."""
+    from ditto_core.model import kernel_paths as KP
     from ditto_core.model.modelfile import ModelFile
+
+    try:
+        kt = KP.table(kernel) if kernel else None
+    except KeyError as exc:
+        raise DittoError(f"--kernel: {exc.args[0]}") from None
 
     if file.is_dir():
         hint = ""
@@ -83,7 +95,7 @@ def inspect_cmd(file, as_json, no_verify):
         if not isinstance(record, dict) or record.get("model_file") != file.name:
             record = None
     with ModelFile.open(file, verify=not no_verify) as mf:
-        s = inspect_summary(mf, record)
+        s = inspect_summary(mf, record, kt)
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
@@ -102,14 +114,19 @@ def inspect_cmd(file, as_json, no_verify):
         con.print("rules (--tensor-type, first match wins): "
                   + ("; ".join(s["rules"]) or "none")
                   + "; then --keep-fp32, the embedding rule, the options' b and G")
-    table = Table("tensor", "enc", "shape", "b", "G", "cb", "bytes", "bpw",
+    table = Table("tensor", "enc", "shape", "b", "G", "cb", "bytes", "bpw", "kernel",
                   *(["rule"] if "rules" in s else []))
     for r in s["tensors"]:
         table.add_row(r["name"], r["encoding"], "×".join(map(str, r["shape"])),
                       str(r["bits"] or "-"), str(r["group_size"] or "-"),
                       r["codebook_type"] or "-", f"{r['bytes']:,}", f"{r['bpw']:.3f}",
-                      *([r.get("rule") or "-"] if "rules" in s else []))
+                      r["kernel"] or "-", *([r.get("rule") or "-"] if "rules" in s else []))
     con.print(table)
+    con.print(f"layouts on kernel table {s['kernel_table']}: " + "; ".join(
+        f"b{e['bits']},G{e['group_size']}" + (f",{e['codebook_type']}"
+                                               if e["codebook_type"] != "int8" else "")
+        + f" → {e['kernel']} ({e['tensors']} tensors, {e['weights']:,} weights)"
+        for e in s["layouts"]))
     con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
               f"bpw {s['bpw_file']:.3f} (whole file), {s['bpw_payload']:.3f} (payloads)")
     con.print(f"payloads {s['payload_bytes']:,} bytes vs theoretical {s['theoretical_bytes']:,}"
@@ -226,6 +243,12 @@ def plugins_cmd(as_json, with_options):
               default=None, metavar="FILE",
               help="As --target-bpw, with the byte size of FILE (e.g. a llama.cpp GGUF) as "
                    "the budget.")
+@click.option("--speed-aware", "speed_aware", default="auto", show_default=True,
+              metavar="auto|off|TABLE",
+              help="With a budget, choose only layouts the GEMV kernel table runs about as fast "
+                   "as b = 4 (`ditto inspect` shows each tensor's path): auto = this CPU's "
+                   "table when some layout is slow on it, off, or a table name (e.g. avx2; "
+                   "docs/QUANT.md).")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")
 @click.option("--exporter", default=None, help="Exporter (default: the one that reads MODEL).")
@@ -238,7 +261,8 @@ def plugins_cmd(as_json, with_options):
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @reports_errors
 def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tensor_types, method,
-              codebook_type, seed, calibration, importance, target_bpw, max_size_of, rewrite, exporter, packer, emitter, passes, linker,
+              codebook_type, seed, calibration, importance, target_bpw, max_size_of, speed_aware,
+              rewrite, exporter, packer, emitter, passes, linker,
               component_options, openmp, cache, quiet):
     """Build MODEL into DIR: export → quantize → pack → emit IR → rewrite → link.
 
@@ -268,7 +292,7 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
                    options=parse_assignments(component_options), rewrite=rewrite,
                    openmp=openmp, cache=cache, progress=not quiet,
                    calibration=calibration, importance=importance, target_bpw=target_bpw,
-                   max_size_of=max_size_of).record
+                   max_size_of=max_size_of, speed_aware=speed_aware).record
     if not quiet:
         cached = [k for k, v in record["cached"].items() if v]
         for stage, sec in record["stages"].items():

@@ -11,6 +11,11 @@ tensors subject to the exact model-file size (``modelfile.plan_layout``) being a
 budget: per tensor the lower convex hull of (bytes, error), then the steepest hull steps first
 (the greedy solution of the Lagrangian relaxation of this multiple-choice knapsack, Sinha &
 Zoltners 1979), starting from every tensor's smallest candidate.
+
+Speed-aware (``QuantOptions.speed_table``): only the candidates the named kernel table runs
+at about b = 4's speed (``kernel_paths.is_fast``) take part, so the budgeted file decodes no
+slower than the default b = 4 build on that table; ``resolve_speed_table("auto")`` names this
+CPU's table when some candidate is slow on it, else None (nothing to avoid).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 from ditto_core.base.errors import DittoError
 from ditto_core.model import codebook as CB
 from ditto_core.model.modelfile import TensorInfo, plan_layout
+from ditto_core.model import kernel_paths as KP
 from .importance import tensor_importance
 
 #: (b, G) candidates of an ordinary matrix, and the bit widths of the embedding/classifier
@@ -148,23 +154,55 @@ def budget_bytes(target_bpw: float | None, max_size_of: str | None, n_weights: i
                          f"{exc.strerror or exc}") from None
 
 
+def resolve_speed_table(choice: str | None, table: KP.Table | None = None) -> str | None:
+    """The ``speed_table`` of ``--speed-aware CHOICE``: None for None or ``"off"``; for
+    ``"auto"``, ``table`` (default: this CPU's, ``kernel_paths.active_table``) when one of the
+    candidates (``MATRIX_CANDIDATES`` on rows of 4096, ``EMBEDDING_BITS`` as a classifier of
+    4096 columns) is slow on it, else None; otherwise ``choice`` as a table name. Raises
+    DittoError for an unknown name."""
+    if choice is None or choice == "off":
+        return None
+    if choice == "auto":
+        t = table or KP.active_table()
+        slow = [c for c in MATRIX_CANDIDATES if not KP.is_fast(t, *c, 4096)] + \
+               [b for b in EMBEDDING_BITS if not KP.is_fast(t, b, 4096, 4096, classifier=True)]
+        return t.name if slow else None
+    try:
+        return KP.table(choice).name
+    except KeyError as exc:
+        raise DittoError(f"--speed-aware: {exc.args[0]}") from None
+
+
+def fast_candidates(t: KP.Table, cands: Sequence[tuple[int, int]], cols: int,
+                    classifier: bool) -> list[tuple[int, int]]:
+    """The (b, G) of ``cands`` that table ``t`` runs at about b = 4's speed for rows of
+    ``cols`` (``classifier``: the tensor is the model's classifier); all of ``cands`` when
+    none is (the tensor then keeps its choice of slow layouts)."""
+    fast = [c for c in cands if KP.is_fast(t, c[0], c[1], cols, classifier)]
+    return fast or list(cands)
+
+
 def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: str,
              quantize: Callable, importance: Callable[[str, int], np.ndarray | None],
-             embedding_names: Sequence[str], progress: Callable[[str], None] | None = None
-             ) -> tuple[dict, dict]:
+             embedding_names: Sequence[str], progress: Callable[[str], None] | None = None,
+             speed_table: str | None = None) -> tuple[dict, dict]:
     """Re-plan the tensors of ``plan`` whose ``reasons[name]["rule"]`` is ``"default"`` or an
     embedding rule under the file-size ``budget`` (bytes, whole file).
 
     ``quantize(W, b, G)`` → Ŵ (the quantizer's own method, weighted by the importance);
     ``importance(name, cols)`` → the tensor's k-means weights or None. Returns (new plan,
     allocation record: ``budget_bytes``, ``planned_bytes``, per tensor ``{bits, group_size,
-    error, bytes}`` and the candidates measured). Raises DittoError when the budget cannot
-    hold the smallest candidates plus the fixed tensors."""
+    error, bytes}`` and the candidates measured). ``speed_table``: a kernel table name; only
+    the layouts it runs at about b = 4's speed are candidates (``fast_candidates``; int8
+    codebooks only). Raises DittoError when the budget cannot hold the smallest candidates
+    plus the fixed tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
             and (reasons[n]["rule"] == "default" or reasons[n]["rule"].startswith("embedding"))]
     # the file of the current plan; the free tensors' aligned payloads are swapped out below
     base = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, plan)
     options, measured = {}, {}
+    kt = KP.table(speed_table) if speed_table and codebook_type == "int8" else None
+    cls = KP.classifier_name(checkpoint.config)
     for name in free:
         rows, cols = (int(x) for x in checkpoint.shapes[name])
         if name in embedding_names:
@@ -172,6 +210,8 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         else:
             cands = sorted({(b, min(g, cols)) for b, g in MATRIX_CANDIDATES})
         cands = [c for c in cands if CB.saves_space(rows, cols, *c, codebook_type)]
+        if kt is not None:
+            cands = fast_candidates(kt, cands, cols, name == cls)
         if not cands:  # nothing smaller than f32: the tensor keeps its plan
             continue
         if progress:
@@ -199,7 +239,7 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     planned = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, new)
     if planned > budget:  # the alignment estimate is exact, so this is a bug guard
         raise DittoError(f"bit allocation planned {planned:,} bytes over the budget {budget:,}")
-    record = {"budget_bytes": budget, "planned_bytes": planned,
+    record = {"budget_bytes": budget, "planned_bytes": planned, "speed_table": speed_table,
               "tensors": {n: {"bits": c.bits, "group_size": c.group_size, "error": c.error,
                               "bytes": c.nbytes} for n, c in chosen.items()},
               "candidates": measured}
@@ -216,7 +256,7 @@ def apply_budget(checkpoint, options, plan: dict, reasons: dict, quantize: Calla
     budget = budget_bytes(options.target_bpw, options.max_size_of, n_weights(checkpoint))
     new, rec = allocate(checkpoint, plan, reasons, budget, options.codebook_type, quantize,
                         lambda name, cols: tensor_importance(options, name, cols),
-                        embedding_names)
+                        embedding_names, speed_table=getattr(options, "speed_table", None))
     reasons = dict(reasons)
     for n, c in rec["tensors"].items():
         reasons[n] = {**reasons[n], "rule": f"allocated b{c['bits']},G{c['group_size']}"}

@@ -53,7 +53,10 @@ class QuantOptions:
     of each input channel) that quantizers may weight their error with (kmeans does; None:
     unweighted). ``target_bpw`` / ``max_size_of`` (a file whose byte size is the budget): the
     file-size budget under which quantizers that support it choose each tensor's b and G
-    (``ditto_core.kit.allocate``; explicit ``tensor_types`` rules and ``keep_fp32`` win)."""
+    (``ditto_core.kit.allocate``; explicit ``tensor_types`` rules and ``keep_fp32`` win).
+    ``speed_table``: with a budget, the name of the GEMV kernel table
+    (``ditto_core.model.kernel_paths``) on which the allocation only chooses layouts that run about
+    as fast as b = 4 (None: any layout)."""
 
     bits: int = 4
     group_size: int = 256
@@ -65,6 +68,7 @@ class QuantOptions:
     importance: str | None = None
     target_bpw: float | None = None
     max_size_of: str | None = None
+    speed_table: str | None = None
 
 
 @runtime_checkable

@@ -4,8 +4,11 @@ the quantize rule that decided each tensor. Plain data, no output: the CLI forma
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
+from . import kernel_paths as KP
 from ditto_core.text.special_tokens import FIM_ROLES
 
 
@@ -22,18 +25,24 @@ def build_rules(record: dict | None) -> dict | None:
                         if isinstance(t, dict)}}
 
 
-def inspect_summary(mf, record: dict | None = None) -> dict:
+def inspect_summary(mf, record: dict | None = None, kernel_table=None) -> dict:
     """Config, tensor table and sizes of an open ModelFile, as plain data; with the build.json
     ``record`` of the build holding it, also the quantize ``rules`` and each tensor's
     ``rule``. ``mf``: a ``modelfile.ModelFile``; sizes in bytes, ``bpw_*`` in bits per
-    weight."""
+    weight. Each tensor's ``kernel`` is the GEMV path the runtime takes for it on
+    ``kernel_table`` (a ``kernel_paths.Table``; default: the one this CPU runs, as the runtime
+    chooses it), e.g. ``"avx512vbmi:i8_b4"``, ``"generic"``, ``"lookup"`` or None
+    (kernel_paths.tensor_path); ``kernel_table`` in the result names the table."""
+    kt = kernel_table or KP.active_table()
+    cls = KP.classifier_name(mf.config)
     tensors = []
     for t in mf.tensors.values():
         tensors.append({"name": t.name, "encoding": t.encoding, "shape": list(t.shape),
                         "bits": t.bits, "group_size": t.group_size,
                         "codebook_type": t.codebook_type, "offset": t.offset,
                         "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
-                        "theoretical_bytes": t.theoretical_bytes})
+                        "theoretical_bytes": t.theoretical_bytes,
+                        "kernel": KP.tensor_path(kt, t, cls)})
     n_weights = sum(t.n_weights for t in mf.tensors.values())
     payload = mf.payload_bytes
     theo = sum(r["theoretical_bytes"] for r in tensors)
@@ -45,6 +54,7 @@ def inspect_summary(mf, record: dict | None = None) -> dict:
     return {
         **({"rules": rules["rules"]} if rules is not None else {}),
         "path": str(mf.path), "version": mf.version, "file_bytes": mf.file_size,
+        "kernel_table": kt.name,
         "meta_bytes": mf.meta_size + 64,
         "config": attrs.asdict(mf.config),
         "tokenizer": {"kind": tok.kind, "n_tokens": len(tok.tokens), "n_merges": len(tok.merges),
@@ -58,4 +68,22 @@ def inspect_summary(mf, record: dict | None = None) -> dict:
         "bpw_file": 8.0 * mf.file_size / n_weights,
         "bpw_payload": 8.0 * payload / n_weights,
         "tensors": tensors,
+        "layouts": layouts(tensors),
     }
+
+
+def layouts(tensors: list[dict]) -> list[dict]:
+    """The codebook layouts of a summary's ``tensors`` and the kernel path of each: one entry
+    per (bits, group_size, codebook_type, kernel) with its number of ``tensors``, ``weights``
+    and ``bytes``, the most weights first."""
+    out: dict[tuple, dict] = {}
+    for r in tensors:
+        if r["encoding"] != "codebook":
+            continue
+        key = (r["bits"], r["group_size"], r["codebook_type"], r["kernel"])
+        e = out.setdefault(key, {"bits": key[0], "group_size": key[1], "codebook_type": key[2],
+                                 "kernel": key[3], "tensors": 0, "weights": 0, "bytes": 0})
+        e["tensors"] += 1
+        e["weights"] += int(math.prod(r["shape"]))
+        e["bytes"] += r["bytes"]
+    return sorted(out.values(), key=lambda e: (-e["weights"], e["bits"], e["group_size"]))

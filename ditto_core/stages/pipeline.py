@@ -279,7 +279,9 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
     return make_key({
         "model": model_fingerprint(path, exporter.component), "exporter": exporter.record(),
         "quantizer": quantizer.record(), "packer": packer.record(),
-        "options": attrs.asdict(options),
+        # speed_table only when set, so builds without it keep their cached entries
+        "options": attrs.asdict(options, filter=lambda a, v: a.name != "speed_table"
+                                or v is not None),
         **({"importance_sha256": file_hash(Path(options.importance))}
            if options.importance else {}),
         **({"max_size_bytes": os.stat(options.max_size_of).st_size}

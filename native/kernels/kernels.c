@@ -34,6 +34,10 @@ void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
+void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                              int cols);
+void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
 void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
 void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
@@ -62,18 +66,21 @@ static int has_avx512vbmi(void) {
 
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
-     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi, i8cb_rows_avx2_any,
-     i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2, NULL, NULL},
+     has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
+     i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2,
+     NULL, NULL, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
-     codebook_gemv_avx512, act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
+     codebook_gemv_avx512, act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2,
+     i8cb_b5_rows_avx2},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
-     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2},
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
      i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
-     i8_dec8_rows_avx2, i8_decode_rows_avx2},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
+     NULL},
 };
 
 #elif defined(__aarch64__)
@@ -96,13 +103,15 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL},
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
+     NULL},
 };
 
 #else
 static const KernelTable TABLES[] = {
-    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL},
+    {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
+     NULL},
 };
 #endif
 
@@ -184,6 +193,7 @@ I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
     if (K->i8_b4 && bits == 4 && G % K->i8_b4_chunk == 0 && (!K->vnni_acts || has_vnni))
         return K->i8_b4;
     if (K->i8_b6 && bits == 6 && G % 32 == 0) return K->i8_b6;
+    if (K->i8_b5 && bits == 5 && G % 32 == 0) return K->i8_b5;
     if (K->i8_any && G % 32 == 0) return K->i8_any;
     return i8cb_rows_generic;
 }
@@ -227,6 +237,22 @@ void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
 /* Whether table K decodes a tensor of bit width b and group size G (G <= cols). */
 static int decodes(const KernelTable *K, int bits, int G) {
     return K->i8_dec8 && bits >= DEC8_MIN_BITS && G % 32 == 0;
+}
+
+const char *kernel_path(const KernelTable *K, int bits, int G, int has_vnni, int classifier) {
+    if (classifier && decodes(K, bits, G)) return "decoded-int8";
+    I8RowsFn fn = kernel_pick_i8(K, bits, G, has_vnni);
+    if (fn == i8cb_rows_generic) return "generic";
+    if (fn == K->i8_b4) return "i8_b4";
+    if (fn == K->i8_b6) return "i8_b6";
+    if (fn == K->i8_b5) return "i8_b5";
+    return "i8_any";
+}
+
+const char *kernel_path_with(const char *kernel, int bits, int G, int cols, int classifier) {
+    const KernelTable *K = kernel_table_by_name(kernel);
+    if (!K) return NULL;
+    return kernel_path(K, bits, G < cols ? G : cols, K->vnni_acts, classifier);
 }
 
 /* All rows decoded through K's decoder, the rows split across the OpenMP threads. */

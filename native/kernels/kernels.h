@@ -3,7 +3,8 @@
  *
  * A table says, for each tensor format, which function computes it: int8 codebooks with b = 4
  * (the default build) through an integer kernel of that ISA when G is a multiple of its chunk,
- * b = 6 (the default embedding/classifier rule) through its b = 6 kernel when G % 32 == 0,
+ * b = 6 (the default embedding/classifier rule) and b = 5 (the bit allocation's other common
+ * width) through their kernels when G % 32 == 0,
  * other int8 codebooks with G % 32 == 0 through its any-b kernel (if it has one), the rest
  * through the scalar reference; f16/f32 codebooks through the float lookup kernels. The environment variable DITTO_KERNEL (or ditto-run --kernel) forces a table
  * by name, for tests and benchmarks.
@@ -52,6 +53,7 @@ typedef struct {
     I8RowsFn i8_dec8;     /* int8 codebooks with b >= DEC8_MIN_BITS decoded at load to int8
                              weights (L->w8), G % 32 == 0; NULL: the table decodes nothing */
     I8DecodeFn i8_decode; /* that decoding for rows [r0, r1); NULL: i8_decode_rows_generic */
+    I8RowsFn i8_b5;       /* int8 codebooks, b = 5, G % 32 == 0; NULL: i8_any */
 } KernelTable;
 
 /* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the
@@ -65,6 +67,17 @@ const KernelTable *kernel_tables(int *n);
 /* The int8 row kernel a table uses for bit width b and group size G (G <= cols), given whether
  * the quantized input has the VNNI arrays; i8cb_rows_generic when no SIMD kernel applies. */
 I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni);
+
+/* The kernel path gemv_i8() takes on table K for an int8 codebook tensor of bit width b and
+ * group size G (G <= cols): "decoded-int8" (the classifier, when classifier is set and K
+ * decodes it at load: kernels_decode_tensor), "i8_b4", "i8_b5", "i8_b6", "i8_any" (the slot
+ * kernel_pick_i8 picks) or "generic" (the scalar reference). ditto_core/kernel_paths.py
+ * mirrors this rule for `ditto inspect`; tests/test_kernel_paths.py checks they agree. */
+const char *kernel_path(const KernelTable *K, int bits, int G, int has_vnni, int classifier);
+/* The same for the table named kernel (NULL if no such table is compiled in), G clamped to
+ * cols as gemv_i8() does, the VNNI arrays filled when the table reads them (as decode's GEMV
+ * inputs are: matmul.c). */
+const char *kernel_path_with(const char *kernel, int bits, int G, int cols, int classifier);
 
 /* Table i's name (NULL past the last), whether this CPU can run it, and the active table's name
  * (plain C types, for tests and benchmarks through ctypes). */

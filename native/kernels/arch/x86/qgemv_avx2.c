@@ -420,6 +420,122 @@ AVX2_FN void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     }
 }
 
+/* ---- b = 5, AVX2 (natural column order) ----
+ * 32 indices are 20 bytes (8 per 5 bytes, FORMAT.md); index j of a group starts at bit 5j,
+ * i.e. at bit 0, 5, 2, 7, 4, 1, 6 or 3 of the byte 5j / 8, inside the 16-bit word there. The
+ * low 128-bit half gets bytes 0..15 (indices 0..15 lie in bytes 0..9), the high half bytes
+ * 4..19 (indices 16..31 lie in bytes 10..19; the last index fits in byte 19 alone, so no byte
+ * past the 20 is read); vpshufb places under each index its word, vpmullw by 2^(11 - bit)
+ * moves the index to bits 11..15 (dropping the bits above it) and a shift by 11 brings it
+ * down; vpackuswb joins the two word vectors in column order. The 32 centroids are two
+ * 16-entry vpshufb tables joined by vpblendvb on index bit 4. Then as dot32_natural. Four rows
+ * at a time share the activation loads (a last group of fewer rows repeats its last row);
+ * sums in runs of at most 512 columns, each run's int32 total exact and added in double. */
+
+/* 32 b = 5 indices (natural column order) from the 20 bytes at p. */
+AVX2_FN static inline __m256i b5_indices(const uint8_t *p) {
+    const __m256i lo_words = _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5,
+                                              6, 7, 6, 7, 7, 8, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11);
+    const __m256i hi_words = _mm256_setr_epi8(5, 6, 5, 6, 6, 7, 6, 7, 7, 8, 8, 9, 8, 9, 9, 10,
+                                              11, 12, 11, 12, 12, 13, 12, 13, 13, 14, 14, 15, 14,
+                                              15, 15, -128);
+    const __m256i to_top = _mm256_setr_epi16(2048, 64, 512, 16, 128, 1024, 32, 256, 2048, 64,
+                                             512, 16, 128, 1024, 32, 256);
+    __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)),
+        _mm_loadu_si128((const __m128i *)(const void *)(p + 4)), 1);
+    __m256i a =
+        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, lo_words), to_top), 11);
+    __m256i b =
+        _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, hi_words), to_top), 11);
+    return _mm256_packus_epi16(a, b);
+}
+
+/* 32 int8 centroids for 32 indices in 0..31 (vpshufb reads bits 0..3, bit 7 is clear). */
+AVX2_FN static inline __m256i b5_lookup(__m256i idx, __m256i t0, __m256i t1) {
+    return _mm256_blendv_epi8(_mm256_shuffle_epi8(t0, idx), _mm256_shuffle_epi8(t1, idx),
+                              _mm256_slli_epi16(idx, 3));
+}
+
+/* int32 lanes of m * sum(q * w) for 32 columns, q and |q| = aq loaded, m broadcast. */
+#define B5_DOT(acc, w) \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8((w), q)), m))
+
+/* Rows r .. r + n - 1 (1 <= n <= 4). */
+AVX2_FN static void b5_rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r, int n,
+                                  int cols) {
+    int rr[4];
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) {
+        rr[i] = r + (i < n ? i : n - 1);
+        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
+    }
+    const int full = cols & ~31;
+    const size_t cs = (size_t)L->n_sub * 32u, ns = (size_t)L->n_sub;
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
+    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    __m256d acc = _mm256_setzero_pd();
+    for (int s = 0; s < L->n_sub; s++) {
+        __m256i tl[4], th[4];
+        for (int i = 0; i < 4; i++) {
+            const int8_t *cb = L->cent + (size_t)rr[i] * cs + (size_t)s * 32u;
+            tl[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cb));
+            th[i] = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(const void *)(cb + 16)));
+        }
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        __m256d T = _mm256_setzero_pd();
+        for (int c = c0; c < c1;) {
+            int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
+            int stop = run < full ? run : full;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (; c < run; c += 32) { /* no calls: everything stays in registers */
+                const size_t o = (size_t)c / 8 * 5u;
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
+                const __m256i aq = _mm256_abs_epi8(q);
+                const __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
+                if (c < stop) {
+                    prefetch4_crossing(row, ahead, o, 20);
+                    B5_DOT(a0, b5_lookup(b5_indices(row[0] + o), tl[0], th[0]));
+                    B5_DOT(a1, b5_lookup(b5_indices(row[1] + o), tl[1], th[1]));
+                    B5_DOT(a2, b5_lookup(b5_indices(row[2] + o), tl[2], th[2]));
+                    B5_DOT(a3, b5_lookup(b5_indices(row[3] + o), tl[3], th[3]));
+                } else { /* the rows' partial last chunk: zero-padded copies */
+                    uint8_t t[4][20];
+                    memset(t, 0, sizeof t);
+                    size_t nb = (size_t)ditto_cb_row_bytes((uint64_t)(cols - c), 5u);
+                    for (int i = 0; i < 4; i++) memcpy(t[i], row[i] + o, nb);
+                    B5_DOT(a0, b5_lookup(b5_indices(t[0]), tl[0], th[0]));
+                    B5_DOT(a1, b5_lookup(b5_indices(t[1]), tl[1], th[1]));
+                    B5_DOT(a2, b5_lookup(b5_indices(t[2]), tl[2], th[2]));
+                    B5_DOT(a3, b5_lookup(b5_indices(t[3]), tl[3], th[3]));
+                }
+            }
+            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(hsum4_epi32(a0, a1, a2, a3)));
+        }
+        const uint16_t *sc = L->scale + (size_t)s;
+        __m128i sh = _mm_setr_epi16((short)sc[(size_t)rr[0] * ns], (short)sc[(size_t)rr[1] * ns],
+                                    (short)sc[(size_t)rr[2] * ns], (short)sc[(size_t)rr[3] * ns],
+                                    0, 0, 0, 0);
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+    }
+    if (n == 4) {
+        store4_combined(y + r, acc, qa->D);
+    } else {
+        float out[4];
+        store4_combined(out, acc, qa->D);
+        memcpy(y + r, out, (size_t)n * sizeof *out);
+    }
+}
+#undef B5_DOT
+
+AVX2_FN void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                               int cols) {
+    for (int r = r0; r < r1; r += 4) b5_rows4_avx2(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols);
+}
+
 /* ---- weights decoded to int8 at load (L->w8; kernels_decode_tensor), natural order ----
  * Per 32 columns and row: one 32-byte load of the weights, then as dot32_natural (the sign of q
  * onto w, |q| unsigned, vpmaddubsw, vpmaddwd by m). Four rows at a time share the activation

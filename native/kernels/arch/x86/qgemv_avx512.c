@@ -7,6 +7,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
+#include <string.h>
 
 #include "simd_avx2.h"
 
@@ -21,7 +22,7 @@
  *   sum (w + 128) (256 mh + ml) = T + 128 * sum m q,  T = (lo lanes) + 256 (hi lanes) - corr.
  * Four rows at a time (one activation load per four rows, 8 accumulators); G <= 512 keeps
  * |T| < 2^31, so every sum is formed modulo 2^32 (wrapping int32 lanes) and comes out exact.
- * Other G, and the last r1 - r0 mod 4 rows, go to the AVX2 kernel (the same bits). */
+ * Other G, and the last r1 - r0 mod 4 rows, go to REST (the same bits). */
 
 #define VNNI512_F16C_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")))
 #define VBMI512_F16C_FN                                                                        \
@@ -29,6 +30,8 @@
 
 void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
+void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                              int cols);
 
 #define LOOKUP128_PERMB(tbl, v) _mm512_permutexvar_epi8((v), (tbl))
 #define LOOKUP128_PSHUFB(tbl, v) _mm512_shuffle_epi8((tbl), _mm512_and_si512((v), low4))
@@ -75,7 +78,7 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
     return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
 }
 
-#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP)                                                    \
+#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP, REST)                                              \
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
@@ -129,11 +132,14 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
         store4_combined(y + r, acc, qa->D);                                                    \
     }                                                                                          \
     FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
-        i8cb_b4_rows4_run(NAME##_rows4, i8cb_b4_rows_avx2, y, qa, L, r0, r1, cols);            \
+        i8cb_b4_rows4_run(NAME##_rows4, REST, y, qa, L, r0, r1, cols);                         \
     }
 
-I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB)
-I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB)
+/* VBMI: G % 128 != 0 or G > 512 (e.g. a whole row of 576 or 896 columns) through the 64-column
+ * any-b kernel below (G % 64 == 0), which hands the rest to the AVX2 b = 4 kernel */
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB,
+                  i8cb_rows_avx512vbmi_any)
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB, i8cb_b4_rows_avx2)
 
 /* ---- b = 6, AVX-512 VBMI: 64 columns per step (natural column order) ----
  * 64 indices are 48 bytes (eight groups of 6 bytes, FORMAT.md). One vpermb puts group k into
@@ -229,6 +235,195 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
         acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), T));
     }
     store4_combined(y + r, acc, qa->D);
+}
+
+/* ---- any b in 1..8, AVX-512 VBMI: 64 columns per step (natural column order) ----
+ * The b = 6 kernel above for every b: 64 indices are 8b bytes (eight groups of b bytes); one
+ * vpermb puts group k into qword k, one vpmultishiftqb takes the 8 bits at offsets 0, b, ...,
+ * 7b of each qword (index j of the group in bits 0..b-1 of byte j, the next index's bits
+ * above it), and the lookup ignores those upper bits: for b <= 6 one vpermb on the sub-block's
+ * 2^b centroids repeated through the 64 table bytes (vpermb reads bits 0..5, and every copy
+ * holds the same centroids), for b = 7 one vpermi2b on the 128 centroids in two zmm (bits
+ * 0..6), for b = 8 two vpermi2b joined on bit 7. Then two vpdpbusd on the unsigned bytes
+ * w + 128 and the signed bytes nl, nh of m * q, sums in runs of at most 512 columns as for
+ * b = 6. Four rows at a time; a last group of fewer rows repeats its last row (its sums are
+ * computed and dropped), so every row of the call takes this path. Needs G % 64 == 0 and the
+ * VNNI arrays (the caller checks). */
+
+/* The 64 table bytes (as w + 128) of centroids cb[0 .. 2^b) for b <= 6, the 2^b centroids
+ * repeated. */
+VBMI512_F16C_FN static inline __m512i anyb_table64(const int8_t *cb, const int b) {
+    __m512i t;
+    switch (b) {
+    case 6: t = _mm512_loadu_si512((const void *)cb); break;
+    case 5: t = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)cb));
+        break;
+    case 4: t = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)cb));
+        break;
+    case 3: {
+        int64_t v;
+        memcpy(&v, cb, 8);
+        t = _mm512_set1_epi64(v);
+        break;
+    }
+    case 2: {
+        int32_t v;
+        memcpy(&v, cb, 4);
+        t = _mm512_set1_epi32(v);
+        break;
+    }
+    default: {
+        int16_t v;
+        memcpy(&v, cb, 2);
+        t = _mm512_set1_epi16(v);
+        break;
+    }
+    }
+    /* An opaque table: LLVM would otherwise fold the small broadcasts (b <= 3) into generic
+     * 512-bit byte shufflevectors, whose x86 lowering does not terminate under LLVM 22. */
+    __asm__("" : "+v"(t));
+    return _mm512_xor_si512(t, _mm512_set1_epi8(-128));
+}
+
+/* One row's tables for a sub-block (centroids at cb): t[0] for b <= 6, t[0..1] for b = 7,
+ * t[0..3] for b = 8. */
+#define ANYB_TABLES(t, cb, b)                                                                      do {                                                                                               if ((b) <= 6) {                                                                                    t[0] = anyb_table64((cb), (b));                                                            } else {                                                                                           for (int i_ = 0; i_ < (1 << (b)) / 64; i_++)                                                       t[i_] = _mm512_xor_si512(_mm512_loadu_si512((const void *)((cb) + 64 * i_)),                                            _mm512_set1_epi8(-128));                                      }                                                                                          } while (0)
+
+/* The weights (w + 128) of 64 index bytes idx (index in bits 0..b-1) through tables t. */
+VBMI512_F16C_FN __attribute__((always_inline)) static inline __m512i
+anyb_lookup(__m512i idx, const __m512i *t, const int b) {
+    if (b <= 6) return _mm512_permutexvar_epi8(idx, t[0]);
+    if (b == 7) return _mm512_permutex2var_epi8(t[0], idx, t[1]);
+    __m512i lo = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+    __m512i hi = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+    return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+}
+
+/* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor. */
+VBMI512_F16C_FN __attribute__((always_inline)) static inline void
+anyb_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, int cols,
+                const int b) {
+    uint8_t place_b[64];
+    for (int k = 0; k < 8; k++) /* qword k <- bytes kb .. kb + 7 (group k and what follows) */
+        for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
+    const __m512i place = _mm512_loadu_si512((const void *)place_b);
+    uint64_t off = 0;
+    for (int j = 0; j < 8; j++) off |= (uint64_t)(j * b) << (8 * j);
+    const __m512i offsets = _mm512_set1_epi64((long long)off);
+    const __mmask64 full_mask = (__mmask64)(b == 8 ? ~0ull : (1ull << (8 * b)) - 1u);
+    const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
+    int rr[4];
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) {
+        rr[i] = r + (i < n ? i : n - 1);
+        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
+    }
+    const int full = cols & ~63;
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
+    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    __m256d acc = _mm256_setzero_pd();
+    for (int s = 0; s < L->n_sub; s++) {
+        __m512i t0[4], t1[4], t2[4], t3[4];
+        ANYB_TABLES(t0, L->cent + (size_t)rr[0] * cs + (size_t)s * K, b);
+        ANYB_TABLES(t1, L->cent + (size_t)rr[1] * cs + (size_t)s * K, b);
+        ANYB_TABLES(t2, L->cent + (size_t)rr[2] * cs + (size_t)s * K, b);
+        ANYB_TABLES(t3, L->cent + (size_t)rr[3] * cs + (size_t)s * K, b);
+        int c0 = s * L->group_size;
+        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
+        __m256d T = _mm256_setzero_pd();
+        for (int c = c0; c < c1;) {
+            int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
+            int stop = run < full ? run : full;
+            uint32_t corr = 0;
+            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+                corr += (uint32_t)qa->msum[j];
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+#define ANYB_STEP(mask, ip, t, lo, hi)                                                             do {                                                                                               __m512i w_ = anyb_lookup(                                                                          _mm512_multishift_epi64_epi8(                                                                      offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))),             (t), b);                                                                                   lo = _mm512_dpbusd_epi32(lo, w_, an);                                                          hi = _mm512_dpbusd_epi32(hi, w_, ah);                                                      } while (0)
+            for (; c < stop; c += 64) { /* no calls: everything stays in registers */
+                const size_t o = (size_t)c / 8 * (size_t)b;
+                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
+                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                PREFETCH4(row, ahead + o);
+                ANYB_STEP(full_mask, row[0] + o, t0, l0, h0);
+                ANYB_STEP(full_mask, row[1] + o, t1, l1, h1);
+                ANYB_STEP(full_mask, row[2] + o, t2, l2, h2);
+                ANYB_STEP(full_mask, row[3] + o, t3, l3, h3);
+            }
+            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
+                const size_t o = (size_t)c / 8 * (size_t)b;
+                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
+                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                const __mmask64 m = (__mmask64)(
+                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c), 
+                                                                 (uint32_t)b)));
+                ANYB_STEP(m, row[0] + o, t0, l0, h0);
+                ANYB_STEP(m, row[1] + o, t1, l1, h1);
+                ANYB_STEP(m, row[2] + o, t2, l2, h2);
+                ANYB_STEP(m, row[3] + o, t3, l3, h3);
+                c = run;
+            }
+#undef ANYB_STEP
+            __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),
+                                                  fold_lohi(l2, h2), fold_lohi(l3, h3)),
+                                      _mm_set1_epi32((int)(128u * corr)));
+            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
+        }
+        const uint16_t *sc = L->scale + (size_t)s;
+        const size_t ns = (size_t)L->n_sub;
+        __m128i sh = _mm_setr_epi16((short)sc[(size_t)rr[0] * ns], (short)sc[(size_t)rr[1] * ns],
+                                    (short)sc[(size_t)rr[2] * ns], (short)sc[(size_t)rr[3] * ns],
+                                    0, 0, 0, 0);
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+    }
+    if (n == 4) {
+        store4_combined(y + r, acc, qa->D);
+    } else {
+        float out[4];
+        store4_combined(out, acc, qa->D);
+        memcpy(y + r, out, (size_t)n * sizeof *out);
+    }
+}
+
+/* Rows [r0, r1) of a b-bit tensor, G % 64 == 0, qa with the VNNI arrays. */
+VBMI512_F16C_FN __attribute__((always_inline)) static inline void
+anyb_rows_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols,
+               const int b) {
+    for (int r = r0; r < r1; r += 4) anyb_rows4_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+}
+
+/* The AVX2 kernel of each bit width: where G % 64 != 0 or the input has no VNNI arrays. */
+void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
+void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                        int cols);
+static void rows_avx2_by_bits(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                              int cols) {
+    switch (L->bits) {
+    case 4: i8cb_b4_rows_avx2(y, qa, L, r0, r1, cols); break;
+    case 5: i8cb_b5_rows_avx2(y, qa, L, r0, r1, cols); break;
+    case 6: i8cb_b6_rows_avx2(y, qa, L, r0, r1, cols); break;
+    default: i8cb_rows_avx2_any(y, qa, L, r0, r1, cols); break;
+    }
+}
+
+VBMI512_F16C_FN void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L,
+                                              int r0, int r1, int cols) {
+    if (L->group_size % 64 != 0 || !qa->has_vnni) {
+        rows_avx2_by_bits(y, qa, L, r0, r1, cols);
+        return;
+    }
+    switch (L->bits) {
+    case 1: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 1); break;
+    case 2: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 2); break;
+    case 3: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 3); break;
+    case 4: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 4); break;
+    case 5: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 5); break;
+    case 6: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 6); break;
+    case 7: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 7); break;
+    default: anyb_rows_vbmi(y, qa, L, r0, r1, cols, 8); break;
+    }
 }
 
 VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,

@@ -1,0 +1,173 @@
+"""Which GEMV kernel the C runtime runs for each int8 codebook tensor (docs/KERNELS.md "Kernel
+table"): a mirror of ``kernel_pick_i8`` and ``kernel_path`` in native/kernels/kernels.c, for
+``ditto inspect`` and the speed-aware bit allocation (allocate.py).
+
+The runtime picks one kernel table per process from the CPU's features (or ``DITTO_KERNEL``),
+then per tensor a slot of that table from its bit width b and group size G (G clamped to the
+row length). tests/test_kernel_paths.py checks this module against the C rule for every table,
+b and a grid of G.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class Table:
+    """One kernel table of native/kernels/kernels.c: its name, the CPU features it needs (as
+    /proc/cpuinfo names them), and which slots it fills."""
+
+    name: str
+    features: frozenset
+    b4_chunk: int | None  #: i8_b4 for b = 4 when G % b4_chunk == 0 (None: no such kernel)
+    b4_vnni: bool  #: i8_b4 reads the VNNI activations (vnni_acts)
+    b6: bool  #: i8_b6 for b = 6, G % 32 == 0
+    any_b: bool  #: i8_any for any b, G % 32 == 0
+    decodes: bool  #: the classifier with b >= DEC8_MIN_BITS, G % 32 == 0 decoded at load
+    b5: bool = False  #: i8_b5 for b = 5, G % 32 == 0
+
+
+#: native/kernels/kernels.h DEC8_MIN_BITS
+DEC8_MIN_BITS = 5
+
+_AVX2 = frozenset("avx2 fma f16c bmi2".split())
+#: the x86 tables, best first (native/kernels/kernels.c TABLES)
+X86_TABLES = (
+    Table("avx512vbmi", _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"},
+          32, True, True, True, False),
+    Table("avx512vnni", _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+          32, True, True, True, True, True),
+    Table("avxvnni", _AVX2 | {"avx_vnni"}, 32, True, True, True, True, True),
+    Table("avx2", _AVX2, 32, False, True, True, True, True),
+    Table("generic", frozenset(), None, False, False, False, False),
+)
+#: the aarch64 tables, best first
+ARM_TABLES = (
+    Table("neon", frozenset({"asimddp"}), 32, False, True, True, False),
+    Table("generic", frozenset(), None, False, False, False, False),
+)
+
+
+def tables(machine: str | None = None) -> tuple[Table, ...]:
+    """The tables compiled into the runtime for ``machine`` (``platform.machine()`` by
+    default): the x86 ones, the aarch64 ones, or only ``generic`` elsewhere."""
+    m = (machine or platform.machine()).lower()
+    if m in ("x86_64", "amd64", "i386", "i686"):
+        return X86_TABLES
+    if m in ("aarch64", "arm64"):
+        return ARM_TABLES
+    return (X86_TABLES[-1],)
+
+
+def table(name: str) -> Table:
+    """The table called ``name`` (of any machine). Raises KeyError for a name no runtime
+    has."""
+    for t in X86_TABLES + ARM_TABLES:
+        if t.name == name:
+            return t
+    raise KeyError(f"no kernel table {name!r} (the runtimes have: "
+                   f"{', '.join(dict.fromkeys(t.name for t in X86_TABLES + ARM_TABLES))})")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset:
+    """This CPU's feature names: the ``flags`` (x86) or ``Features`` (aarch64) line of
+    /proc/cpuinfo; empty when there is none (then only ``generic`` is taken as runnable,
+    except on macOS arm64, whose every core has the dot product instructions)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+            if platform.system() == "Darwin" and platform.machine() == "arm64":
+                return frozenset({"asimddp"})
+    for line in cpuinfo.splitlines():
+        key = line.split(":", 1)[0].strip().lower()
+        if key in ("flags", "features") and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def active_table(flags: frozenset | None = None, env: dict | None = None,
+                 machine: str | None = None) -> Table:
+    """The table the runtime chooses (kernels_select): ``DITTO_KERNEL`` when it names a table
+    this CPU runs, else the best one whose features are all in ``flags`` (this CPU's by
+    default)."""
+    flags = cpu_flags() if flags is None else flags
+    env = os.environ if env is None else env
+    ts = tables(machine)
+    forced = env.get("DITTO_KERNEL") or ""
+    for t in ts:
+        if t.name == forced and t.features <= flags:
+            return t
+    return next(t for t in ts if t.features <= flags)
+
+
+def kernel_path(t: Table, bits: int, group_size: int, cols: int,
+                classifier: bool = False) -> str:
+    """The slot of table ``t`` that runs an int8 codebook tensor of ``bits`` and
+    ``group_size`` with rows of ``cols`` weights (native/kernels/kernels.c ``kernel_path``):
+    ``"decoded-int8"``, ``"i8_b4"``, ``"i8_b5"``, ``"i8_b6"``, ``"i8_any"`` or
+    ``"generic"``.
+    ``classifier``: the tensor is the model's classifier (the only one decoded at load)."""
+    G = min(group_size, cols)
+    if classifier and t.decodes and bits >= DEC8_MIN_BITS and G % 32 == 0:
+        return "decoded-int8"
+    if t.b4_chunk and bits == 4 and G % t.b4_chunk == 0:
+        return "i8_b4"  # the runtime's GEMV inputs carry the VNNI arrays when t.b4_vnni
+    if t.b6 and bits == 6 and G % 32 == 0:
+        return "i8_b6"
+    if t.b5 and bits == 5 and G % 32 == 0:
+        return "i8_b5"
+    if t.any_b and G % 32 == 0:
+        return "i8_any"
+    return "generic"
+
+
+def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
+    """``"TABLE:SLOT"`` for a tensor of the model file (``modelfile.TensorInfo``), ``"lookup"``
+    for an embedding table read row by row, or None for a tensor no GEMV reads as a matrix
+    (vectors) or one outside the integer kernels (``f32`` tensors: BLAS / matmul; f16/f32
+    codebooks: the float lookup kernel, ``TABLE:float-cb``)."""
+    if len(info.shape) != 2:
+        return None
+    if info.name == "token_embd.weight" and info.name != classifier_name:
+        return "lookup"
+    if info.encoding != "codebook":
+        return None
+    if info.codebook_type != "int8":
+        return f"{t.name}:float-cb"
+    rows, cols = (int(x) for x in info.shape)
+    slot = kernel_path(t, int(info.bits), int(info.group_size), cols,
+                       classifier=info.name == classifier_name)
+    return "generic" if slot == "generic" else f"{t.name}:{slot}"
+
+
+def classifier_name(config) -> str:
+    """The tensor the runtime's classifier GEMV reads: ``token_embd.weight`` with tied
+    embeddings, else ``output.weight`` (native/model/model.c)."""
+    return "token_embd.weight" if config.tied_embeddings else "output.weight"
+
+
+#: Per table, the kernel paths that run a weight at least about as fast as b = 4's kernel
+#: (bench/bench_gemv.py --bits --group-size, docs/KERNELS.md "Layouts other than b = 4, G =
+#: 256"): on avx512vbmi every G % 64 == 0 layout (the 64-column any-b VBMI kernel, the b = 6
+#: and the 128-column b = 4 kernels); on the AVX2-family tables and NEON only b = 4 and the
+#: classifier decoded at load, their b = 5, b = 6 and any-b lookups taking about twice b = 4's
+#: time per weight. ``generic`` runs everything through one scalar loop: nothing is slower.
+def is_fast(t: Table, bits: int, group_size: int, cols: int, classifier: bool = False) -> bool:
+    """Whether table ``t`` runs an int8 codebook tensor of this layout (rows of ``cols``) at
+    about b = 4's weights per second: the speed-aware bit allocation keeps only such
+    layouts."""
+    path = kernel_path(t, bits, group_size, cols, classifier)
+    G = min(group_size, cols)
+    if t.name == "generic" or path in ("i8_b4", "decoded-int8"):
+        return True
+    if t.name == "avx512vbmi":
+        return path in ("i8_b6", "i8_any") and G % 64 == 0
+    return False
+

@@ -1,0 +1,113 @@
+"""ditto_core/model/kernel_paths.py, the Python mirror of the runtime's kernel choice, agrees with the
+C rule (native/kernels/kernels.c kernel_path / kernel_pick_i8 / decodes) on every x86 table, bit width
+and a grid of group sizes and row lengths, picks the table the runtime picks on this CPU, and
+`ditto inspect --json` reports each tensor's path and the file's layouts."""
+
+import ctypes
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ditto_core.model import kernel_paths as KP
+from ditto_core.cli.main import cli
+from ditto_core.model.modelfile import TensorInfo, expected_shapes, write_model
+from ditto_core.base.types import ModelConfig
+from ditto_native import KERNEL_SOURCES
+from tests.test_kernels_int import NATIVE, STD, WARN
+from tests.test_modelfile import tiny_tokenizer
+
+GROUPS = (2, 7, 32, 48, 64, 96, 100, 128, 192, 256, 320, 512, 576, 640, 896, 1024, 4160)
+LENGTHS = (32, 100, 576, 896, 1536, 4864)
+
+
+@pytest.fixture(scope="module")
+def clib(tmp_path_factory):
+    """The kernel sources as a shared library (-O0: only the table rule runs)."""
+    out = tmp_path_factory.mktemp("kpaths") / "libkpaths.so"
+    p = subprocess.run(["nice", "clang-22", *STD, "-O0", *WARN, "-fopenmp", "-fPIC", "-shared",
+                        "-o", str(out), *(str(NATIVE / f) for f in KERNEL_SOURCES), "-lm"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    L = ctypes.CDLL(str(out))
+    L.kernel_path_with.argtypes = [ctypes.c_char_p] + [ctypes.c_int] * 4
+    L.kernel_path_with.restype = ctypes.c_char_p
+    L.kernel_name_at.restype = ctypes.c_char_p
+    L.kernel_active_name.restype = ctypes.c_char_p
+    return L
+
+
+def c_tables(clib):
+    names, i = [], 0
+    while (n := clib.kernel_name_at(i)) is not None:
+        names.append(n.decode())
+        i += 1
+    return names
+
+
+def test_mirror_lists_the_compiled_tables_in_order(clib):
+    assert [t.name for t in KP.tables()] == c_tables(clib)
+
+
+def test_python_paths_equal_the_c_rule(clib):
+    n = 0
+    for name in c_tables(clib):
+        t = KP.table(name)
+        for bits in range(1, 9):
+            for G in GROUPS:
+                for cols in LENGTHS:
+                    for cls in (0, 1):
+                        want = clib.kernel_path_with(name.encode(), bits, G, cols, cls).decode()
+                        assert KP.kernel_path(t, bits, G, cols, bool(cls)) == want, \
+                            (name, bits, G, cols, cls)
+                        n += 1
+    assert n == len(c_tables(clib)) * 8 * len(GROUPS) * len(LENGTHS) * 2
+    assert clib.kernel_path_with(b"no-such-table", 4, 256, 576, 0) is None
+
+
+def test_active_table_is_the_runtimes_choice(clib):
+    assert KP.active_table().name == clib.kernel_active_name().decode()
+    flags = KP.cpu_flags()
+    for t in KP.tables():  # DITTO_KERNEL forces a table this CPU runs, else the default
+        want = t.name if t.features <= flags else KP.active_table(env={}).name
+        assert KP.active_table(env={"DITTO_KERNEL": t.name}).name == want
+    assert KP.active_table(frozenset(), env={}).name == "generic"
+    assert KP.cpu_flags("processor : 0\nflags : avx2 fma\n") == {"avx2", "fma"}
+
+
+def test_inspect_json_reports_kernel_paths(tmp_path):
+    cfg = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
+                      vocab_size=8, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5,
+                      tied_embeddings=True)
+    layout = {"blk.0.ffn_down.weight": (5, 96), "blk.0.ffn_up.weight": (4, 32),
+              "blk.0.attn_q.weight": (3, 7), "blk.0.attn_v.weight": (7, 32),
+              "token_embd.weight": (6, 64)}
+    infos = [TensorInfo(n, "codebook", s, *layout[n], "int8") if n in layout
+             else TensorInfo(n, "f32", s) for n, s in expected_shapes(cfg).items()]
+    rng = np.random.default_rng(0)
+    payloads = ((t.name, rng.standard_normal(t.shape).astype(np.float32) if t.encoding == "f32"
+                 else bytes(t.expected_nbytes())) for t in infos)
+    out = tmp_path / "m.ditto"
+    write_model(out, cfg, tiny_tokenizer(), infos, payloads)
+    r = CliRunner().invoke(cli, ["inspect", "--json", "--kernel", "avx2", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    got = {t["name"]: t["kernel"] for t in s["tensors"]}
+    assert s["kernel_table"] == "avx2"
+    assert got["blk.0.ffn_down.weight"] == "avx2:i8_b5"  # G = 96
+    assert got["blk.0.ffn_up.weight"] == "avx2:i8_b4"
+    assert got["blk.0.attn_q.weight"] == "generic"  # G = 7
+    assert got["blk.0.attn_v.weight"] == "avx2:i8_any"
+    assert got["token_embd.weight"] == "avx2:decoded-int8"  # the tied classifier, b = 6
+    assert got["blk.0.attn_k.weight"] is None and got["output_norm.weight"] is None
+    lay = {(e["bits"], e["group_size"]): (e["kernel"], e["tensors"]) for e in s["layouts"]}
+    assert lay[(4, 32)] == ("avx2:i8_b4", 1) and lay[(3, 7)] == ("generic", 1)
+    r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx9", str(out)])
+    assert r.exit_code != 0 and "avx9" in r.output
+    env = {k: v for k, v in os.environ.items() if k != "DITTO_KERNEL"}
+    p = subprocess.run(["ditto", "inspect", "--json", str(out)], capture_output=True, text=True,
+                       env=env, check=True)
+    assert json.loads(p.stdout)["kernel_table"] == KP.active_table(env={}).name
