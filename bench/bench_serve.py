@@ -83,15 +83,6 @@ EDIT_FILE = DATA / "edit_functions.py.txt"
 N_PREFIX, N_SUFFIX, RING_CHUNK = 256, 64, 64
 RING_MAX = 4
 DEFAULT_LLAMA_BIN = Path("/root/.cache/ditto-peers/llama-cpp-python-0.3.36/build/bin")
-#: ggml's CPU backend built from the same source without AMX (``ggml_cpu_without_amx``)
-GGML_CPU_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_OPENMP=ON",
-                  "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
-                  "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON",
-                  "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
-                  "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
-                  "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                  "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                  "-DLLAMA_BUILD_COMMON=OFF"]
 LLAMA_SPEC = ["--spec-type", "ngram-simple", "--spec-draft-n-max", "64"]
 #: the instruction for each function of EDIT_FILE, in its order
 EDIT_INSTRUCTIONS = {
@@ -161,28 +152,6 @@ def ditto_server(name: str, build: Path, threads: int, ctx: int, work: Path,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
     return start_server(name, cmd, port, work / f"{name}.log", env)
-
-
-def ggml_cpu_without_amx(bin_dir: Path, work: Path) -> Path | None:
-    """A directory with ggml's CPU backend (libggml-cpu.so) built from the llama.cpp source
-    next to ``bin_dir`` (``bin_dir/../../src``) with this CPU's AVX-512 extensions but without
-    AMX, built into ``work`` once (~10 min on 2 cores); None when there is no source. The peer
-    build is ``-march=native``, which on a Sapphire Rapids compiles ggml's AMX kernels in, and
-    where AMX tile instructions fault (SIGILL at ``tilezero`` in a container that does not
-    grant the tile state) every matrix product of a Q4_0 model crashes the server."""
-    src = bin_dir.parent.parent / "src"
-    dst = work / "llama-noamx"
-    lib = dst / "bin" / "libggml-cpu.so"
-    if lib.exists():
-        return lib.parent
-    if not (src / "CMakeLists.txt").exists():
-        return None
-    print(f"building {lib} (ggml-cpu without AMX) ...", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(src), "-B", str(dst), *GGML_CPU_FLAGS], check=True,
-                   capture_output=True)
-    subprocess.run(["cmake", "--build", str(dst), "--target", "ggml-cpu", "-j",
-                    str(len(os.sched_getaffinity(0)))], check=True, capture_output=True)
-    return lib.parent
 
 
 def llama_server(name: str, bin_dir: Path, gguf: Path, threads: int, ctx: int, work: Path,
@@ -503,14 +472,9 @@ def cpu_info() -> dict:
     may use."""
     from ditto_core.eval.bench import cpu_name
 
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    from bench_llamacpp import cpu_flags
+
+    flags = cpu_flags()
     keep = ["avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
             "avx512vbmi", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16"]
     return {"name": cpu_name(), "flags": [f for f in keep if f in flags],
@@ -561,7 +525,7 @@ def main(argv=None) -> int:
     out_path = args.out or (args.work / "quick.json" if args.quick else
                             ROOT / "bench" / "results" / f"serve_{args.model}.json")
 
-    from bench_llamacpp import llama_models
+    from bench_llamacpp import ggml_cpu_without_amx, llama_models
 
     from ditto_core.api import build as ditto_build
 
