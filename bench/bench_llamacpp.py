@@ -72,11 +72,12 @@ DITTO = {
 }
 MODEL_TITLES = {"smollm2": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B",
                 "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}
-LABELS = {"ditto-default": "Ditto default build (`ditto build smollm2`)",
+LABELS = {"ditto-default": "Ditto default build (`ditto build MODEL`)",
           "ditto-f16-codebook": "Ditto kmeans, f16 codebooks (`--codebook-type f16`)",
           "ditto-fp32-blas": "Ditto fp32 + BLAS (`--quantizer none`)",
           "ditto-fp32-naive": "Ditto fp32 naive (`--quantizer none --no-rewrite`)",
-          "ditto-fp32-mkl": "Ditto fp32 + MKL (`--quantizer none --blas mkl`)"}
+          "ditto-fp32-mkl": "Ditto fp32 + MKL (`--quantizer none --blas mkl`)",
+          "ditto-calibrated": "Ditto calibrated (`--calibration stdlib --max-size-of` Q4_0's file)"}
 MARK_BEGIN, MARK_END = "<!-- bench_llamacpp:begin -->", "<!-- bench_llamacpp:end -->"
 
 
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
             kw["max_size_of"] = q4_0["Q4_0"]
         rec = ditto_build(args.model, out=d, **kw).record
         runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N))
-        results[name] = {"label": LABELS[name], "bytes": (d / "model.ditto").stat().st_size,
+        results[name] = {"label": LABELS[name].replace("MODEL", args.model), "bytes": (d / "model.ditto").stat().st_size,
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
     order = [c for c in configs if c in runners]
     samples = {c: {} for c in order}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ditto_core.base.errors import DittoError
 from ditto_core.runtime.runtime_api import Model, RuntimeAPIError, open_build
