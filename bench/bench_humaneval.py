@@ -64,7 +64,9 @@ def llama_generate(bin_dir: Path, gguf: Path, prompt: str, threads: int,
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f, tempfile.TemporaryFile() as log:
         f.write(prompt)
         f.flush()
-        cmd = [str(bin_dir / "llama-completion"), "-m", str(gguf), "-f", f.name,
+        # -bf: the prompt byte for byte (-f drops a trailing newline, and HumanEval prompts end
+        # in one)
+        cmd = [str(bin_dir / "llama-completion"), "-m", str(gguf), "-bf", f.name,
                "-n", str(max_new_tokens), "--temp", "0", "-t", str(threads),
                "--no-display-prompt", "-no-cnv", "--simple-io", "-c", "2048"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
