@@ -471,7 +471,7 @@ AVX2_FN static void b5_rows4_avx2(float *y, const QuantActs *qa, const I8Layout 
         row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
     }
     const int full = cols & ~31;
-    const size_t cs = (size_t)L->n_sub * 32u, ns = (size_t)L->n_sub;
+    const size_t cs = (size_t)L->n_sub * 32u;
     const size_t ahead = i8_prefetch_ahead(L, row[3]);
     prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
                    (size_t)((const int8_t *)(const void *)L->scale - L->cent));
@@ -515,19 +515,9 @@ AVX2_FN static void b5_rows4_avx2(float *y, const QuantActs *qa, const I8Layout 
             }
             T = _mm256_add_pd(T, _mm256_cvtepi32_pd(hsum4_epi32(a0, a1, a2, a3)));
         }
-        const uint16_t *sc = L->scale + (size_t)s;
-        __m128i sh = _mm_setr_epi16((short)sc[(size_t)rr[0] * ns], (short)sc[(size_t)rr[1] * ns],
-                                    (short)sc[(size_t)rr[2] * ns], (short)sc[(size_t)rr[3] * ns],
-                                    0, 0, 0, 0);
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_rows_pd(L, rr, s), T));
     }
-    if (n == 4) {
-        store4_combined(y + r, acc, qa->D);
-    } else {
-        float out[4];
-        store4_combined(out, acc, qa->D);
-        memcpy(y + r, out, (size_t)n * sizeof *out);
-    }
+    storen_combined(y + r, acc, qa->D, n);
 }
 #undef B5_DOT
 

@@ -370,20 +370,9 @@ anyb_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, 
                                       _mm_set1_epi32((int)(128u * corr)));
             T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
         }
-        const uint16_t *sc = L->scale + (size_t)s;
-        const size_t ns = (size_t)L->n_sub;
-        __m128i sh = _mm_setr_epi16((short)sc[(size_t)rr[0] * ns], (short)sc[(size_t)rr[1] * ns],
-                                    (short)sc[(size_t)rr[2] * ns], (short)sc[(size_t)rr[3] * ns],
-                                    0, 0, 0, 0);
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_cvtps_pd(_mm_cvtph_ps(sh)), T));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_rows_pd(L, rr, s), T));
     }
-    if (n == 4) {
-        store4_combined(y + r, acc, qa->D);
-    } else {
-        float out[4];
-        store4_combined(out, acc, qa->D);
-        memcpy(y + r, out, (size_t)n * sizeof *out);
-    }
+    storen_combined(y + r, acc, qa->D, n);
 }
 
 /* Rows [r0, r1) of a b-bit tensor, G % 64 == 0, qa with the VNNI arrays. */

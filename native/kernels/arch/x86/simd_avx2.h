@@ -101,6 +101,29 @@ AVX2_FN static inline void store4_combined(float *y, __m256d acc, float D) {
     _mm_storeu_ps(y, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)D))));
 }
 
+/* The f16 scales of sub-block s of the rows rr[0..3] (any four rows; a last group of fewer
+ * rows repeats its last one) as doubles (F16C: exact). */
+AVX2_FN static inline __m256d scales4_rows_pd(const I8Layout *L, const int rr[4], int s) {
+    const uint16_t *sc = L->scale + (size_t)s;
+    const size_t ns = (size_t)L->n_sub;
+    __m128i sh = _mm_setr_epi16((short)sc[(size_t)rr[0] * ns], (short)sc[(size_t)rr[1] * ns],
+                                (short)sc[(size_t)rr[2] * ns], (short)sc[(size_t)rr[3] * ns],
+                                0, 0, 0, 0);
+    return _mm256_cvtps_pd(_mm_cvtph_ps(sh));
+}
+
+/* y[0..n-1] = (float)(acc * D) for the first n <= 4 lanes: store4_combined for a last group
+ * of fewer than four rows. */
+AVX2_FN static inline void storen_combined(float *y, __m256d acc, float D, int n) {
+    if (n == 4) {
+        store4_combined(y, acc, D);
+    } else {
+        float out[4];
+        store4_combined(out, acc, D);
+        memcpy(y, out, (size_t)n * sizeof *out);
+    }
+}
+
 /* Four rows r..r+3 of a VNNI b = 4 kernel, given the GEMV's per-sub-block corrections. */
 typedef void (*I8Rows4Fn)(float *y, const QuantActs *qa, const I8Layout *L, int r, int cols,
                           const uint32_t *corr);
