@@ -163,11 +163,9 @@ def llama_server(name: str, bin_dir: Path, gguf: Path, threads: int, ctx: int, w
            str(port), "-np", "1", "-c", str(ctx), "-t", str(threads), "-tb", str(threads)]
     if spec:
         cmd += LLAMA_SPEC
-    env = {}
-    if lib_dir is not None:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [
-            str(lib_dir), os.environ.get("LD_LIBRARY_PATH")]))
-    return start_server(name, cmd, port, work / f"{name}.log", env)
+    from bench_llamacpp import llama_env
+
+    return start_server(name, cmd, port, work / f"{name}.log", llama_env(lib_dir))
 
 
 def post(srv, path: str, body: dict) -> tuple[dict, float]:
