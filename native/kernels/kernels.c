@@ -46,6 +46,8 @@ void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int
                     int rows, int cols);
 void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                        int rows, int cols);
+void i8cb_gemm_avx512vbmi(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
+                          int r1, int rows, int cols);
 void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
                           int r1, int rows, int cols);
 
@@ -67,7 +69,7 @@ static int has_avx512vbmi(void) {
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
-     i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vnni, 1, codebook_gemv_avx512, act_quantize_avx2,
+     i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx2,
      NULL, NULL, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
@@ -412,12 +414,12 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
 
 /* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
  * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
- * has a GEMM kernel: gemm_i8_part() then runs it for every G % 32 == 0, and no b = 4 row kernel
- * (G % 32 == 0 or 64) reads them for the other G. */
+ * has a GEMM kernel and T > GEMM_FEW_MAX: gemm_i8_part() then runs it for every G % 32 == 0,
+ * and no b = 4 row kernel (G % 32 == 0 or 64) reads them for the other G. */
 static QuantActs *quantize_rows(const float *X, int T, int cols) {
     static QuantActs qa[MATMUL_BATCH_MAX];
     const KernelTable *K = kernels_active();
-    int vnni = K->vnni_acts && !K->i8_gemm, failed = 0, t;
+    int vnni = K->vnni_acts && (!K->i8_gemm || T <= GEMM_FEW_MAX), failed = 0, t;
 #pragma omp parallel for reduction(| : failed) private(t)
     for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
         failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;

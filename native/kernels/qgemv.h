@@ -54,6 +54,12 @@ typedef struct {
     size_t cap;     /* allocated n_pad */
 } QuantActs;
 
+/* Most inputs a GEMM over int8 codebooks takes through its few-input path (kernels.h
+ * I8GemmFn): the row kernels, several inputs per decoded weight, which read the VNNI arrays
+ * (gemm_i8_float_input makes them for T up to this). Speculative verification (up to 9 tokens)
+ * and short prefills fall under it; beyond it the panel GEMMs are faster. */
+#define GEMM_FEW_MAX 16
+
 /* Quantize x[n] into qa (growing its arrays as needed; a zeroed QuantActs is empty). Per block
  * j of 32: a_j = max |x| of the block, A = max_j a_j, D = A / (127 * 255) (float32),
  * m_j = min(255, ceil(a_j / (127 * D))) (0 when a_j = 0), and q[c] = clamp(rint(x[c] * inv_j),

@@ -287,7 +287,16 @@ VBMI512_F16C_FN static inline __m512i anyb_table64(const int8_t *cb, const int b
 
 /* One row's tables for a sub-block (centroids at cb): t[0] for b <= 6, t[0..1] for b = 7,
  * t[0..3] for b = 8. */
-#define ANYB_TABLES(t, cb, b)                                                                      do {                                                                                               if ((b) <= 6) {                                                                                    t[0] = anyb_table64((cb), (b));                                                            } else {                                                                                           for (int i_ = 0; i_ < (1 << (b)) / 64; i_++)                                                       t[i_] = _mm512_xor_si512(_mm512_loadu_si512((const void *)((cb) + 64 * i_)),                                            _mm512_set1_epi8(-128));                                      }                                                                                          } while (0)
+#define ANYB_TABLES(t, cb, b)                                                                  \
+    do {                                                                                       \
+        if ((b) <= 6) {                                                                        \
+            t[0] = anyb_table64((cb), (b));                                                    \
+        } else {                                                                               \
+            for (int i_ = 0; i_ < (1 << (b)) / 64; i_++)                                       \
+                t[i_] = _mm512_xor_si512(_mm512_loadu_si512((const void *)((cb) + 64 * i_)),   \
+                                         _mm512_set1_epi8(-128));                              \
+        }                                                                                      \
+    } while (0)
 
 /* The weights (w + 128) of 64 index bytes idx (index in bits 0..b-1) through tables t. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline __m512i
@@ -299,10 +308,13 @@ anyb_lookup(__m512i idx, const __m512i *t, const int b) {
     return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
 }
 
-/* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor. */
+/* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor for ni (1 or 2) inputs: y[i][r ..] from
+ * qa[i]. Each 64-column step decodes a row's weights once and multiplies them by every input,
+ * so two inputs cost two vpdpbusd pairs per decode instead of one (the few-input GEMM below);
+ * each input's sums, corrections and double combination are those of one input alone. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
-anyb_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, int cols,
-                const int b) {
+anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const I8Layout *L,
+                int r, int n, int cols, const int b) {
     uint8_t place_b[64];
     for (int k = 0; k < 8; k++) /* qword k <- bytes kb .. kb + 7 (group k and what follows) */
         for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
@@ -322,7 +334,7 @@ anyb_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, 
     const size_t ahead = i8_prefetch_ahead(L, row[3]);
     prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
                    (size_t)((const int8_t *)(const void *)L->scale - L->cent));
-    __m256d acc = _mm256_setzero_pd();
+    __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
     for (int s = 0; s < L->n_sub; s++) {
         __m512i t0[4], t1[4], t2[4], t3[4];
         ANYB_TABLES(t0, L->cent + (size_t)rr[0] * cs + (size_t)s * K, b);
@@ -331,55 +343,99 @@ anyb_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, 
         ANYB_TABLES(t3, L->cent + (size_t)rr[3] * cs + (size_t)s * K, b);
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-        __m256d T = _mm256_setzero_pd();
+        __m256d T[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
         for (int c = c0; c < c1;) {
             int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
             int stop = run < full ? run : full;
-            uint32_t corr = 0;
-            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
-                corr += (uint32_t)qa->msum[j];
-            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
-            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-#define ANYB_STEP(mask, ip, t, lo, hi)                                                             do {                                                                                               __m512i w_ = anyb_lookup(                                                                          _mm512_multishift_epi64_epi8(                                                                      offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))),             (t), b);                                                                                   lo = _mm512_dpbusd_epi32(lo, w_, an);                                                          hi = _mm512_dpbusd_epi32(hi, w_, ah);                                                      } while (0)
+            uint32_t corr[2] = {0, 0};
+            for (int i = 0; i < ni; i++)
+                for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+                    corr[i] += (uint32_t)qa[i]->msum[j];
+            __m512i lo[2][4], hi[2][4];
+            for (int i = 0; i < ni; i++)
+                for (int k = 0; k < 4; k++) lo[i][k] = hi[i][k] = _mm512_setzero_si512();
+#define ANYB_STEP(mask, ip, t, k)                                                                  \
+    do {                                                                                           \
+        __m512i w_ = anyb_lookup(                                                                  \
+            _mm512_multishift_epi64_epi8(                                                          \
+                offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))),   \
+            (t), b);                                                                               \
+        for (int i_ = 0; i_ < ni; i_++) {                                                          \
+            lo[i_][k] = _mm512_dpbusd_epi32(lo[i_][k], w_, an[i_]);                                \
+            hi[i_][k] = _mm512_dpbusd_epi32(hi[i_][k], w_, ah[i_]);                                \
+        }                                                                                          \
+    } while (0)
+#define ANYB_ACTS(c)                                                                               \
+    __m512i an[2], ah[2];                                                                          \
+    for (int i_ = 0; i_ < ni; i_++) {                                                              \
+        an[i_] = _mm512_loadu_si512((const void *)(qa[i_]->nl + (c)));                             \
+        ah[i_] = _mm512_loadu_si512((const void *)(qa[i_]->nh + (c)));                             \
+    }
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
                 const size_t o = (size_t)c / 8 * (size_t)b;
-                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
-                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                ANYB_ACTS(c);
                 PREFETCH4(row, ahead + o);
-                ANYB_STEP(full_mask, row[0] + o, t0, l0, h0);
-                ANYB_STEP(full_mask, row[1] + o, t1, l1, h1);
-                ANYB_STEP(full_mask, row[2] + o, t2, l2, h2);
-                ANYB_STEP(full_mask, row[3] + o, t3, l3, h3);
+                ANYB_STEP(full_mask, row[0] + o, t0, 0);
+                ANYB_STEP(full_mask, row[1] + o, t1, 1);
+                ANYB_STEP(full_mask, row[2] + o, t2, 2);
+                ANYB_STEP(full_mask, row[3] + o, t3, 3);
             }
             if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
                 const size_t o = (size_t)c / 8 * (size_t)b;
-                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
-                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                ANYB_ACTS(c);
                 const __mmask64 m = (__mmask64)(
-                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c), 
+                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c),
                                                                  (uint32_t)b)));
-                ANYB_STEP(m, row[0] + o, t0, l0, h0);
-                ANYB_STEP(m, row[1] + o, t1, l1, h1);
-                ANYB_STEP(m, row[2] + o, t2, l2, h2);
-                ANYB_STEP(m, row[3] + o, t3, l3, h3);
+                ANYB_STEP(m, row[0] + o, t0, 0);
+                ANYB_STEP(m, row[1] + o, t1, 1);
+                ANYB_STEP(m, row[2] + o, t2, 2);
+                ANYB_STEP(m, row[3] + o, t3, 3);
                 c = run;
             }
+#undef ANYB_ACTS
 #undef ANYB_STEP
-            __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),
-                                                  fold_lohi(l2, h2), fold_lohi(l3, h3)),
-                                      _mm_set1_epi32((int)(128u * corr)));
-            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
+            for (int i = 0; i < ni; i++) {
+                __m128i t = _mm_sub_epi32(
+                    hsum4_epi32(fold_lohi(lo[i][0], hi[i][0]), fold_lohi(lo[i][1], hi[i][1]),
+                                fold_lohi(lo[i][2], hi[i][2]), fold_lohi(lo[i][3], hi[i][3])),
+                    _mm_set1_epi32((int)(128u * corr[i])));
+                T[i] = _mm256_add_pd(T[i], _mm256_cvtepi32_pd(t));
+            }
         }
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_rows_pd(L, rr, s), T));
+        const __m256d sc = scales4_rows_pd(L, rr, s);
+        for (int i = 0; i < ni; i++) acc[i] = _mm256_add_pd(acc[i], _mm256_mul_pd(sc, T[i]));
     }
-    storen_combined(y + r, acc, qa->D, n);
+    for (int i = 0; i < ni; i++) storen_combined(y[i] + r, acc[i], qa[i]->D, n);
 }
 
 /* Rows [r0, r1) of a b-bit tensor, G % 64 == 0, qa with the VNNI arrays. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols,
                const int b) {
-    for (int r = r0; r < r1; r += 4) anyb_rows4_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+    for (int r = r0; r < r1; r += 4)
+        anyb_rows4_vbmi(&y, &qa, 1, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+}
+
+/* Rows [r0, r1) of Y[t] (row stride `rows`) for the T inputs qa[0..T), two inputs per decode
+ * (a last odd input alone), four rows at a time: each group of rows stays in L1 while every
+ * input passes over it. */
+VBMI512_F16C_FN __attribute__((always_inline)) static inline void
+anyb_gemm_few_vbmi(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                   int rows, int cols, const int b) {
+    for (int r = r0; r < r1; r += 4) {
+        const int n = r1 - r < 4 ? r1 - r : 4;
+        int t = 0;
+        for (; t + 2 <= T; t += 2) {
+            float *y[2] = {Y + (size_t)t * (size_t)rows, Y + (size_t)(t + 1) * (size_t)rows};
+            const QuantActs *q[2] = {&qa[t], &qa[t + 1]};
+            anyb_rows4_vbmi(y, q, 2, L, r, n, cols, b);
+        }
+        if (t < T) {
+            float *y1 = Y + (size_t)t * (size_t)rows;
+            const QuantActs *q1 = &qa[t];
+            anyb_rows4_vbmi(&y1, &q1, 1, L, r, n, cols, b);
+        }
+    }
 }
 
 /* The AVX2 kernel of each bit width: where G % 64 != 0 or the input has no VNNI arrays. */
@@ -422,5 +478,32 @@ VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, cons
         for (; r + 4 <= r1; r += 4) b6_rows4_vbmi(y, qa, L, r, cols);
     if (r < r1) i8cb_b6_rows_avx2(y, qa, L, r, r1, cols);
 }
+
+void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
+                          int rows, int cols);
+
+/* The AVX-512 VBMI table's GEMM (kernels.h I8GemmFn): a few inputs with the VNNI arrays, b = 4,
+ * 5 or 6 and G % 64 == 0 go through the any-b row kernel, two inputs per decoded weight (a
+ * speculative verification or a short prefill); the rest through the panel GEMM of
+ * qgemm_avx2.c, which decodes a row once for all T inputs at a fixed cost per call that only
+ * many inputs repay. Both give the bits of the row kernels. "A few": up to 8 inputs, up to
+ * GEMM_FEW_MAX (16) for b = 6, whose panel decoding costs more: the crossovers measured on
+ * Qwen2.5-Coder-0.5B's b = 4 layers and b = 6 classifier (docs/KERNELS.md "Few-input GEMM"). */
+VBMI512_F16C_FN void i8cb_gemm_avx512vbmi(float *Y, const QuantActs *qa, int T,
+                                          const I8Layout *L, int r0, int r1, int rows,
+                                          int cols) {
+    int few = T <= (L->bits == 6 ? GEMM_FEW_MAX : 8) && L->group_size % 64 == 0;
+    for (int t = 0; t < T && few; t++) few = qa[t].has_vnni;
+    if (!few || L->bits < 4 || L->bits > 6) {
+        i8cb_gemm_avx512vnni(Y, qa, T, L, r0, r1, rows, cols);
+        return;
+    }
+    switch (L->bits) {
+    case 4: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 4); break;
+    case 5: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 5); break;
+    default: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 6); break;
+    }
+}
+
 
 #endif
