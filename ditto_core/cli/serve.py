@@ -33,7 +33,7 @@ from .common import reports_errors
 @click.option("--spec", type=click.Choice(["none", "ngram"]), default="none",
               show_default=True, help="speculative decoding: ngram = prompt lookup (greedy "
                                       "requests)")
-@click.option("--spec-draft", "spec_k", default=8, show_default=True,
+@click.option("--spec-draft", "spec_k", default=7, show_default=True,
               type=click.IntRange(1, 64), help="most draft tokens per step")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(0),
               help="requests that may wait for a slot; more are answered 503")

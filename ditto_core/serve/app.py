@@ -740,7 +740,7 @@ class JsonBody:
 
 def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads: int = 0,
                 batch: int = 256, api_key: str | None = None, spec: str = "none",
-                spec_k: int = 8, max_queue: int = 16, alias: str | None = None) -> Server:
+                spec_k: int = 7, max_queue: int = 16, alias: str | None = None) -> Server:
     """Open a build's model through its ``libditto.so`` and make the engine. ``ctx``: positions
     per slot (default: min(4096, max_seq_len)). Raises DittoError for a directory that is no
     build, a build without the library (rebuild), a bad value."""

@@ -174,7 +174,7 @@ class Engine:
     refused with ``Busy``."""
 
     def __init__(self, model: Model, *, n_slots: int = 1, n_ctx: int = 4096, n_batch: int = 256,
-                 max_queue: int = 16, spec: str = "none", spec_k: int = 8):
+                 max_queue: int = 16, spec: str = "none", spec_k: int = 7):
         if spec not in ("none", "ngram"):
             raise DittoError(f"--spec: unknown speculation {spec!r} (none, ngram)")
         self.model = model
