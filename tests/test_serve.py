@@ -136,6 +136,42 @@ def test_session_eval_truncate_and_batch_bits(tiny_build):
     m.close()
 
 
+def test_sampler_min_p(tiny_build):
+    """min_p keeps the tokens whose probability at temperature 1 is at least min_p times the
+    most likely one's (llama.cpp's min_p on the logits): with probabilities 1 : 0.04 : 0.06
+    of three tokens, min_p 0.05 never draws the 0.04 one, min_p 0 does."""
+    m = open_build(tiny_build, threads=1)
+    logits = np.full(m.vocab_size, -1e30, np.float32)
+    logits[[7, 8, 9]] = [0.0, np.log(0.04), np.log(0.06)]
+    drawn = {t: set() for t in (0.0, 0.05)}
+    for min_p in drawn:
+        for seed in range(400):
+            drawn[min_p].add(m.sampler(1.0, seed=seed, min_p=min_p).sample(logits))
+    assert drawn[0.0] == {7, 8, 9} and drawn[0.05] == {7, 9}
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(Exception, match="min_p must be in"):
+            m.sampler(1.0, min_p=bad)
+    m.close()
+
+
+def test_penalties_and_samplers_as_llama_cpp():
+    """apply_penalties is llama.cpp's penalties sampler: a repeated token's logit divided by
+    repeat_penalty when positive, multiplied when not, then lowered by count * frequency +
+    presence; ``samplers`` turns samplers off, a left-out temperature being 1."""
+    from ditto_core.serve.engine import GenParams, apply_penalties, sampling
+    lg = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
+    out = apply_penalties(lg, [0, 1, 1, 3, 0, 0], repeat=2.0, frequency=0.25, presence=0.5)
+    want = np.array([2.0 / 2 - (3 * 0.25 + 0.5), -1.0 * 2 - (2 * 0.25 + 0.5), 0.5,
+                     3.0 / 2 - (0.25 + 0.5)], np.float32)
+    assert np.array_equal(out, want) and lg[0] == 2.0  # a copy
+    assert sampling(GenParams()) == (0.8, 40, 0.95, 0.05, False)
+    assert sampling(GenParams(samplers=("top_k", "top_p"), temperature=0.0)) == (
+        1.0, 40, 0.95, 0.0, False)
+    assert sampling(GenParams(top_k=1, temperature=0.7))[0] == 0.0
+    assert sampling(GenParams(repeat_penalty=1.1))[4] is True
+    assert sampling(GenParams(repeat_penalty=1.1, repeat_last_n=0))[4] is False
+
+
 def test_engine_text_helpers():
     assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix([], [1]) == 0
     assert find_stop("abc</s>de", ["</s>", "de"], 0) == (3, "</s>")
@@ -269,6 +305,35 @@ def test_prompt_cache(server, tiny_build):
     assert slots[1]["n_cached"] >= len(longer) and not any(s["is_processing"] for s in slots)
 
 
+def test_greedy_with_penalties_equals_reference_loop(server, tiny_build):
+    """A greedy /completion with repeat, frequency and presence penalties gives the tokens of a
+    reference loop: each step's logits (the C API) penalised over the last repeat_last_n
+    tokens of prompt + output (-1: all; llama-server feeds the prompt to its sampler too),
+    argmax. A presence penalty of -40 makes every token already in the context win, so the
+    output differs from the plain greedy one, which repeats none of them."""
+    from ditto_core.serve.engine import apply_penalties
+    m = open_build(tiny_build, threads=2)
+    p = m.tokenize(PROMPT, add_bos=True)
+    sess = m.session(128, 256)
+    hist, lg, want = list(p), sess.eval(p), []
+    for _ in range(12):
+        t = int(np.argmax(apply_penalties(lg, hist, 1.3, 0.2, -40.0)))
+        want.append(t)
+        hist.append(t)
+        lg = sess.eval([t])
+    plain = post(server, "/completion", {"prompt": p, "n_predict": 12, "temperature": 0,
+                                         "ignore_eos": True, "return_tokens": True}).json()
+    got = post(server, "/completion", {
+        "prompt": p, "n_predict": 12, "temperature": 0, "repeat_penalty": 1.3,
+        "repeat_last_n": -1, "frequency_penalty": 0.2, "presence_penalty": -40.0,
+        "ignore_eos": True, "return_tokens": True}).json()
+    assert got["tokens"] == want, (got["tokens"], want)
+    assert plain["tokens"] != want, plain["tokens"]
+    assert got["generation_settings"]["params"]["repeat_penalty"] == 1.3
+    sess.close()
+    m.close()
+
+
 def test_llama_vim_shapes_on_a_model_without_fim(server):
     """llama.vim's /infill request (and its cache-warming one with n_predict 0) on a model
     without FIM tokens: a clear 400; the server keeps serving."""
@@ -307,6 +372,15 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ("/completion", {"prompt": "a", "id_slot": 7}, "id_slot"),
+    ("/completion", {"prompt": "a", "mirostat": 2}, "mirostat: not supported"),
+    ("/completion", {"prompt": "a", "grammar": "root ::= \"x\""}, "grammar: not supported"),
+    ("/completion", {"prompt": "a", "samplers": ["top_k", "adaptive_p"]}, "adaptive_p"),
+    ("/completion", {"prompt": "a", "samplers": 3}, "samplers"),
+    ("/completion", {"prompt": "a", "min_p": 1.5}, "min_p"),
+    ("/completion", {"prompt": "a", "repeat_penalty": 0}, "repeat_penalty"),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 100}}, "logit_bias: not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "presence_penalty": 3}, "presence_penalty"),
 ])
 def test_bad_requests(server, path, body, needle):
     if isinstance(body, str):
@@ -451,7 +525,7 @@ def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
     warm = httpx.post(qwen_server.url + "/infill", json=req, timeout=300).json()
     assert warm["content"] == "" and warm["timings/prompt_n"] > 10 and warm["truncated"] is False
     got = httpx.post(qwen_server.url + "/infill", timeout=300,
-                     json={**req, "n_predict": 12, "temperature": 0}).json()
+                     json={**req, "n_predict": 12, "top_k": 1}).json()  # greedy
     assert got["tokens_cached"] == warm["timings/prompt_n"] - 1  # the warm-up is reused
     assert got["content"].startswith("a + b"), got
     client = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="none")

@@ -87,6 +87,8 @@ _SIGNATURES = {
                                          ctypes.c_size_t]),
     "ditto_sampler_free": (None, [_P]),
     "ditto_sample": (ctypes.c_int32, [_P, _F32P]),
+    "ditto_sampler_set_min_p": (ctypes.c_int, [_P, ctypes.c_float, ctypes.c_char_p,
+                                               ctypes.c_size_t]),
     "ditto_argmax": (ctypes.c_int32, [_P, _F32P]),
 }
 
@@ -265,9 +267,9 @@ class Model:
         return Session(self, n_ctx, n_batch)
 
     def sampler(self, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                seed: int = 0) -> "Sampler":
+                seed: int = 0, min_p: float = 0.0) -> "Sampler":
         """A sampler (``Sampler``): temperature 0 is greedy argmax."""
-        return Sampler(self, temperature, top_k, top_p, seed)
+        return Sampler(self, temperature, top_k, top_p, seed, min_p)
 
     def argmax(self, logits: np.ndarray) -> int:
         """Index of the largest logit (the first on ties); ``logits`` float32 [vocab_size]."""
@@ -361,10 +363,11 @@ class Session:
 
 class Sampler:
     """``ditto_sampler_*``: temperature (0 = greedy), top_k (<= 0: all), top_p (>= 1: all),
-    seed (unsigned 64-bit)."""
+    seed (unsigned 64-bit), min_p (0: off; ``ditto_sampler_set_min_p``). Raises
+    RuntimeAPIError for a negative temperature, top_p <= 0 or min_p outside [0, 1]."""
 
     def __init__(self, model: Model, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0):
+                 seed: int = 0, min_p: float = 0.0):
         self.model = model
         h = _P()
         err = ctypes.create_string_buffer(_ERRLEN)
@@ -372,6 +375,8 @@ class Sampler:
                                            float(top_p), int(seed) & (2**64 - 1),
                                            ctypes.byref(h), err, _ERRLEN), err)
         self._h = h.value
+        if min_p:
+            _check(model.lib.ditto_sampler_set_min_p(self._h, float(min_p), err, _ERRLEN), err)
 
     def sample(self, logits: np.ndarray) -> int:
         """Next token id from ``logits`` float32 [vocab_size] (left unchanged)."""

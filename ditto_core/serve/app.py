@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ditto_core.base.errors import DittoError
 from ditto_core.runtime.runtime_api import Model, RuntimeAPIError, open_build
-from .engine import BadRequest, Busy, Engine, GenParams, Result, is_runtime_input_error
+from .engine import (SAMPLERS, BadRequest, Busy, Engine, GenParams, Result,
+                     is_runtime_input_error)
 
 #: FIM control tokens by their text (Qwen2.5-Coder's names), for model files without FIM records.
 FIM_TEXTS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
@@ -48,13 +49,89 @@ class _Req(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+#: llama-server sampling options Ditto does not implement, with the value that turns each off:
+#: a request may send them at that value (clients send defaults), any other value is refused.
+UNSUPPORTED_NEUTRAL: dict[str, Any] = {
+    "typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+    "top_n_sigma": -1.0, "dynatemp_range": 0.0, "n_probs": 0, "grammar": "",
+    "json_schema": None, "logit_bias": None, "n_discard": 0, "logprobs": None,
+    "top_logprobs": None, "response_format": None}
+
+#: llama-server's sampler names (``samplers``, its aliases included) that Ditto accepts but does
+#: not run: a no-op at the neutral values above, except "infill" (docs/SERVE.md "Sampling").
+SAMPLER_NAMES = {"penalties": "penalties", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
+                 "top_p": "top_p", "top-p": "top_p", "topp": "top_p", "nucleus": "top_p",
+                 "min_p": "min_p", "min-p": "min_p", "minp": "min_p",
+                 "temperature": "temperature", "temp": "temperature"}
+SAMPLERS_NOT_RUN = {"dry", "top_n_sigma", "top-n-sigma", "topnsigma", "typ_p", "typ-p", "typp",
+                    "typ", "xtc", "infill"}
+
+
+def _neutral(name: str, value: Any, neutral: Any) -> bool:
+    if value is None or value == neutral:
+        return True
+    if name in ("logit_bias", "json_schema", "response_format", "grammar"):
+        if name == "response_format" and isinstance(value, dict):
+            return value.get("type", "text") == "text"
+        return not value  # empty list / object / string
+    if name == "top_n_sigma":
+        return isinstance(value, (int, float)) and value <= 0
+    if name == "logprobs":
+        return value is False or value == 0
+    return False
+
+
+def check_unsupported(body: BaseModel) -> None:
+    """Refuse (400, naming the field) a llama-server / OpenAI sampling option that Ditto does
+    not implement, sent with a value other than the one that turns it off."""
+    extra = body.model_extra or {}
+    for name, neutral in UNSUPPORTED_NEUTRAL.items():
+        if name in extra and not _neutral(name, extra[name], neutral):
+            raise ApiError(400, f"{name}: not supported by ditto serve (only {neutral!r}, "
+                                f"which turns it off, is accepted; got {extra[name]!r})")
+
+
+def sampler_names(samplers: Any) -> tuple[str, ...] | None:
+    """llama-server's ``samplers`` (a list of names, or a string of its one-letter codes) as
+    the canonical names Ditto runs (SAMPLER_NAMES); None when not given. Raises ApiError for
+    a sampler Ditto cannot run that changes the result (adaptive_p)."""
+    if samplers is None:
+        return None
+    chars = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature", "e": "penalties",
+             "d": "dry", "y": "typ_p", "s": "top_n_sigma", "x": "xtc", "i": "infill",
+             "a": "adaptive_p"}
+    if isinstance(samplers, str):
+        names = [chars.get(c, c) for c in samplers]
+    elif isinstance(samplers, list) and all(isinstance(n, str) for n in samplers):
+        names = [n.lower() for n in samplers]
+    else:
+        raise ApiError(400, "samplers: expected a list of sampler names or a string of "
+                            f"sampler letters, got {samplers!r}")
+    out = []
+    for n in names:
+        if n in SAMPLER_NAMES:
+            out.append(SAMPLER_NAMES[n])
+        elif n in ("adaptive_p", "adaptive-p", "adaptivep"):
+            raise ApiError(400, "samplers: adaptive_p is not supported by ditto serve")
+        # other names (SAMPLERS_NOT_RUN, or unknown to llama-server too, which skips them)
+    return tuple(out)
+
+
 class CompletionParams(_Req):
     """Options of /completion and /infill (llama-server's names and defaults)."""
+
+    model_config = ConfigDict(extra="allow")  # unknown fields ignored, as llama-server does
 
     n_predict: StrictInt = -1
     temperature: float = Field(0.8, ge=0)
     top_k: StrictInt = 40
     top_p: float = Field(0.95, gt=0, le=1)
+    min_p: float = Field(0.05, ge=0, le=1)
+    repeat_penalty: float = Field(1.0, gt=0)
+    repeat_last_n: StrictInt = Field(64, ge=-1)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    samplers: Union[list[str], str, None] = None
     seed: StrictInt = -1
     stop: Union[list[str], str, None] = None
     n_indent: StrictInt = Field(0, ge=0)
@@ -102,11 +179,18 @@ class StreamOptions(_Req):
 class OAIParams(_Req):
     """Options shared by the OpenAI endpoints."""
 
+    model_config = ConfigDict(extra="allow")  # unknown fields ignored, as llama-server does
+
     model: Union[str, None] = None
     max_tokens: Union[StrictInt, None] = None
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: StrictInt = 0
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repeat_penalty: float = Field(1.0, gt=0)
+    repeat_last_n: StrictInt = Field(64, ge=-1)
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: Union[StreamOptions, None] = None
@@ -318,9 +402,14 @@ class Server:
         if p.n_predict < -1:
             raise ApiError(400, f"n_predict must be -1 (no limit), 0 (evaluate the prompt "
                                 f"only) or positive, got {p.n_predict}")
+        check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         return GenParams(n_predict=p.n_predict, temperature=p.temperature, top_k=p.top_k,
-                         top_p=p.top_p, seed=p.seed, stop=tuple(stop), n_indent=p.n_indent,
+                         top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty,
+                         repeat_last_n=p.repeat_last_n, presence_penalty=p.presence_penalty,
+                         frequency_penalty=p.frequency_penalty,
+                         samplers=sampler_names(p.samplers),
+                         seed=p.seed, stop=tuple(stop), n_indent=p.n_indent,
                          t_max_prompt_ms=p.t_max_prompt_ms, t_max_predict_ms=p.t_max_predict_ms,
                          cache_prompt=p.cache_prompt, ignore_eos=p.ignore_eos,
                          id_slot=p.id_slot)
@@ -330,9 +419,13 @@ class Server:
             raise ApiError(400, f"n: only 1 choice is supported, got {p.n}")
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}")
+        check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         return GenParams(n_predict=max_tokens if max_tokens is not None else -1,
                          temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                         min_p=p.min_p, repeat_penalty=p.repeat_penalty,
+                         repeat_last_n=p.repeat_last_n, presence_penalty=p.presence_penalty,
+                         frequency_penalty=p.frequency_penalty,
                          seed=p.seed if p.seed is not None and p.seed >= 0 else -1,
                          stop=tuple(stop), cache_prompt=p.cache_prompt)
 
@@ -341,6 +434,12 @@ class Server:
         return {"n_ctx": self.engine.n_ctx, "model": self.alias,
                 "params": {"n_predict": p.n_predict, "seed": p.seed,
                            "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                           "min_p": p.min_p, "repeat_penalty": p.repeat_penalty,
+                           "repeat_last_n": p.repeat_last_n,
+                           "presence_penalty": p.presence_penalty,
+                           "frequency_penalty": p.frequency_penalty,
+                           "samplers": list(p.samplers) if p.samplers is not None
+                           else list(SAMPLERS),
                            "stop": list(p.stop), "n_indent": p.n_indent,
                            "ignore_eos": p.ignore_eos, "t_max_prompt_ms": p.t_max_prompt_ms,
                            "t_max_predict_ms": p.t_max_predict_ms,

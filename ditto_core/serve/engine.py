@@ -48,12 +48,22 @@ class GenParams:
     text (left out of it). ``n_indent``: a generated line (after the first) indented by fewer
     columns ends the text before that line. ``t_max_prompt_ms`` / ``t_max_predict_ms``: time
     limits of prompt evaluation and of generation (the latter only once a newline was
-    generated), 0 = none. ``id_slot`` -1: any slot."""
+    generated), 0 = none. ``id_slot`` -1: any slot. ``min_p`` (0: off), ``repeat_penalty``
+    (1: off), ``presence_penalty`` and ``frequency_penalty`` (0: off) over the last
+    ``repeat_last_n`` tokens of the context (0: none, -1: all): llama.cpp's samplers
+    (``apply_penalties``). ``samplers``: the names of the samplers that run (llama-server's
+    ``samplers``); None runs them all. A temperature left out of ``samplers`` is 1."""
 
     n_predict: int = -1
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    samplers: tuple[str, ...] | None = None
     seed: int = -1
     stop: tuple[str, ...] = ()
     n_indent: int = 0
@@ -80,6 +90,46 @@ class Result:
     timings: dict = attrs.Factory(dict)
     n_draft: int = 0
     n_accept: int = 0
+
+
+#: The sampler names of llama-server's ``samplers`` that Ditto runs, in the order it runs
+#: them (penalties, top_k, min_p, then softmax at the temperature and top_p).
+SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+
+
+def sampling(params: GenParams) -> tuple[float, int, float, float, bool]:
+    """(temperature, top_k, top_p, min_p, penalties on) that ``params`` asks for once its
+    ``samplers`` list is applied: a sampler left out of it is off (a temperature left out is
+    1, as llama.cpp then draws from the unscaled distribution; top_k 1 is greedy)."""
+    on = set(SAMPLERS if params.samplers is None else params.samplers)
+    penalties = "penalties" in on and (
+        params.repeat_last_n != 0 and (params.repeat_penalty != 1.0
+                                       or params.presence_penalty != 0.0
+                                       or params.frequency_penalty != 0.0))
+    top_k = params.top_k if "top_k" in on else 0
+    # a single candidate is the largest logit whatever the temperature: greedy (argmax)
+    temperature = 0.0 if top_k == 1 else params.temperature if "temperature" in on else 1.0
+    return (temperature, top_k,
+            params.top_p if "top_p" in on else 1.0,
+            params.min_p if "min_p" in on else 0.0,
+            penalties)
+
+
+def apply_penalties(logits: np.ndarray, window: Sequence[int], repeat: float, frequency: float,
+                    presence: float) -> np.ndarray:
+    """llama.cpp's penalties sampler (src/llama-sampling.cpp, ``llama_sampler_penalties``) on
+    a copy of ``logits`` float32 [vocab]: each token id occurring c > 0 times in ``window``
+    has its logit divided by ``repeat`` when positive (multiplied when not), then lowered by
+    c * frequency + presence, in float32."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if not len(window):
+        return out
+    ids, counts = np.unique(np.asarray(window, np.int64), return_counts=True)
+    v = out[ids]
+    v = np.where(v <= 0, v * np.float32(repeat), v / np.float32(repeat)).astype(np.float32)
+    v = v - (counts.astype(np.float32) * np.float32(frequency) + np.float32(presence))
+    out[ids] = v
+    return out
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -354,9 +404,12 @@ class Engine:
 
         seed = params.seed if params.seed >= 0 else int.from_bytes(
             np.random.default_rng().bytes(8), "little")
-        sampler = m.sampler(params.temperature, params.top_k, params.top_p, seed)
-        greedy = params.temperature == 0
-        use_spec = self.spec == "ngram" and greedy and bool(self.batch_exact)
+        temperature, top_k, top_p, min_p, penalize = sampling(params)
+        sampler = m.sampler(temperature, top_k, top_p, seed, min_p)
+        greedy = temperature == 0
+        last_n = slot.n_ctx if params.repeat_last_n < 0 else params.repeat_last_n
+        use_spec = (self.spec == "ngram" and greedy and not penalize
+                    and bool(self.batch_exact))
         dec = m.decoder()
         for t in prompt:  # the text continues the prompt's (SentencePiece's leading space)
             dec.feed(t)
@@ -373,6 +426,11 @@ class Engine:
                 break
             if queued:
                 tok, next_logits = queued.pop(0)
+            elif penalize:
+                window = slot.tokens[len(slot.tokens) - min(last_n, len(slot.tokens)):]
+                tok, next_logits = sampler.sample(apply_penalties(
+                    logits, window, params.repeat_penalty, params.frequency_penalty,
+                    params.presence_penalty)), None
             else:
                 tok, next_logits = sampler.sample(logits), None
             n_gen += 1

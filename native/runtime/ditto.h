@@ -25,7 +25,7 @@
 #define DITTO_API
 #endif
 
-#define DITTO_API_VERSION 1
+#define DITTO_API_VERSION 2 /* 2: ditto_sampler_set_min_p */
 
 typedef enum {
     DITTO_OK = 0,
@@ -153,6 +153,13 @@ DITTO_API DittoStatus ditto_sampler_new(const DittoModel *m, float temperature, 
                                         float top_p, uint64_t seed, DittoSampler **out,
                                         char *err, size_t errlen);
 DITTO_API void ditto_sampler_free(DittoSampler *s);
+/* Min-p filtering (llama.cpp's min_p sampler): after top_k, only the tokens whose logit is at
+ * least the largest logit + log(min_p) stay, i.e. probability at temperature 1 at least min_p
+ * times the most likely token's; then the temperature and top_p apply to those. 0 (the
+ * default) turns it off. Greedy sampling is unaffected. DITTO_ERR_ARG when min_p is not in
+ * [0, 1]. */
+DITTO_API DittoStatus ditto_sampler_set_min_p(DittoSampler *s, float min_p, char *err,
+                                              size_t errlen);
 /* The next token from logits [vocab_size] (not modified). */
 DITTO_API int32_t ditto_sample(DittoSampler *s, const float *logits);
 /* Index of the largest of logits [vocab_size] (the first on ties). */

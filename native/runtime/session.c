@@ -39,6 +39,7 @@ struct DittoSession {
 struct DittoSampler {
     Sampler s;
     int top_k;
+    float min_p;   /* 0: off (ditto_sampler_set_min_p) */
     float *work;   /* [vocab] copy of the logits (sampler_sample works in place) */
     float *heap;   /* [top_k] min-heap of the k largest logits */
 };
@@ -450,6 +451,15 @@ static float kth_largest(const float *x, int n, float *h, int k) {
     return h[0];
 }
 
+DittoStatus ditto_sampler_set_min_p(DittoSampler *s, float min_p, char *err, size_t errlen) {
+    if (!(min_p >= 0.0f && min_p <= 1.0f)) { /* NaN fails too */
+        set_err(err, errlen, "min_p must be in [0, 1] (got %g)", (double)min_p);
+        return DITTO_ERR_ARG;
+    }
+    s->min_p = min_p;
+    return DITTO_OK;
+}
+
 int32_t ditto_sample(DittoSampler *s, const float *logits) {
     int vocab = s->s.vocab_size;
     if (s->s.temperature == 0.0f) return sample_argmax(logits, vocab);
@@ -458,6 +468,14 @@ int32_t ditto_sample(DittoSampler *s, const float *logits) {
         float kth = kth_largest(logits, vocab, s->heap, s->top_k);
         for (int i = 0; i < vocab; i++)
             if (!(s->work[i] >= kth)) s->work[i] = -INFINITY;
+    }
+    if (s->min_p > 0.0f) { /* llama.cpp's min-p on the logits: p_i >= min_p * p_max at T = 1 */
+        float max = -INFINITY;
+        for (int i = 0; i < vocab; i++)
+            if (s->work[i] > max) max = s->work[i];
+        const float floor_logit = max + logf(s->min_p);
+        for (int i = 0; i < vocab; i++)
+            if (!(s->work[i] >= floor_logit)) s->work[i] = -INFINITY;
     }
     return sampler_sample(&s->s, s->work);
 }
