@@ -311,7 +311,9 @@ anyb_lookup(__m512i idx, const __m512i *t, const int b) {
 /* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor for ni (1 or 2) inputs: y[i][r ..] from
  * qa[i]. Each 64-column step decodes a row's weights once and multiplies them by every input,
  * so two inputs cost two vpdpbusd pairs per decode instead of one (the few-input GEMM below);
- * each input's sums, corrections and double combination are those of one input alone. */
+ * each input's sums, corrections and double combination are those of one input alone. The
+ * accumulators are named variables, not arrays: the IR pipeline of `ditto build` keeps arrays
+ * of vectors on the stack (qgemm_avx2.c), which costs a tenth of the decode speed here. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const I8Layout *L,
                 int r, int n, int cols, const int b) {
@@ -324,6 +326,7 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
     const __m512i offsets = _mm512_set1_epi64((long long)off);
     const __mmask64 full_mask = (__mmask64)(b == 8 ? ~0ull : (1ull << (8 * b)) - 1u);
     const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
+    const QuantActs *q0 = qa[0], *q1 = qa[ni - 1];
     int rr[4];
     const uint8_t *row[4];
     for (int i = 0; i < 4; i++) {
@@ -334,7 +337,7 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
     const size_t ahead = i8_prefetch_ahead(L, row[3]);
     prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
                    (size_t)((const int8_t *)(const void *)L->scale - L->cent));
-    __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0;
     for (int s = 0; s < L->n_sub; s++) {
         __m512i t0[4], t1[4], t2[4], t3[4];
         ANYB_TABLES(t0, L->cent + (size_t)rr[0] * cs + (size_t)s * K, b);
@@ -343,34 +346,37 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
         ANYB_TABLES(t3, L->cent + (size_t)rr[3] * cs + (size_t)s * K, b);
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-        __m256d T[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+        __m256d T0 = _mm256_setzero_pd(), T1 = T0;
         for (int c = c0; c < c1;) {
             int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
             int stop = run < full ? run : full;
-            uint32_t corr[2] = {0, 0};
-            for (int i = 0; i < ni; i++)
-                for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
-                    corr[i] += (uint32_t)qa[i]->msum[j];
-            __m512i lo[2][4], hi[2][4];
-            for (int i = 0; i < ni; i++)
-                for (int k = 0; k < 4; k++) lo[i][k] = hi[i][k] = _mm512_setzero_si512();
+            uint32_t corr0 = 0, corr1 = 0;
+            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++) {
+                corr0 += (uint32_t)q0->msum[j];
+                if (ni == 2) corr1 += (uint32_t)q1->msum[j];
+            }
+            __m512i l00 = _mm512_setzero_si512(), l01 = l00, l02 = l00, l03 = l00;
+            __m512i h00 = l00, h01 = l00, h02 = l00, h03 = l00;
+            __m512i l10 = l00, l11 = l00, l12 = l00, l13 = l00;
+            __m512i h10 = l00, h11 = l00, h12 = l00, h13 = l00;
 #define ANYB_STEP(mask, ip, t, k)                                                                  \
     do {                                                                                           \
         __m512i w_ = anyb_lookup(                                                                  \
             _mm512_multishift_epi64_epi8(                                                          \
                 offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))),   \
             (t), b);                                                                               \
-        for (int i_ = 0; i_ < ni; i_++) {                                                          \
-            lo[i_][k] = _mm512_dpbusd_epi32(lo[i_][k], w_, an[i_]);                                \
-            hi[i_][k] = _mm512_dpbusd_epi32(hi[i_][k], w_, ah[i_]);                                \
+        l0##k = _mm512_dpbusd_epi32(l0##k, w_, an0);                                               \
+        h0##k = _mm512_dpbusd_epi32(h0##k, w_, ah0);                                               \
+        if (ni == 2) {                                                                             \
+            l1##k = _mm512_dpbusd_epi32(l1##k, w_, an1);                                           \
+            h1##k = _mm512_dpbusd_epi32(h1##k, w_, ah1);                                           \
         }                                                                                          \
     } while (0)
 #define ANYB_ACTS(c)                                                                               \
-    __m512i an[2], ah[2];                                                                          \
-    for (int i_ = 0; i_ < ni; i_++) {                                                              \
-        an[i_] = _mm512_loadu_si512((const void *)(qa[i_]->nl + (c)));                             \
-        ah[i_] = _mm512_loadu_si512((const void *)(qa[i_]->nh + (c)));                             \
-    }
+    const __m512i an0 = _mm512_loadu_si512((const void *)(q0->nl + (c)));                         \
+    const __m512i ah0 = _mm512_loadu_si512((const void *)(q0->nh + (c)));                         \
+    const __m512i an1 = ni == 2 ? _mm512_loadu_si512((const void *)(q1->nl + (c))) : an0;          \
+    const __m512i ah1 = ni == 2 ? _mm512_loadu_si512((const void *)(q1->nh + (c))) : ah0
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
                 const size_t o = (size_t)c / 8 * (size_t)b;
                 ANYB_ACTS(c);
@@ -394,18 +400,23 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
             }
 #undef ANYB_ACTS
 #undef ANYB_STEP
-            for (int i = 0; i < ni; i++) {
-                __m128i t = _mm_sub_epi32(
-                    hsum4_epi32(fold_lohi(lo[i][0], hi[i][0]), fold_lohi(lo[i][1], hi[i][1]),
-                                fold_lohi(lo[i][2], hi[i][2]), fold_lohi(lo[i][3], hi[i][3])),
-                    _mm_set1_epi32((int)(128u * corr[i])));
-                T[i] = _mm256_add_pd(T[i], _mm256_cvtepi32_pd(t));
+            __m128i u0 = _mm_sub_epi32(hsum4_epi32(fold_lohi(l00, h00), fold_lohi(l01, h01),
+                                                   fold_lohi(l02, h02), fold_lohi(l03, h03)),
+                                       _mm_set1_epi32((int)(128u * corr0)));
+            T0 = _mm256_add_pd(T0, _mm256_cvtepi32_pd(u0));
+            if (ni == 2) {
+                __m128i u1 = _mm_sub_epi32(hsum4_epi32(fold_lohi(l10, h10), fold_lohi(l11, h11),
+                                                       fold_lohi(l12, h12), fold_lohi(l13, h13)),
+                                           _mm_set1_epi32((int)(128u * corr1)));
+                T1 = _mm256_add_pd(T1, _mm256_cvtepi32_pd(u1));
             }
         }
         const __m256d sc = scales4_rows_pd(L, rr, s);
-        for (int i = 0; i < ni; i++) acc[i] = _mm256_add_pd(acc[i], _mm256_mul_pd(sc, T[i]));
+        acc0 = _mm256_add_pd(acc0, _mm256_mul_pd(sc, T0));
+        if (ni == 2) acc1 = _mm256_add_pd(acc1, _mm256_mul_pd(sc, T1));
     }
-    for (int i = 0; i < ni; i++) storen_combined(y[i] + r, acc[i], qa[i]->D, n);
+    storen_combined(y[0] + r, acc0, q0->D, n);
+    if (ni == 2) storen_combined(y[1] + r, acc1, q1->D, n);
 }
 
 /* Rows [r0, r1) of a b-bit tensor, G % 64 == 0, qa with the VNNI arrays. */
