@@ -334,6 +334,29 @@ def test_greedy_with_penalties_equals_reference_loop(server, tiny_build):
     m.close()
 
 
+def test_completion_several_prompts(server, tiny_build):
+    """A prompt list without a token id at its top level is several prompts (llama-server's
+    rule): one result each, in order, with its index, equal to asking for each alone; a list
+    with ids stays one mixed prompt."""
+    m = open_build(tiny_build)
+    ids = m.tokenize("def add(a, b):", add_bos=True)
+    m.close()
+    base = {"n_predict": 6, "temperature": 0, "return_tokens": True, "cache_prompt": False}
+    prompts = [PROMPT, ids, ["class A:", 13]]
+    alone = [post(server, "/completion", {**base, "prompt": p}).json() for p in prompts]
+    both = post(server, "/completion", {**base, "prompt": prompts}).json()
+    assert isinstance(both, list) and [b["index"] for b in both] == [0, 1, 2]
+    assert [b["tokens"] for b in both] == [a["tokens"] for a in alone]
+    assert [b["content"] for b in both] == [a["content"] for a in alone]
+    ev = sse_events(server, "/completion", {**base, "prompt": prompts[:2], "stream": True})
+    for k in (0, 1):
+        mine = [e for e in ev if e != "[DONE]" and e["index"] == k]
+        assert mine[-1]["stop"] is True
+        assert "".join(e["content"] for e in mine) == alone[k]["content"]
+    r = post(server, "/completion", {**base, "prompt": [PROMPT, ""]})
+    assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
+
+
 def test_llama_vim_shapes_on_a_model_without_fim(server):
     """llama.vim's /infill request (and its cache-warming one with n_predict 0) on a model
     without FIM tokens: a clear 400; the server keeps serving."""

@@ -146,7 +146,9 @@ class CompletionParams(_Req):
 
 
 class CompletionRequest(CompletionParams):
-    prompt: Union[str, list[Union[StrictInt, str]]]
+    #: one prompt (text, token ids, or a mix) or, as llama-server reads it, several: a list
+    #: without a token id at its top level, each element a text or a list of ids and texts
+    prompt: Union[str, list[Union[StrictInt, str, list[Union[StrictInt, str]]]]]
 
 
 class ExtraChunk(_Req):
@@ -252,6 +254,15 @@ class Server:
         """User text → ids; control-token texts in it stay plain text."""
         return self.model.tokenize(text, add_bos=bos and self.model.info["add_bos"],
                                    parse_special=False)
+
+    def completion_prompts(self, prompt) -> list[list[int]]:
+        """/completion's prompts as llama-server splits them: a list holding no token id at
+        its top level is several prompts (each a text, ids, or a mix), anything else one."""
+        if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
+            return [self.completion_prompt(p) for p in prompt]
+        if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
+            raise ApiError(400, "prompt: a list of token ids cannot also hold lists")
+        return [self.completion_prompt(prompt)]
 
     def completion_prompt(self, prompt) -> list[int]:
         """/completion's prompt: text, ids, or a mix (BOS first when the model wants it and
@@ -657,20 +668,36 @@ def create_app(server: Server):
                      "n_embd": info["dim"], "size": server.model.path.stat().st_size}}]}
 
     # -- llama-server completion endpoints --------------------------------------------------
-    async def llama_completion(request, ids, req: CompletionParams, params: GenParams):
+    async def llama_completion(request, prompts: list[list[int]], req: CompletionParams,
+                               params: GenParams):
+        """One result per prompt, run one after the other (``index``: the prompt's place); a
+        single prompt answers an object, several a list, as llama-server does."""
         if not req.stream:
-            res = await server.run(request, ids, params)
-            if res is None:
-                return JSONResponse({}, status_code=499)
-            body = server.completion_body(res, params, ids, req.return_tokens)
-            return select_fields(body, req.response_fields)
-        server.check_prompt(ids)
+            bodies = []
+            for k, ids in enumerate(prompts):
+                res = await server.run(request, ids, params)
+                if res is None:
+                    return JSONResponse({}, status_code=499)
+                body = server.completion_body(res, params, ids, req.return_tokens)
+                body["index"] = k
+                bodies.append(select_fields(body, req.response_fields))
+            return bodies[0] if len(prompts) == 1 else bodies
+        for ids in prompts:
+            server.check_prompt(ids)
 
         async def events():
+            for k, ids in enumerate(prompts):
+                failed: list = []
+                async for ev in prompt_events(k, ids, failed):
+                    yield ev
+                if failed:  # an error event ends the stream
+                    return
+
+        async def prompt_events(index, ids, failed):
             out: asyncio.Queue = asyncio.Queue()
 
             async def on_chunk(text, tok_ids):
-                await out.put({"index": 0, "content": text, "tokens": list(tok_ids),
+                await out.put({"index": index, "content": text, "tokens": list(tok_ids),
                                "stop": False, "id_slot": -1})
 
             task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
@@ -688,11 +715,12 @@ def create_app(server: Server):
                     try:
                         res = task.result()
                     except ApiError as exc:
+                        failed.append(exc)
                         yield {"data": json.dumps(error_body(exc.status, exc.message,
                                                              exc.type))}
                         return
                     body = server.completion_body(res, params, ids, req.return_tokens)
-                    body["content"] = ""
+                    body["content"], body["index"] = "", index
                     yield {"data": json.dumps(select_fields(body, req.response_fields))}
                     return
             finally:
@@ -704,15 +732,15 @@ def create_app(server: Server):
     @app.post("/completions")
     async def completion(req: CompletionRequest, request: Request):
         params = server.gen_params(req)
-        ids = server.completion_prompt(req.prompt)
-        return await llama_completion(request, ids, req, params)
+        prompts = server.completion_prompts(req.prompt)
+        return await llama_completion(request, prompts, req, params)
 
     @app.post("/infill")
     async def infill(req: InfillRequest, request: Request):
         params = server.gen_params(req)
         ids = server.infill_prompt(req.input_prefix, req.input_suffix, req.input_extra,
                                    req.prompt, req.n_predict)
-        return await llama_completion(request, ids, req, params)
+        return await llama_completion(request, [ids], req, params)
 
     # -- OpenAI endpoints ------------------------------------------------------------------
     async def oai(request, ids, params: GenParams, stream: bool, include_usage: bool,
