@@ -217,6 +217,39 @@ def table(results: dict, threads: list[int], p: int, n: int, model: str = "smoll
     return "\n".join(lines)
 
 
+#: The ratios worth reading, (numerator, denominator), kept when both ran.
+RATIO_PAIRS = [("ditto-default", "llama-Q4_0"), ("ditto-calibrated", "llama-Q4_0"),
+               ("ditto-default", "llama-shipped"), ("ditto-calibrated", "ditto-default")]
+
+
+def ratio_table(results: dict, threads: list[int]) -> str:
+    """Each pair of RATIO_PAIRS as the ratio of the medians, with the range of the ratios of the
+    same round's samples in brackets (rounds interleave the configurations, so a same-round
+    ratio compares runs made seconds apart). "" when no pair ran."""
+    cols = [(w, t) for w in ("tg", "pp") for t in threads]
+    head = ["ratio of medians [range of same-round ratios]"] + [
+        f"{'decode' if w == 'tg' else 'pp512'}, {t} thread{'s' if t > 1 else ''}"
+        for w, t in cols]
+    lines = []
+    for a, b in RATIO_PAIRS:
+        if a not in results or b not in results:
+            continue
+        row = [f"{results[a]['label'].split(' (')[0]} / {results[b]['label'].split(' (')[0]}"]
+        for w, t in cols:
+            k = f"{w}@{t}"
+            sa, sb = results[a]["samples"].get(k), results[b]["samples"].get(k)
+            if not sa or not sb:
+                row.append("—")
+                continue
+            per = [x / y for x, y in zip(sa, sb)]
+            row.append(f"{results[a]['median'][k] / results[b]['median'][k]:.2f}× "
+                       f"[{min(per):.2f}-{max(per):.2f}]")
+        lines.append("| " + " | ".join(row) + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines)
+
+
 def write_results(md: Path, text: str, model: str = "smollm2", tag: str = "bench_llamacpp",
                   heading: str | None = None) -> None:
     """Replace the table of ``model`` between its ``tag`` markers in ``md`` (appended under
@@ -327,6 +360,9 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     tmp_stream.cleanup()
     md = table({c: results[c] for c in order}, threads, P, N, args.model)
+    ratios = ratio_table({c: results[c] for c in order}, threads)
+    if ratios:
+        md += "\n\n" + ratios
     print(md)
     if args.write_results:
         note = (f"`python bench/bench_llamacpp.py --model {args.model} --rounds {args.rounds}` "

@@ -25,6 +25,20 @@ def _ditto(*args):
     return _ditto_cmd(*args)
 
 
+@pytest.fixture(autouse=True)
+def stop_signals_not_ignored():
+    """These tests send SIGHUP and SIGTERM and expect their default disposition, in this
+    process and in its children; a run started under nohup ignores SIGHUP, and children
+    inherit that (and install() rightly keeps it): take it back to the default meanwhile."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
+    for s, h in old.items():
+        if h == signal.SIG_IGN:
+            signal.signal(s, signal.SIG_DFL)
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
 def _wait_for(path: Path, timeout=30.0):
     t0 = time.monotonic()
     while not path.exists():
@@ -123,6 +137,20 @@ def test_deferred_holds_signals_until_the_block_ends(installed, sig, exc):
     with pytest.raises(signals.Terminated):  # outside deferred(): at once
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(1)
+
+
+def test_install_keeps_ignored_signals_ignored():
+    """A signal the parent left ignored (SIGHUP under nohup) stays ignored after install(),
+    so `nohup ditto build ...` survives the terminal closing."""
+    old = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signals.install()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signals._handler
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def test_sweep_removes_only_dead_processes_entries(tmp_path):

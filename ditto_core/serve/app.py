@@ -57,14 +57,14 @@ UNSUPPORTED_NEUTRAL: dict[str, Any] = {
     "json_schema": None, "logit_bias": None, "n_discard": 0, "logprobs": None,
     "top_logprobs": None, "response_format": None}
 
-#: llama-server's sampler names (``samplers``, its aliases included) that Ditto accepts but does
-#: not run: a no-op at the neutral values above, except "infill" (docs/SERVE.md "Sampling").
+#: The names (llama-server's aliases included) of the samplers Ditto runs, to their canonical
+#: name (engine.SAMPLERS). llama-server's other samplers (dry, typ_p, top_n_sigma, xtc: no-ops
+#: at the neutral values above; infill) are accepted in ``samplers`` and not run
+#: (docs/SERVE.md "Sampling").
 SAMPLER_NAMES = {"penalties": "penalties", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
                  "top_p": "top_p", "top-p": "top_p", "topp": "top_p", "nucleus": "top_p",
                  "min_p": "min_p", "min-p": "min_p", "minp": "min_p",
                  "temperature": "temperature", "temp": "temperature"}
-SAMPLERS_NOT_RUN = {"dry", "top_n_sigma", "top-n-sigma", "topnsigma", "typ_p", "typ-p", "typp",
-                    "typ", "xtc", "infill"}
 
 
 def _neutral(name: str, value: Any, neutral: Any) -> bool:
@@ -113,7 +113,7 @@ def sampler_names(samplers: Any) -> tuple[str, ...] | None:
             out.append(SAMPLER_NAMES[n])
         elif n in ("adaptive_p", "adaptive-p", "adaptivep"):
             raise ApiError(400, "samplers: adaptive_p is not supported by ditto serve")
-        # other names (SAMPLERS_NOT_RUN, or unknown to llama-server too, which skips them)
+        # other names: samplers not run here, or unknown to llama-server too (it skips them)
     return tuple(out)
 
 
