@@ -96,3 +96,51 @@ def test_group_form_equals_one_head_at_a_time(lib, d, nq, n_keys):
         p = np.exp(s - s.max())
         np.testing.assert_allclose(out[j], (p / p.sum()) @ V[:, :d].astype(np.float64),
                                    rtol=1e-4, atol=1e-5)
+
+
+class _Steps(ctypes.Structure):
+    _fields_ = [("scores", P), ("softmax", P), ("wsum_acc", P)]
+
+
+SCORES_FN = ctypes.CFUNCTYPE(None, P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int, P,
+                             ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_float)
+SOFTMAX_FN = ctypes.CFUNCTYPE(None, P, ctypes.c_int)
+WSUM_FN = ctypes.CFUNCTYPE(None, P, ctypes.c_size_t, ctypes.c_int, P, ctypes.c_size_t,
+                           ctypes.c_int, P, ctypes.c_size_t, ctypes.c_int)
+
+
+@pytest.mark.parametrize("d", [64, 60])
+@pytest.mark.parametrize("nq", [1, 7])
+def test_steps_by_key_blocks_equal_one_pass(lib, d, nq):
+    """attend_steps_for(d) run as prefill runs it, over the keys in blocks of 512 (scores per
+    block, one softmax, weighted sums accumulated block after block), gives every head the
+    bits of attend_for(d) over all keys at once (decode's call), at 1,100 keys."""
+    lib.attend_steps_for.restype = ctypes.POINTER(_Steps)
+    lib.attend_steps_for.argtypes = [ctypes.c_int]
+    st = lib.attend_steps_for(d).contents
+    scores, softmax, wsum = SCORES_FN(st.scores), SOFTMAX_FN(st.softmax), WSUM_FN(st.wsum_acc)
+    n_keys, block, stride = 1100, 512, 2 * d
+    rng = np.random.default_rng(d + nq)
+    K = rng.normal(size=(n_keys, stride)).astype(np.float32)
+    V = rng.normal(size=(n_keys, stride)).astype(np.float32)
+    Q = (rng.normal(size=(nq, d)) * 2).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(d))
+    att = np.zeros((nq, n_keys), np.float32)
+    out = np.zeros((nq, d), np.float32)
+    for k0 in range(0, n_keys, block):
+        nk = min(block, n_keys - k0)
+        scores(att[:, k0:].ctypes.data, n_keys, Q.ctypes.data, d, nq, K[k0:].ctypes.data,
+               stride, nk, d, scale)
+    for j in range(nq):
+        softmax(att[j].ctypes.data, n_keys)
+    for k0 in range(0, n_keys, block):
+        nk = min(block, n_keys - k0)
+        wsum(out.ctypes.data, d, nq, V[k0:].ctypes.data, stride, nk, att[:, k0:].ctypes.data,
+             n_keys, d)
+    one = FN(lib.attend_for(d))
+    scratch = np.zeros(n_keys, np.float32)
+    for j in range(nq):
+        want = np.full(d, np.nan, np.float32)
+        one(want.ctypes.data, Q[j].ctypes.data, K.ctypes.data, V.ctypes.data, stride, n_keys,
+            d, scale, scratch.ctypes.data)
+        np.testing.assert_array_equal(out[j], want)

@@ -136,6 +136,22 @@ def test_session_eval_truncate_and_batch_bits(tiny_build):
     m.close()
 
 
+def test_long_context_prefill_bits(tiny_build):
+    """Past one block of keys (512) and across token blocks, a prefill tile's logits are those
+    of decoding one token at a time, bit for bit (the blocked attention of prefill.c)."""
+    m = open_build(tiny_build, threads=2)
+    ids = np.random.default_rng(5).integers(3, m.vocab_size, size=1200).tolist()
+    a, b = m.session(1300, 256), m.session(1300, 1)
+    la = a.eval(ids, "all")
+    lb = np.stack([b.eval([t]) for t in ids])
+    assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
+    a.truncate(700)  # a tile starting past the first key block
+    lc = a.eval(ids[700:], "all")
+    assert np.array_equal(lc.view(np.uint32), la[700:].view(np.uint32))
+    a.close(), b.close()
+    m.close()
+
+
 def test_sampler_min_p(tiny_build):
     """min_p keeps the tokens whose probability at temperature 1 is at least min_p times the
     most likely one's (llama.cpp's min_p on the logits): with probabilities 1 : 0.04 : 0.06
@@ -213,6 +229,16 @@ def test_infill_layout(tiny_build):
     ids = srv.infill_prompt("p" * 100, "s" * 100, [], "", 8)
     assert len(ids) == 55 and ids[ids.index(1001) + 1:ids.index(1002)] == t("p" * 39)
     assert ids[-1] == 1003 and ids[ids.index(1002) + 1:-1] == t("s" * 13)
+    # llama-server's cut (format_prompt_infill, n_batch 2048): prefix 1536, suffix 512 - 2 -
+    # len(prompt), extra n_ctx - 2048 + 2, the extra then cut to leave 16 positions to generate
+    srv.engine = SimpleNamespace(n_ctx=4096)
+    big = [SimpleNamespace(filename="b.py", text="e" * 3000)]
+    ids = srv.infill_prompt("p" * 3000, "s" * 1000, big, "ab", 16)
+    pre, suf = ids[ids.index(1001) + 1:ids.index(1002)], ids[ids.index(1002) + 1:ids.index(1003)]
+    assert pre == t("p" * 1536) and suf == t("s" * 508) and ids[-3:] == [1003] + t("ab")
+    extra = ([1004] + t("myproject\n") + [1005] + t("b.py\n") + t("e" * 3000) + [1005]
+             + t("filename\n"))
+    assert len(ids) == 4096 - 1 - 16 and ids[:ids.index(1001)] == extra[-2030:]
 
 
 # ------------------------------------------------------------------------------ HTTP server

@@ -2,28 +2,24 @@
 #include "attention.h"
 
 #include <math.h>
+#include <string.h>
+
+/* The scalar form's three steps (AttendSteps; defined below): attend_scalar runs the same
+ * functions as a prefill going through the keys block by block, not copies of their loops:
+ * under Ditto's reassociating fast-math policy two copies of a loop may be vectorized (and
+ * their sums ordered) differently, and decode and prefill would no longer agree bit for bit. */
+static void scores_scalar(float *att, size_t ld, const float *q, size_t qs, int nq,
+                          const float *K, size_t stride, int n_keys, int d, float scale);
+static void softmax_scalar(float *att, int n_keys);
+static void wsum_acc_scalar(float *out, size_t qs, int nq, const float *V, size_t stride,
+                            int n_keys, const float *w, size_t ld, int d);
 
 void attend_scalar(float *out, const float *q, const float *K, const float *V, size_t stride,
                    int n_keys, int d, float scale, float *att) {
-    float max = -INFINITY;
-    for (int u = 0; u < n_keys; u++) {
-        const float *k = K + (size_t)u * stride;
-        float score = 0.0f;
-        for (int i = 0; i < d; i++) score += q[i] * k[i];
-        att[u] = score * scale;
-        if (att[u] > max) max = att[u];
-    }
-    float sum = 0.0f;
-    for (int u = 0; u < n_keys; u++) {
-        att[u] = expf(att[u] - max);
-        sum += att[u];
-    }
+    scores_scalar(att, (size_t)n_keys, q, (size_t)d, 1, K, stride, n_keys, d, scale);
+    softmax_scalar(att, n_keys);
     for (int i = 0; i < d; i++) out[i] = 0.0f;
-    for (int u = 0; u < n_keys; u++) {
-        const float *v = V + (size_t)u * stride;
-        float a = att[u] / sum;
-        for (int i = 0; i < d; i++) out[i] += a * v[i];
-    }
+    wsum_acc_scalar(out, (size_t)d, 1, V, stride, n_keys, att, (size_t)n_keys, d);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -107,7 +103,7 @@ DEFINE_SCORES(3)
 /* att[u] = exp(att[u] - max) / sum over u of the same, in place (max skips NaN scores as the
  * scalar loop does; a NaN score gives NaN weights). The last n_keys % 8 scores go through a
  * copy padded with -inf, whose exp is 0. */
-AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
+__attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
     const int n8 = n_keys & ~7;
     float tail[8];
     for (int i = 0; i < 8; i++) tail[i] = n8 + i < n_keys ? att[n8 + i] : -INFINITY;
@@ -134,10 +130,12 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
     for (int u = n8; u < n_keys; u++) att[u] = tail[u - n8];
 }
 
-/* out_j = sum over u of w_j[u] * v_u (out_j = out + j * qs, w_j = w + j * ld) for the
+/* out_j += sum over u of w_j[u] * v_u (out_j = out + j * qs, w_j = w + j * ld) for the
  * queries j < NQ (1 or 3): 32 outputs at a time (12 accumulators for three queries, each
  * value vector loaded once for them), then any 8-wide rest; per output one FMA chain in key
- * order, whatever NQ. Named registers, as in the scores. */
+ * order, whatever NQ, continued from the value out_j holds (a caller going through the keys
+ * block by block, from out_j = 0, gets the bits of one pass). Named registers, as in the
+ * scores. */
 #define WSUM_VEC(c) FMA_NQ(o, c, w0, w1, w2, _mm256_loadu_ps(v + 8 * c))
 #define DEFINE_WSUM(NQ)                                                                       \
     AVX2_FMA_FN static inline void wsum##NQ(float *out, size_t qs, const float *V,            \
@@ -148,9 +146,19 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
         (void)ld;                                                                             \
         int i = 0;                                                                            \
         for (; i + 32 <= d; i += 32) {                                                        \
-            __m256 o00 = _mm256_setzero_ps(), o01 = o00, o02 = o00, o03 = o00;                \
-            __m256 o10 = o00, o11 = o00, o12 = o00, o13 = o00;                                \
-            __m256 o20 = o00, o21 = o00, o22 = o00, o23 = o00;                                \
+            __m256 o00 = _mm256_loadu_ps(out + i), o01 = _mm256_loadu_ps(out + i + 8);       \
+            __m256 o02 = _mm256_loadu_ps(out + i + 16), o03 = _mm256_loadu_ps(out + i + 24); \
+            __m256 o10 = o00, o11 = o01, o12 = o02, o13 = o03;                                \
+            __m256 o20 = o00, o21 = o01, o22 = o02, o23 = o03;                                \
+            if (NQ == 3) {                                                                    \
+                o10 = _mm256_loadu_ps(out + qs + i), o11 = _mm256_loadu_ps(out + qs + i + 8); \
+                o12 = _mm256_loadu_ps(out + qs + i + 16);                                     \
+                o13 = _mm256_loadu_ps(out + qs + i + 24);                                     \
+                o20 = _mm256_loadu_ps(out + 2 * qs + i);                                      \
+                o21 = _mm256_loadu_ps(out + 2 * qs + i + 8);                                  \
+                o22 = _mm256_loadu_ps(out + 2 * qs + i + 16);                                 \
+                o23 = _mm256_loadu_ps(out + 2 * qs + i + 24);                                 \
+            }                                                                                 \
             for (int u = 0; u < n_keys; u++) {                                                \
                 const float *v = V + (size_t)u * stride + i;                                  \
                 __m256 w0 = _mm256_broadcast_ss(w + u), w1 = w0, w2 = w0;                     \
@@ -180,7 +188,7 @@ AVX2_FMA_FN static void softmax_avx2(float *att, int n_keys) {
         }                                                                                     \
         for (; i < d; i += 8) {                                                               \
             for (int j = 0; j < NQ; j++) {                                                    \
-                __m256 o = _mm256_setzero_ps();                                               \
+                __m256 o = _mm256_loadu_ps(out + (size_t)j * qs + i);                         \
                 for (int u = 0; u < n_keys; u++)                                              \
                     o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + (size_t)j * ld + u),          \
                                         _mm256_loadu_ps(V + (size_t)u * stride + i), o);      \
@@ -194,24 +202,44 @@ DEFINE_WSUM(3)
 #undef WSUM_VEC
 #undef FMA_NQ
 
-/* Query heads j < nq against the same keys and values: three at a time, then one at a time. */
+/* The AttendSteps of the AVX2 form: query heads three at a time, then one at a time. Not
+ * inlined, so that decode (attend_group_avx2) and prefill run the same code (see the scalar
+ * form's steps). */
+__attribute__((noinline)) AVX2_FMA_FN static void
+scores_avx2(float *att, size_t ld, const float *q, size_t qs, int nq, const float *K,
+            size_t stride, int n_keys, int d, float scale) {
+    int j = 0;
+    for (; j + 3 <= nq; j += 3)
+        scores3(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale,
+                d / 8);
+    for (; j < nq; j++)
+        scores1(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale,
+                d / 8);
+}
+
+__attribute__((noinline)) AVX2_FMA_FN static void
+wsum_acc_avx2(float *out, size_t qs, int nq, const float *V, size_t stride, int n_keys,
+              const float *w, size_t ld, int d) {
+    int j = 0;
+    for (; j + 3 <= nq; j += 3)
+        wsum3(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld, d);
+    for (; j < nq; j++)
+        wsum1(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld, d);
+}
+
+static const AttendSteps STEPS_AVX2 = {scores_avx2, softmax_avx2, wsum_acc_avx2};
+
+/* Query heads j < nq against the same keys and values, in one pass over the keys. */
 AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
                                           const float *K, const float *V, size_t stride,
                                           int n_keys, int d, float scale, float *att,
                                           size_t ld) {
-    int j = 0;
-    for (; j + 3 <= nq; j += 3) {
-        float *a = att + (size_t)j * ld;
-        scores3(a, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale, d / 8);
-        for (int i = 0; i < 3; i++) softmax_avx2(a + (size_t)i * ld, n_keys);
-        wsum3(out + (size_t)j * qs, qs, V, stride, n_keys, a, ld, d);
+    scores_avx2(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
+    for (int j = 0; j < nq; j++) {
+        softmax_avx2(att + (size_t)j * ld, n_keys);
+        memset(out + (size_t)j * qs, 0, (size_t)d * sizeof(float));
     }
-    for (; j < nq; j++) {
-        float *a = att + (size_t)j * ld;
-        scores1(a, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale, d / 8);
-        softmax_avx2(a, n_keys);
-        wsum1(out + (size_t)j * qs, qs, V, stride, n_keys, a, ld, d);
-    }
+    wsum_acc_avx2(out, qs, nq, V, stride, n_keys, att, ld, d);
 }
 
 AVX2_FMA_FN static void attend_avx2(float *out, const float *q, const float *K, const float *V,
@@ -221,6 +249,46 @@ AVX2_FMA_FN static void attend_avx2(float *out, const float *q, const float *K, 
 }
 
 #endif
+
+/* The AttendSteps of the scalar form: attend_scalar's arithmetic in three parts (the softmax
+ * divides by the sum where attend_scalar's weighted sum does: the same quotients). */
+__attribute__((noinline)) static void scores_scalar(float *att, size_t ld, const float *q,
+                                                    size_t qs, int nq, const float *K,
+                                                    size_t stride, int n_keys, int d,
+                                                    float scale) {
+    for (int j = 0; j < nq; j++)
+        for (int u = 0; u < n_keys; u++) {
+            const float *k = K + (size_t)u * stride, *qj = q + (size_t)j * qs;
+            float score = 0.0f;
+            for (int i = 0; i < d; i++) score += qj[i] * k[i];
+            att[(size_t)j * ld + u] = score * scale;
+        }
+}
+
+__attribute__((noinline)) static void softmax_scalar(float *att, int n_keys) {
+    float max = -INFINITY;
+    for (int u = 0; u < n_keys; u++)
+        if (att[u] > max) max = att[u];
+    float sum = 0.0f;
+    for (int u = 0; u < n_keys; u++) {
+        att[u] = expf(att[u] - max);
+        sum += att[u];
+    }
+    for (int u = 0; u < n_keys; u++) att[u] = att[u] / sum;
+}
+
+__attribute__((noinline)) static void wsum_acc_scalar(float *out, size_t qs, int nq,
+                                                      const float *V, size_t stride, int n_keys,
+                                                      const float *w, size_t ld, int d) {
+    for (int j = 0; j < nq; j++)
+        for (int u = 0; u < n_keys; u++) {
+            const float *v = V + (size_t)u * stride;
+            float a = w[(size_t)j * ld + u];
+            for (int i = 0; i < d; i++) out[(size_t)j * qs + i] += a * v[i];
+        }
+}
+
+static const AttendSteps STEPS_SCALAR = {scores_scalar, softmax_scalar, wsum_acc_scalar};
 
 void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const float *K,
                          const float *V, size_t stride, int n_keys, int d, float scale,
@@ -246,6 +314,15 @@ AttendGroupFn attend_group_for(int d) {
     (void)d;
 #endif
     return attend_group_scalar;
+}
+
+const AttendSteps *attend_steps_for(int d) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (simd_for(d)) return &STEPS_AVX2;
+#else
+    (void)d;
+#endif
+    return &STEPS_SCALAR;
 }
 
 AttendFn attend_for(int d) {

@@ -36,4 +36,22 @@ void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const fl
 /* The group form for head size d on this CPU (the same choice as attend_for). */
 AttendGroupFn attend_group_for(int d);
 
+/* The three steps of that form, for a caller that goes through the keys block by block
+ * (prefill.c: several tokens' queries against each block of keys while it is in cache):
+ * scores: att[j * ld + u] = scale * q_j · k_u (q_j = q + j * qs) for j < nq, u < n_keys (each
+ *   score on its own: a block of keys gives the scores of the whole pass);
+ * softmax: att[0..n_keys) in place, of one query over all its keys;
+ * wsum_acc: out_j += sum over u < n_keys of w[j * ld + u] * v_u, each output's sum in key
+ *   order continued from out_j (blocks in key order from out_j = 0 give one pass's bits).
+ * Run in that order they give attend_group's bits, and attend's for one query. */
+typedef struct {
+    void (*scores)(float *att, size_t ld, const float *q, size_t qs, int nq, const float *K,
+                   size_t stride, int n_keys, int d, float scale);
+    void (*softmax)(float *att, int n_keys);
+    void (*wsum_acc)(float *out, size_t qs, int nq, const float *V, size_t stride, int n_keys,
+                     const float *w, size_t ld, int d);
+} AttendSteps;
+
+const AttendSteps *attend_steps_for(int d);
+
 #endif

@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "attention.h"
 #include "../kernels/matmul.h"
 
@@ -133,14 +137,32 @@ void add_bias(float *y, const Tensor *b) {
 }
 
 /* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
- * positions 0..pos, then the weighted sum of values (attention.h). */
+ * positions 0..pos, then the weighted sum of values (attention.h). With at least as many KV
+ * heads as threads, each thread takes whole KV heads with the group of query heads sharing
+ * them (attend_group: each key and value row read once for the group, where one query head at
+ * a time reads the layer's keys and values n_heads / n_kv_heads times: at 3,000 positions that
+ * was half of Qwen2.5-Coder-0.5B's decode time); else the query heads are spread over the
+ * threads one by one. Both give every head the same bits. */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
-    int group = (int)(c->n_heads / c->n_kv_heads);
+    int group = (int)(c->n_heads / c->n_kv_heads), n_kv = (int)c->n_kv_heads;
     size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
+    int threads = 1, h;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    if (n_kv >= threads) {
+        AttendGroupFn attend = attend_group_for(d);
+#pragma omp parallel for private(h)
+        for (h = 0; h < n_kv; h++)
+            attend(s->att_out + (size_t)h * group * d, s->q + (size_t)h * group * d, (size_t)d,
+                   group, s->key_cache + layer_off + h * d, s->value_cache + layer_off + h * d,
+                   (size_t)kv_dim, pos + 1, d, inv_sqrt_d, s->att + (size_t)h * group * s->ctx,
+                   (size_t)s->ctx);
+        return;
+    }
     AttendFn attend = attend_for(d);
-    int h;
 #pragma omp parallel for private(h)
     for (h = 0; h < (int)c->n_heads; h++) {
         int kvh = h / group;

@@ -12,6 +12,12 @@
 
 #include "forward.h"
 
+/* The blocks of the tile's attention (prefill.c attention_tile): tokens whose queries meet
+ * each block of keys together, and keys per block (256 KiB of keys and values of one KV head
+ * at head size 64: in L2 while the tokens pass). */
+#define PREFILL_ATT_TOKENS 8
+#define PREFILL_ATT_KEYS 512
+
 /* Activations of one tile, allocated once; prefill() allocates nothing. */
 typedef struct {
     int tile;           /* tokens per tile (1..MATMUL_BATCH_MAX) */
@@ -23,7 +29,7 @@ typedef struct {
     float *att_out;     /* [tile][n_heads*head_dim] attention outputs before Wo */
     float *hb;          /* [tile][hidden_dim] gate, then silu(gate)*up */
     float *hb2;         /* [tile][hidden_dim] up */
-    float *att;         /* [n_threads][n_heads / n_kv_heads][ctx] attention scores */
+    float *att;         /* [n_threads][PREFILL_ATT_TOKENS][n_heads / n_kv_heads][ctx] scores */
     float *logits;      /* [tile][vocab_size] */
 } Prefill;
 
