@@ -25,6 +25,10 @@ from ditto_core.runtime.runtime_api import Model, RuntimeAPIError, open_build
 from .engine import (SAMPLERS, BadRequest, Busy, Engine, GenParams, Result,
                      is_runtime_input_error)
 
+#: llama-server's default logical batch (``-b 2048``), which sizes the parts of its FIM prompt
+#: (Server.infill_prompt).
+FIM_BATCH = 2048
+
 #: FIM control tokens by their text (Qwen2.5-Coder's names), for model files without FIM records.
 FIM_TEXTS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
              "rep": "<|repo_name|>", "sep": "<|file_sep|>"}
@@ -294,8 +298,12 @@ class Server:
         """The FIM prompt: [repo-level extra context] <FIM_PRE> prefix <FIM_SUF> suffix
         <FIM_MID> prompt. With <|repo_name|> and <|file_sep|> in the vocabulary the extra
         chunks are laid out as files of a repository (Qwen2.5-Coder's repo-level format), else
-        their text goes first as is. Prefix (its end), suffix (its start) and extra context (its
-        end) are cut to fit the context, the prefix getting three quarters of the room."""
+        their text goes first as is. The parts are cut as llama-server cuts them
+        (format_prompt_infill, with its default batch of FIM_BATCH tokens): the prefix keeps
+        its last 3/4 · FIM_BATCH tokens, the suffix its first FIM_BATCH/4 - 2 - len(prompt),
+        the extra context its last n_ctx - FIM_BATCH + 2. When that is still more than the
+        context holds (with room for min(n_predict, n_ctx/4) tokens to generate), the extra
+        context goes first, then the prefix and the suffix share the room 3:1."""
         if not self.has_fim():
             raise ApiError(400, "this model has no FIM tokens (<|fim_prefix|>, <|fim_suffix|>, "
                                 "<|fim_middle|>): /infill and suffix are not supported")
@@ -319,6 +327,9 @@ class Server:
         if room < 0:
             raise ApiError(400, f"prompt: {len(mid)} tokens leave no room in the context of "
                                 f"{n_ctx}")
+        pre = pre[max(0, len(pre) - 3 * (FIM_BATCH // 4)):]
+        suf = suf[:max(0, FIM_BATCH // 4 - (2 + len(mid)))]
+        extra_ids = extra_ids[max(0, len(extra_ids) - max(0, n_ctx - FIM_BATCH + 2)):]
         n_suf = min(len(suf), room // 4)
         n_pre = min(len(pre), room - n_suf)
         n_suf = min(len(suf), room - n_pre)
