@@ -284,11 +284,23 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-bin", help="llama.cpp bin directory (default: build-llama-cpp.sh)")
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / ".cache" / "llamacpp",
                     help="where builds and GGUF files are kept between runs")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
-                    "bench_llamacpp.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON results [default: bench/results/bench_llamacpp.json for smollm2, "
+                         "bench_llamacpp_MODEL.json for another model]")
     ap.add_argument("--write-results", action="store_true",
                     help="also write the table into docs/RESULTS.md")
+    ap.add_argument("--render", type=Path, metavar="JSON",
+                    help="print (and with --write-results write) the tables of a saved run "
+                         "instead of running")
     args = ap.parse_args(argv)
+    if args.render:
+        md = render(json.loads(args.render.read_text()), args.render, args.write_results)
+        print(md)
+        return 0
+    if args.out is None:
+        name = ("bench_llamacpp.json" if args.model == "smollm2"
+                else f"bench_llamacpp_{args.model}.json")
+        args.out = ROOT / "bench" / "results" / name
     threads = [int(t) for t in args.threads.split(",")]
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in DITTO and c.removeprefix("llama-") not in
@@ -359,22 +371,35 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     tmp_stream.cleanup()
-    md = table({c: results[c] for c in order}, threads, P, N, args.model)
-    ratios = ratio_table({c: results[c] for c in order}, threads)
+    print(render(out, args.out, args.write_results, " ".join(sys.argv[1:]) if argv is None
+                 else " ".join(argv)))
+    return 0
+
+
+def render(out: dict, path: Path, write: bool, command: str | None = None) -> str:
+    """The markdown of a run (``out``: the JSON that ``path`` holds): the table, the ratio
+    table, and with ``write`` both under a line naming the command, date, CPU and JSON, in
+    docs/RESULTS.md between the markers of the run's model (the historical unnamed ones for
+    smollm2's default JSON; for another JSON name, markers named by it)."""
+    threads, model = out["threads"], out["model"]
+    md = table(out["results"], threads, out["prompt_tokens"], out["gen_tokens"], model)
+    ratios = ratio_table(out["results"], threads)
     if ratios:
         md += "\n\n" + ratios
-    print(md)
-    if args.write_results:
-        note = (f"`python bench/bench_llamacpp.py --model {args.model} --rounds {args.rounds}` "
-                f"({out['date'][:16]} UTC, "
+    if write:
+        cmd = command if command is not None else (
+            f"--model {model} --rounds {out['rounds']} --configs {','.join(out['results'])}")
+        lib = out.get("llama_ggml_cpu", "peer build") != "peer build"
+        note = (f"`python bench/bench_llamacpp.py {cmd}` ({out['date'][:16]} UTC, "
                 f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
-                f"{args.rounds} interleaved rounds, tok/s; JSON in "
-                f"bench/results/{args.out.name})"
+                f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
                 + ("; llama.cpp with a libggml-cpu.so built from the same source without AMX "
-                   "(the peer build's AMX kernels fault with SIGILL here)" if lib_dir else "")
+                   "(the peer build's AMX kernels fault with SIGILL here)" if lib else "")
                 + ":\n\n")
-        write_results(ROOT / "docs" / "RESULTS.md", note + md, args.model)
-    return 0
+        default = "bench_llamacpp.json" if model == "smollm2" else f"bench_llamacpp_{model}.json"
+        key = model if path.name == default else path.stem.removeprefix("bench_llamacpp_")
+        write_results(ROOT / "docs" / "RESULTS.md", note + md, key)
+    return md
 
 
 def _mkl_available() -> bool:
