@@ -600,8 +600,8 @@ def main(argv=None) -> int:
     if args.write_results:
         cpu = out["cpu"]
         note = (f"`{out['command']}` ({out['date'][:16]} UTC; {cpu['name']}, "
-                f"{', '.join(cpu['flags'])}; {th} threads per server, {cpu['cores']} cores "
-                f"shared with other jobs; load average {out['load_average_start'][0]:.2f} at "
+                f"{', '.join(cpu['flags'])}; {th} threads per server, {cpu['cores']} cores, "
+                f"the servers taking turns; load average {out['load_average_start'][0]:.2f} at "
                 f"the start, {out['load_average_end'][0]:.2f} at the end; JSON in "
                 f"bench/results/{out_path.name}). Ditto: `ditto build {args.model} "
                 f"--quantizer kmeans --blas openblas`, `ditto serve --slots 1 --ctx {ctx} "
