@@ -50,6 +50,11 @@ llama-server without speculation and with its n-gram lookup (``--spec-type ngram
 Decode tok/s = ``timings.predicted_n / predicted_ms``; median over rounds per prompt, then the
 median over prompts; each speculating server's tokens are checked against its plain twin.
 
+**Fresh text** (``fresh``): six chat prompts asking for new code (FRESH_TASKS: nothing in the
+prompt to copy, so prompt-lookup drafts mostly miss), on Ditto ``--spec none`` and ``--spec
+ngram`` only, measured as the edit workload: the speculating server must not be slower
+(issue #24: at least 0.95×) and must give the same tokens.
+
 Results: JSON in bench/results/serve_qwen2.5-coder-0.5b.json (every sample, date, CPU, load
 average before and after), markdown tables on stdout, with ``--write-results`` also in
 docs/RESULTS.md between the ``bench_serve`` markers.
@@ -94,6 +99,23 @@ EDIT_INSTRUCTIONS = {
     "calibration_text": "name the variable digest sha256_hex",
 }
 SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+#: The fresh-text workload: requests for new code, with nothing in the prompt to copy, where
+#: prompt-lookup drafts mostly miss (issue #24: speculation must not slow these down).
+FRESH_TASKS = {
+    "parse_duration": "Write a Python function parse_duration(text) that turns strings such "
+                      "as '1h30m', '45s' or '2d4h' into a number of seconds.",
+    "lru_cache": "Write a Python class LRUCache with a fixed capacity and get(key) and "
+                 "put(key, value) methods that evict the least recently used entry.",
+    "palindrome": "Write a Python function that returns the longest palindromic substring "
+                  "of a string.",
+    "merge_intervals": "Write a Python function merge_intervals(intervals) that merges "
+                       "overlapping closed intervals given as (start, end) pairs.",
+    "csv_mean": "Write a Python function that reads a CSV file and returns the mean of the "
+                "numbers in a column given by its header name, skipping empty cells.",
+    "toposort": "Write a Python function topological_sort(graph) for a dict that maps each "
+                "node to the list of nodes it depends on; raise ValueError on a cycle.",
+}
 MARK_BEGIN, MARK_END = "<!-- bench_serve:begin -->", "<!-- bench_serve:end -->"
 
 
@@ -326,8 +348,15 @@ def chat_text(instruction: str, source: str) -> str:
             f"<|im_start|>assistant\n")
 
 
+def fresh_chat_text(instruction: str) -> str:
+    """The ChatML prompt (Qwen's default system prompt) asking for new code."""
+    user = f"{instruction} Answer with the code in one ```python block and nothing else."
+    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            f"<|im_start|>assistant\n")
+
+
 def edit_workload(servers: list, prompts: list[tuple[str, list[int]]], n_predict: int,
-                  rounds: int) -> dict:
+                  rounds: int, label: str = "edit") -> dict:
     """Every prompt (token ids) on every server, ``rounds`` times; {server: {prompt: [run]}}."""
     out = {s.name: {name: [] for name, _ in prompts} for s in servers}
     i = 0
@@ -349,7 +378,7 @@ def edit_workload(servers: list, prompts: list[tuple[str, list[int]]], n_predict
                     if k in t:
                         run[k] = t[k]
                 out[s.name][name].append(run)
-                print(f"edit round {rnd + 1}/{rounds} {name} {s.name}: "
+                print(f"{label} round {rnd + 1}/{rounds} {name} {s.name}: "
                       f"{run['predicted_n']} tok, {run['tok_per_s']:.1f} tok/s"
                       + (f", drafts {run['draft_n_accepted']}/{run['draft_n']}"
                          if "draft_n" in run else ""), file=sys.stderr)
@@ -429,6 +458,26 @@ def tables(out: dict) -> str:
         parts.append(f"Edit workload ({len(d['prompts'])} \"rewrite this function with one "
                      f"change\" chat prompts, greedy, n_predict {d['n_predict']}, "
                      f"{d['rounds']} round(s)):\n\n" + "\n".join(rows))
+    f = out.get("fresh")
+    if f:
+        s = f["summary"]
+        rows = ["| server | decode tok/s (median of prompts) | per prompt | draft tokens "
+                "accepted / proposed | speed-up | same tokens as without speculation |",
+                "|---|---|---|---|---|---|"]
+        for n in ("ditto", "ditto-spec"):
+            if n not in s:
+                continue
+            x = s[n]
+            per = ", ".join(f"{v:.1f}" for v in x["tok_per_s_by_prompt"].values())
+            acc = (f"{x['draft_n_accepted']} / {x['draft_n']}" if x["draft_n"] else "—")
+            sp = f"{x['speedup']:.2f}×" if "speedup" in x else "—"
+            same = ("yes" if all(x["identical_to"].values()) else "**no**") \
+                if "identical_to" in x else "—"
+            rows.append(f"| {LABELS[n]} | {x['tok_per_s']:.1f} | {per} | {acc} | {sp} | "
+                        f"{same} |")
+        parts.append(f"Fresh text ({len(f['prompts'])} chat prompts asking for new code, "
+                     f"nothing to copy; greedy, n_predict {f['n_predict']}, {f['rounds']} "
+                     f"round(s)):\n\n" + "\n".join(rows))
     t = targets(out)
     if t:
         parts.append("Targets: " + "; ".join(f"{k}: {'met' if v else '**not met**'}"
@@ -449,6 +498,10 @@ def targets(out: dict) -> dict:
     if d and "speedup" in d:
         t["--spec ngram ≥ 1.5× with identical output"] = (d["speedup"] >= 1.5
                                                           and all(d["identical_to"].values()))
+    f = out.get("fresh", {}).get("summary", {}).get("ditto-spec")
+    if f and "speedup" in f:
+        t["--spec ngram ≥ 0.95× on fresh text with identical output"] = (
+            f["speedup"] >= 0.95 and all(f["identical_to"].values()))
     return t
 
 
@@ -489,7 +542,8 @@ def llama_version(bin_dir: Path) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="editor,edit", help="editor, edit or both")
+    ap.add_argument("--parts", default="editor,edit,fresh",
+                    help="comma-separated: editor, edit, fresh")
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096)
@@ -560,24 +614,41 @@ def main(argv=None) -> int:
                              "n_predict": args.n_predict, "ring_every": args.ring_every,
                              "n_prefix": N_PREFIX, "n_suffix": N_SUFFIX,
                              "summary": editor_summary(samples), "samples": samples}
-        if "edit" in parts:
-            servers["ditto-spec"] = ditto_server("ditto-spec", build_dir, th, ctx, args.work,
-                                                 spec="ngram")
-            props = servers["ditto-spec"].client.get("/props").json()["speculative"]
-            servers["llama-spec"] = llama_server("llama-spec", args.llama_bin, gguf, th, ctx,
-                                                 args.work, spec=True, lib_dir=lib_dir)
-            out["server_commands"] = {n: s.cmd for n, s in servers.items()}
-            tasks = edit_tasks()[:args.edit_prompts]
-            prompts = []
-            for name, instr, src in tasks:
-                text = chat_text(instr, src)
+        def token_prompts(texts: list[tuple[str, str]]) -> list[tuple[str, list[int]]]:
+            """(name, ids) of each chat text, the same ids on both servers (checked)."""
+            out_ids = []
+            for name, text in texts:
                 ids, _ = post(servers["ditto"], "/tokenize",
                               {"content": text, "parse_special": True})
                 lids, _ = post(servers["llama"], "/tokenize",
                                {"content": text, "parse_special": True})
                 if ids["tokens"] != lids["tokens"]:
                     sys.exit(f"error: the servers tokenize the {name} prompt differently")
-                prompts.append((name, ids["tokens"]))
+                out_ids.append((name, ids["tokens"]))
+            return out_ids
+
+        if "edit" in parts or "fresh" in parts:
+            servers["ditto-spec"] = ditto_server("ditto-spec", build_dir, th, ctx, args.work,
+                                                 spec="ngram")
+            props = servers["ditto-spec"].client.get("/props").json()["speculative"]
+        if "fresh" in parts:
+            names = list(FRESH_TASKS)[:args.edit_prompts]
+            fprompts = token_prompts([(n, fresh_chat_text(FRESH_TASKS[n])) for n in names])
+            samples = edit_workload([servers["ditto"], servers["ditto-spec"]], fprompts,
+                                    args.edit_tokens, args.rounds, label="fresh")
+            out["fresh"] = {"n_predict": args.edit_tokens, "rounds": args.rounds,
+                            "prompts": {n: {"instruction": FRESH_TASKS[n],
+                                            "prompt_tokens": len(ids)}
+                                        for n, ids in fprompts},
+                            "ditto_spec_props": props,
+                            "summary": edit_summary(samples, {"ditto-spec": "ditto"}),
+                            "samples": samples}
+        if "edit" in parts:
+            servers["llama-spec"] = llama_server("llama-spec", args.llama_bin, gguf, th, ctx,
+                                                 args.work, spec=True, lib_dir=lib_dir)
+            out["server_commands"] = {n: s.cmd for n, s in servers.items()}
+            tasks = edit_tasks()[:args.edit_prompts]
+            prompts = token_prompts([(name, chat_text(instr, src)) for name, instr, src in tasks])
             order = [servers[n] for n in ("ditto", "ditto-spec", "llama", "llama-spec")]
             samples = edit_workload(order, prompts, args.edit_tokens, args.rounds)
             out["edit"] = {"n_predict": args.edit_tokens, "rounds": args.rounds,

@@ -188,6 +188,27 @@ def test_penalties_and_samplers_as_llama_cpp():
     assert sampling(GenParams(repeat_penalty=1.1, repeat_last_n=0))[4] is False
 
 
+def test_draft_policy_weighs_cost_and_acceptance():
+    """DraftPolicy drafts as many tokens as pay for their verification: none when drafts cost
+    much and rarely come true, all k_max when they are cheap and always right; acceptance it
+    has seen moves it (the first rejected token counts as a failure, later ones not at all)."""
+    from ditto_core.serve.engine import DraftPolicy, ngram_match
+    cheap, dear = DraftPolicy(0.1, 7), DraftPolicy(2.0, 7)
+    assert dear.length(1, 7) == 0 and dear.length(3, 7) == 0
+    assert cheap.length(3, 7) > cheap.length(1, 7) >= 1 and cheap.length(3, 2) <= 2
+    # p = 0.5 at r = 0.4: one draft token (1.5 / 1.4) beats two (1.75 / 1.8) and none (1.0)
+    half = DraftPolicy(0.4, 7)
+    half.succ[2], half.trials[2] = 1.0, 2.0
+    assert half.length(2, 7) == 1
+    for _ in range(20):
+        cheap.update(1, 7, 7)
+    assert cheap.p(1) > 0.95 and cheap.length(1, 7) == 7
+    cheap.update(1, 7, 2)  # two right, the third wrong: 3 trials, 2 successes
+    assert cheap.trials[1] == 2 + 20 * 7 + 3 and cheap.succ[1] == 2 * 0.4 + 20 * 7 + 2
+    assert ngram_match([1, 2, 3, 7, 1, 2, 3], 2) == (3, [7, 1])
+    assert ngram_match([5, 6], 4) == (0, [])
+
+
 def test_engine_text_helpers():
     assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix([], [1]) == 0
     assert find_stop("abc</s>de", ["</s>", "de"], 0) == (3, "</s>")
@@ -514,10 +535,11 @@ def test_concurrent_load_with_disconnects(server):
 def test_spec_ngram_identical_greedy_and_sigterm(tiny_build, server):
     """--spec ngram gives the greedy tokens of --spec none, with drafts accepted; SIGTERM
     stops the server."""
-    spec = start_server(tiny_build, "--ctx", "256", "--spec", "ngram")
+    spec = start_server(tiny_build, "--ctx", "256", "--spec", "ngram", "--spec-cost", "0.1")
     try:
         props = httpx.get(spec.url + "/props").json()
         assert props["speculative"]["batch_exact"] is True
+        assert props["speculative"]["verify_cost_per_draft"] == 0.1
         prompts = [PROMPT * 3, "a b c a b c a b c a b", [1, 5, 6, 7, 5, 6, 7, 5, 6]]
         for p in prompts:
             req = {"prompt": p, "n_predict": 40, "temperature": 0, "return_tokens": True,

@@ -35,20 +35,23 @@ from .common import reports_errors
                                       "requests)")
 @click.option("--spec-draft", "spec_k", default=7, show_default=True,
               type=click.IntRange(1, 64), help="most draft tokens per step")
+@click.option("--spec-cost", "spec_cost", default=None, type=click.FloatRange(0.0),
+              help="what one draft token adds to a verification, in one-token decode steps "
+                   "[default: measured at start-up]")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(0),
               help="requests that may wait for a slot; more are answered 503")
 @click.option("--alias", default=None, help="model name in responses [default: the build "
                                             "directory's name]")
 def serve_command(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec,
-                  spec_k, max_queue, alias):
+                  spec_k, spec_cost, max_queue, alias):
     """Serve BUILD over HTTP with llama-server's /infill, /completion, /tokenize ... and
     OpenAI's /v1/completions and /v1/chat/completions (docs/SERVE.md)."""
     reports_errors(_serve)(build, host, port, ctx, slots, threads, batch, api_key,
-                           api_key_file, spec, spec_k, max_queue, alias)
+                           api_key_file, spec, spec_k, spec_cost, max_queue, alias)
 
 
 def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec, spec_k,
-           max_queue, alias):
+           spec_cost, max_queue, alias):
     import uvicorn
 
     if api_key is not None and api_key_file is not None:
@@ -59,8 +62,8 @@ def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file,
         if not api_key:
             raise DittoError(f"{api_key_file}: empty API key file")
     server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
-                         api_key=api_key, spec=spec, spec_k=spec_k, max_queue=max_queue,
-                         alias=alias)
+                         api_key=api_key, spec=spec, spec_k=spec_k, spec_cost=spec_cost,
+                         max_queue=max_queue, alias=alias)
     if spec != "none" and not server.engine.batch_exact:
         click.echo("warning: --spec ngram: batched evaluation does not give the bits of "
                    "one-token decoding on this build; speculation is off so that greedy "

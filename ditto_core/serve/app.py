@@ -593,7 +593,8 @@ def create_app(server: Server):
                 "build_info": f"ditto serve; kernel {server.model.info['kernel']}",
                 "infill": server.has_fim(),
                 "speculative": {"type": server.engine.spec, "n_max": server.engine.spec_k,
-                                "batch_exact": server.engine.batch_exact}}
+                                "batch_exact": server.engine.batch_exact,
+                                "verify_cost_per_draft": server.engine.verify_cost}}
 
     @app.get("/slots")
     async def slots():
@@ -878,10 +879,12 @@ class JsonBody:
 
 def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads: int = 0,
                 batch: int = 256, api_key: str | None = None, spec: str = "none",
-                spec_k: int = 7, max_queue: int = 16, alias: str | None = None) -> Server:
+                spec_k: int = 7, spec_cost: float | None = None, max_queue: int = 16,
+                alias: str | None = None) -> Server:
     """Open a build's model through its ``libditto.so`` and make the engine. ``ctx``: positions
-    per slot (default: min(4096, max_seq_len)). Raises DittoError for a directory that is no
-    build, a build without the library (rebuild), a bad value."""
+    per slot (default: min(4096, max_seq_len)). ``spec_cost``: what a draft token adds to a
+    verification, in one-token steps (None: measured at start-up). Raises DittoError for a
+    directory that is no build, a build without the library (rebuild), a bad value."""
     model = open_build(build, threads=threads)
     try:
         n_ctx = ctx if ctx else min(4096, model.max_seq_len)
@@ -889,7 +892,7 @@ def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads:
             raise DittoError(f"--ctx {n_ctx}: must be 1..{model.max_seq_len} (the model's "
                              "max_seq_len)")
         engine = Engine(model, n_slots=slots, n_ctx=n_ctx, n_batch=batch, max_queue=max_queue,
-                        spec=spec, spec_k=spec_k)
+                        spec=spec, spec_k=spec_k, spec_cost=spec_cost)
     except BaseException:
         model.close()
         raise

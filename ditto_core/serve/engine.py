@@ -171,9 +171,16 @@ def ngram_draft(hist: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> 
     """Prompt-lookup draft (no draft model): for n = n_max down to n_min, find the latest
     earlier occurrence of the last n tokens of ``hist`` and propose the (up to) ``k`` tokens
     that followed it; [] when nothing matches."""
+    return ngram_match(hist, k, n_max, n_min)[1]
+
+
+def ngram_match(hist: Sequence[int], k: int, n_max: int = 3,
+                n_min: int = 1) -> tuple[int, list[int]]:
+    """(n, draft) of ngram_draft: the length n of the matched suffix (0 when nothing
+    matches) with the tokens that followed its latest earlier occurrence."""
     L = len(hist)
     if k <= 0 or L < 2:
-        return []
+        return 0, []
     arr = np.asarray(hist, np.int64)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
         tail = arr[L - n:]
@@ -186,8 +193,47 @@ def ngram_draft(hist: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> 
             if np.array_equal(arr[j:j + n], tail):
                 follow = arr[j + n:j + n + k]
                 if follow.size:
-                    return [int(t) for t in follow]
-    return []
+                    return n, [int(t) for t in follow]
+    return 0, []
+
+
+class DraftPolicy:
+    """How many draft tokens to verify, from what a verification costs and how often drafts of
+    each match length n (1..3) came true in this request.
+
+    A verification of 1 + k tokens costs (1 + r k) one-token steps (``r``, measured by
+    Engine.probe_verify_cost); if each draft token from an n-token match is right with
+    probability p_n (independently, given the ones before it were), it yields
+    1 + p + ... + p^k tokens on average. The policy takes the k in 0..k_max with the most
+    expected tokens per unit of cost, k = 0 (no draft) when no draft pays. p_n starts from a
+    prior (0.8, 0.6, 0.4 for n = 3, 2, 1, worth two trials) and counts every draft token
+    checked: accepted ones as successes, the first rejected one as a failure."""
+
+    PRIOR = {3: 0.8, 2: 0.6, 1: 0.4}
+
+    def __init__(self, r: float, k_max: int):
+        self.r, self.k_max = r, k_max
+        self.succ = {n: 2 * p for n, p in self.PRIOR.items()}
+        self.trials = {n: 2.0 for n in self.PRIOR}
+
+    def p(self, n: int) -> float:
+        return self.succ[n] / self.trials[n]
+
+    def length(self, n: int, room: int) -> int:
+        """Draft tokens to verify after an n-token match, at most ``room``."""
+        if n not in self.succ:
+            return 0
+        p, best, best_k, gain = self.p(n), 1.0, 0, 1.0
+        for k in range(1, min(self.k_max, room) + 1):
+            gain += p ** k
+            rate = gain / (1.0 + self.r * k)
+            if rate > best:
+                best, best_k = rate, k
+        return best_k
+
+    def update(self, n: int, proposed: int, accepted: int) -> None:
+        self.succ[n] += accepted
+        self.trials[n] += accepted + (1 if accepted < proposed else 0)
 
 
 class Slot:
@@ -220,17 +266,21 @@ class Engine:
 
     ``spec``: "none" or "ngram" (prompt-lookup speculation with drafts of up to ``spec_k``
     tokens, used by greedy requests when the batched evaluation gives the same bits as one-token
-    decoding, ``batch_exact``). ``max_queue``: requests that may wait for a slot; one more is
+    decoding, ``batch_exact``; ``spec_cost``: what each draft token adds to a verification, in
+    one-token steps, for DraftPolicy, None to measure it, ``probe_verify_cost``). ``max_queue``: requests that may wait for a slot; one more is
     refused with ``Busy``."""
 
     def __init__(self, model: Model, *, n_slots: int = 1, n_ctx: int = 4096, n_batch: int = 256,
-                 max_queue: int = 16, spec: str = "none", spec_k: int = 7):
+                 max_queue: int = 16, spec: str = "none", spec_k: int = 7,
+                 spec_cost: float | None = None):
         if spec not in ("none", "ngram"):
             raise DittoError(f"--spec: unknown speculation {spec!r} (none, ngram)")
         self.model = model
         self.n_ctx, self.n_batch, self.max_queue = n_ctx, n_batch, max_queue
         self.spec, self.spec_k = spec, spec_k
         self.batch_exact = self.probe_batch_exact() if spec != "none" else None
+        self.verify_cost = (None if not self.batch_exact else spec_cost
+                            if spec_cost is not None else self.probe_verify_cost())
         self.slots = [Slot(self, i, n_ctx, n_batch) for i in range(n_slots)]
         self.waiting = 0
         self._cond: asyncio.Condition | None = None
@@ -261,6 +311,30 @@ class Engine:
         finally:
             a.close()
             b.close()
+
+    def probe_verify_cost(self, k: int = 7, reps: int = 3) -> float:
+        """r: what each draft token adds to a verification, in one-token decode steps: the
+        best of ``reps`` timings of evaluating 1 + k tokens (logits of every position) against
+        one token, at a 256-token context. The draft policy (DraftPolicy) weighs drafts with
+        it, so a CPU whose batched evaluation costs more drafts less."""
+        m = self.model
+        ids = [(i * 7919 + 13) % m.vocab_size for i in range(256 + k + 1)]
+        sess = m.session(min(len(ids) + 1, m.max_seq_len), 256)
+        try:
+            sess.eval(ids[:256], "none")
+            one, many = float("inf"), float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                sess.eval(ids[256:257])
+                one = min(one, time.perf_counter() - t)
+                sess.truncate(256)
+                t = time.perf_counter()
+                sess.eval(ids[256:257 + k], "all")
+                many = min(many, time.perf_counter() - t)
+                sess.truncate(256)
+            return max(0.05, (many / one - 1.0) / k)
+        finally:
+            sess.close()
 
     # -- slots (event loop) -----------------------------------------------------------------
     def _condition(self) -> asyncio.Condition:
@@ -410,6 +484,7 @@ class Engine:
         last_n = slot.n_ctx if params.repeat_last_n < 0 else params.repeat_last_n
         use_spec = (self.spec == "ngram" and greedy and not penalize
                     and bool(self.batch_exact))
+        policy = DraftPolicy(self.verify_cost, self.spec_k) if use_spec else None
         dec = m.decoder()
         for t in prompt:  # the text continues the prompt's (SentencePiece's leading space)
             dec.feed(t)
@@ -472,10 +547,11 @@ class Engine:
                 res.truncated = True
                 res.stop_type = "limit"
                 break
-            drafts = []
+            drafts, n_match = [], 0
             if use_spec:
                 room = min(slot.n_ctx - sess.pos - 1, limit - n_gen - 1)
-                drafts = ngram_draft(slot.tokens + [tok], min(self.spec_k, room))
+                n_match, drafts = ngram_match(slot.tokens + [tok], min(self.spec_k, room))
+                drafts = drafts[:policy.length(n_match, room)] if n_match else []
             if drafts:
                 out = sess.eval([tok] + drafts, "all")
                 slot.tokens.extend([tok] + drafts)
@@ -488,6 +564,7 @@ class Engine:
                     del slot.tokens[len(slot.tokens) - drop:]
                 queued = [(drafts[j], out[j + 1]) for j in range(n_acc)]
                 logits = out[0]
+                policy.update(n_match, len(drafts), n_acc)
                 res.n_draft += len(drafts)
                 res.n_accept += n_acc
                 self._count(spec_drafts_total=1, spec_draft_tokens_total=len(drafts),
