@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures_eval",
     "tests.fixtures_plugins",
     "tests.fixtures_serve",
+    "tests.fixtures_signals",
 ]

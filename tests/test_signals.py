@@ -25,20 +25,6 @@ def _ditto(*args):
     return _ditto_cmd(*args)
 
 
-@pytest.fixture(autouse=True)
-def stop_signals_not_ignored():
-    """These tests send SIGHUP and SIGTERM and expect their default disposition, in this
-    process and in its children; a run started under nohup ignores SIGHUP, and children
-    inherit that (and install() rightly keeps it): take it back to the default meanwhile."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
-    for s, h in old.items():
-        if h == signal.SIG_IGN:
-            signal.signal(s, signal.SIG_DFL)
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
-
-
 def _wait_for(path: Path, timeout=30.0):
     t0 = time.monotonic()
     while not path.exists():
