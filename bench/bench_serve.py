@@ -417,6 +417,25 @@ LABELS = {"ditto": "Ditto `ditto serve` (default build)",
           "llama-spec": "llama-server `--spec-type ngram-simple`"}
 
 
+def decode_rows(s: dict, names: tuple[str, ...]) -> list[str]:
+    """The markdown rows of a decode workload's summary ``s`` (edit_summary) for the servers
+    ``names`` that ran, with the header."""
+    rows = ["| server | decode tok/s (median of prompts) | per prompt | draft tokens "
+            "accepted / proposed | speed-up | same tokens as without speculation |",
+            "|---|---|---|---|---|---|"]
+    for n in names:
+        if n not in s:
+            continue
+        x = s[n]
+        per = ", ".join(f"{v:.1f}" for v in x["tok_per_s_by_prompt"].values())
+        acc = (f"{x['draft_n_accepted']} / {x['draft_n']}" if x["draft_n"] else "—")
+        sp = f"{x['speedup']:.2f}×" if "speedup" in x else "—"
+        same = ("yes" if all(x["identical_to"].values()) else "**no**") \
+            if "identical_to" in x else "—"
+        rows.append(f"| {LABELS[n]} | {x['tok_per_s']:.1f} | {per} | {acc} | {sp} | {same} |")
+    return rows
+
+
 def tables(out: dict) -> str:
     parts = []
     e = out.get("editor")
@@ -441,40 +460,14 @@ def tables(out: dict) -> str:
     d = out.get("edit")
     if d:
         s = d["summary"]
-        rows = ["| server | decode tok/s (median of prompts) | per prompt | draft tokens "
-                "accepted / proposed | speed-up | same tokens as without speculation |",
-                "|---|---|---|---|---|---|"]
-        for n in ("ditto", "ditto-spec", "llama", "llama-spec"):
-            if n not in s:
-                continue
-            x = s[n]
-            per = ", ".join(f"{v:.1f}" for v in x["tok_per_s_by_prompt"].values())
-            acc = (f"{x['draft_n_accepted']} / {x['draft_n']}" if x["draft_n"] else "—")
-            sp = f"{x['speedup']:.2f}×" if "speedup" in x else "—"
-            same = ("yes" if all(x["identical_to"].values()) else "**no**") \
-                if "identical_to" in x else "—"
-            rows.append(f"| {LABELS[n]} | {x['tok_per_s']:.1f} | {per} | {acc} | {sp} | "
-                        f"{same} |")
+        rows = decode_rows(s, ("ditto", "ditto-spec", "llama", "llama-spec"))
         parts.append(f"Edit workload ({len(d['prompts'])} \"rewrite this function with one "
                      f"change\" chat prompts, greedy, n_predict {d['n_predict']}, "
                      f"{d['rounds']} round(s)):\n\n" + "\n".join(rows))
     f = out.get("fresh")
     if f:
         s = f["summary"]
-        rows = ["| server | decode tok/s (median of prompts) | per prompt | draft tokens "
-                "accepted / proposed | speed-up | same tokens as without speculation |",
-                "|---|---|---|---|---|---|"]
-        for n in ("ditto", "ditto-spec"):
-            if n not in s:
-                continue
-            x = s[n]
-            per = ", ".join(f"{v:.1f}" for v in x["tok_per_s_by_prompt"].values())
-            acc = (f"{x['draft_n_accepted']} / {x['draft_n']}" if x["draft_n"] else "—")
-            sp = f"{x['speedup']:.2f}×" if "speedup" in x else "—"
-            same = ("yes" if all(x["identical_to"].values()) else "**no**") \
-                if "identical_to" in x else "—"
-            rows.append(f"| {LABELS[n]} | {x['tok_per_s']:.1f} | {per} | {acc} | {sp} | "
-                        f"{same} |")
+        rows = decode_rows(s, ("ditto", "ditto-spec"))
         parts.append(f"Fresh text ({len(f['prompts'])} chat prompts asking for new code, "
                      f"nothing to copy; greedy, n_predict {f['n_predict']}, {f['rounds']} "
                      f"round(s)):\n\n" + "\n".join(rows))
