@@ -139,10 +139,10 @@ void add_bias(float *y, const Tensor *b) {
 /* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
  * positions 0..pos, then the weighted sum of values (attention.h). With at least as many KV
  * heads as threads, each thread takes whole KV heads with the group of query heads sharing
- * them (attend_group: each key and value row read once for the group, where one query head at
- * a time reads the layer's keys and values n_heads / n_kv_heads times: at 3,000 positions that
- * was half of Qwen2.5-Coder-0.5B's decode time); else the query heads are spread over the
- * threads one by one. Both give every head the same bits. */
+ * them (attend_group: each key and value row read once for the group; one query head at a
+ * time would read the layer's keys and values n_heads / n_kv_heads times, which at 3,000
+ * positions costs Qwen2.5-Coder-0.5B over a quarter of its decode time); else the query heads are
+ * spread over the threads one by one. Both give every head the same bits. */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
     int group = (int)(c->n_heads / c->n_kv_heads), n_kv = (int)c->n_kv_heads;
