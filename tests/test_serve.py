@@ -446,6 +446,7 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/completion", {"prompt": "a", "grammar": "root ::= \"x\""}, "grammar: not supported"),
     ("/completion", {"prompt": "a", "samplers": ["top_k", "adaptive_p"]}, "adaptive_p"),
     ("/completion", {"prompt": "a", "samplers": 3}, "samplers"),
+    ("/completion", {"prompt": [5, [6, 7]]}, "a list of token ids cannot also hold lists"),
     ("/completion", {"prompt": "a", "min_p": 1.5}, "min_p"),
     ("/completion", {"prompt": "a", "repeat_penalty": 0}, "repeat_penalty"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 100}}, "logit_bias: not supported"),
@@ -564,6 +565,14 @@ def test_build_without_library_says_rebuild(tiny_build, tmp_path):
     proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
                            "serve", str(d)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "libditto.so" in proc.stderr and "rebuild" in proc.stderr
+
+
+def test_negative_spec_cost_is_a_usage_error(tiny_build):
+    proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
+                           "serve", str(tiny_build), "--spec", "ngram", "--spec-cost", "-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--spec-cost" in proc.stderr
+    assert "-1.0 is not in the range x>=0" in proc.stderr
 
 
 # ----------------------------------------------------------------- real FIM: Qwen2.5-Coder
