@@ -133,9 +133,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     per-channel activation statistics weight the quantizer's error (docs/QUANT.md);
     ``target_bpw`` or ``max_size_of`` (a file whose size is the budget): per-tensor b and G
     chosen under that file-size budget (``ditto_core.kit.allocate``), with ``speed_aware``
-    (``"auto"``: this CPU's kernel table when some candidate layout is slow on it; ``"off"``
-    or None; or a table name) only among the layouts that table runs about as fast as b = 4
-    (``allocate.resolve_speed_table``). Raises DittoError (PluginError, OptionError) before any
+    (``"auto"``: this CPU's kernel table, none on ``generic``; ``"off"`` or None; or a table
+    name) holding the plan's modelled GEMV time on that table within ``allocate.SPEED_SLACK``
+    of the default plan's (``allocate.resolve_speed_table``, ``allocate.speed_limited``). Raises DittoError (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
     from ditto_core.kit.allocate import resolve_speed_table

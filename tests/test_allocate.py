@@ -112,35 +112,65 @@ def test_tinycoder_build_respects_the_budget_and_rules(tmp_path):
         (c["bits"], c["group_size"])
 
 
-def test_speed_aware_candidates():
-    """The speed-aware filter keeps the layouts a table runs at b = 4's speed: on avx2 the b = 4
-    matrices and the decoded classifier, on avx512vbmi every G % 64 == 0 layout; "auto" names
-    the table only when something is slow on it; unknown tables are refused."""
+def test_speed_cost_model():
+    """The modelled GEMV cost: b = 4, G = 256 is the unit on every table; the measured compute
+    cost of a slower layout; the classifier decoded at load and every layout on generic cost
+    1; a layout that falls to the scalar reference costs GENERIC_COST; the modelled time is
+    the larger of compute and bytes (b = 6, G = 256 on 576 columns: 63,040 payload bytes per
+    100 rows against b = 4's 34,240, above its compute cost 1.50)."""
     from ditto_core.model import kernel_paths as KP
 
-    avx2, vbmi = KP.table("avx2"), KP.table("avx512vbmi")
-    cands = sorted(set(A.MATRIX_CANDIDATES))
-    assert A.fast_candidates(avx2, cands, 576, False) == [(4, 128), (4, 256), (4, 512)]
-    assert A.fast_candidates(vbmi, cands, 576, False) == cands
-    assert A.fast_candidates(vbmi, [(5, 96), (5, 32)], 576, False) == [(5, 96), (5, 32)]  # none
-    assert A.fast_candidates(avx2, [(6, 576), (7, 576)], 576, True) == [(6, 576), (7, 576)]
-    assert A.fast_candidates(avx2, [(5, 576), (4, 576)], 576, False) == [(4, 576)]
+    avx2, vbmi, gen = KP.table("avx2"), KP.table("avx512vbmi"), KP.table("generic")
+    assert KP.gemv_cost(vbmi, 4, 256, 576) == KP.gemv_cost(avx2, 4, 256, 576) == 1.0
+    assert KP.gemv_cost(vbmi, 5, 256, 576) == 1.53 and KP.gemv_cost(avx2, 5, 256, 576) == 2.27
+    assert KP.gemv_cost(vbmi, 4, 96, 576) == 1.28  # G < 128: the G = 128 column
+    assert KP.gemv_cost(vbmi, 5, 4096, 576) == 1.28  # a whole row of 576: the "other" column
+    assert KP.gemv_cost(avx2, 7, 576, 576, classifier=True) == 1.0  # decoded at load
+    assert KP.gemv_cost(gen, 7, 256, 576) == 1.0
+    assert KP.gemv_cost(vbmi, 4, 48, 576) == KP.GENERIC_COST  # G % 32 != 0: the reference
+    assert A.modelled_time(vbmi, 100, 576, 6, 256, False) == pytest.approx(100 * 576 * 63040 / 34240)
+    assert A.modelled_time(vbmi, 100, 576, 5, 128, False) == pytest.approx(100 * 576 * 1.88)
+    assert A.modelled_time(avx2, 100, 576, 7, 576, True) == 100 * 576  # decoded: compute only
     assert A.resolve_speed_table("auto", avx2) == "avx2"
-    assert A.resolve_speed_table("auto", vbmi) is None
+    assert A.resolve_speed_table("auto", vbmi) == "avx512vbmi"
+    assert A.resolve_speed_table("auto", gen) is None
     assert A.resolve_speed_table("off") is None and A.resolve_speed_table("neon") == "neon"
     with pytest.raises(DittoError, match="avx9"):
         A.resolve_speed_table("avx9")
 
 
-def test_speed_aware_allocation_keeps_fast_layouts():
+def test_speed_limited_hand_checked():
+    """Two tensors, each 100 B / time 100 at b = 4 or 150 B / time 150 at b = 5; b = 5 saves
+    a 8 of error and b 5. Bytes allow both upgrades (300). Time budget 300: both (mu 0);
+    250: only one fits, a's (more error saved); 200: neither."""
+    def T(bits, nbytes, error, time):
+        return A.Choice(bits, 256, nbytes, error, time)
+
+    opts = {"a": [T(4, 100, 10.0, 100.0), T(5, 150, 2.0, 150.0)],
+            "b": [T(4, 100, 10.0, 100.0), T(5, 150, 5.0, 150.0)]}
+
+    def bits(p):
+        return {n: c.bits for n, c in p.items()}
+
+    plan, mu = A.speed_limited(opts, 300, 300.0)
+    assert bits(plan) == {"a": 5, "b": 5} and mu == 0.0
+    plan, mu = A.speed_limited(opts, 300, 250.0)
+    assert bits(plan) == {"a": 5, "b": 4} and mu > 0
+    plan, mu = A.speed_limited(opts, 300, 200.0)
+    assert bits(plan) == {"a": 4, "b": 4}
+
+
+def test_speed_aware_allocation_holds_the_time_budget():
     """A small synthetic model (vocab 8, so the tied classifier saves nothing and stays f32)
     whose error falls with b: under a budget 6 % above the all-b = 4 file the plain plan takes
-    b = 5 or 6 somewhere, the speed-aware plan for avx2 only b = 4 layouts (still within the
-    budget), and for avx512vbmi (every candidate fast) the plain plan."""
+    b = 5 or 6 somewhere and is modelled slower than the default; the speed-aware plans keep
+    their modelled time within SPEED_SLACK of the default plan's (avx2, where b = 5 costs
+    2.3x: b = 4 only) and within the byte budget, and record it."""
     from types import SimpleNamespace
 
     import numpy as np
 
+    from ditto_core.model import kernel_paths as KP
     from ditto_core.model.modelfile import expected_shapes
     from ditto_core.base.types import ModelConfig
     from tests.test_modelfile import tiny_tokenizer
@@ -168,5 +198,16 @@ def test_speed_aware_allocation_keeps_fast_layouts():
     bits = {t: {c["bits"] for c in r["tensors"].values()} for t, r in run.items()}
     assert bits[None] - {3, 4}, bits  # the plain plan spends the budget on b = 5 or 6
     assert bits["avx2"] == {4} and run["avx2"]["speed_table"] == "avx2"
-    assert run["avx2"]["planned_bytes"] <= budget
-    assert run["avx512vbmi"]["tensors"] == run[None]["tensors"]
+    for t in ("avx2", "avx512vbmi"):
+        kt, sp = KP.table(t), run[t]["speed"]
+        default = sum(A.modelled_time(kt, *shapes[n], 4, 256, False) for n in mats)
+        planned = sum(A.modelled_time(kt, *shapes[n], c["bits"], c["group_size"], False)
+                      for n, c in run[t]["tensors"].items())
+        assert sp["default_time"] == pytest.approx(default)
+        assert sp["planned_time"] == pytest.approx(planned)
+        assert planned <= default * (1 + A.SPEED_SLACK) == pytest.approx(sp["time_budget"])
+        assert run[t]["planned_bytes"] <= budget
+        plain = sum(A.modelled_time(kt, *shapes[n], c["bits"], c["group_size"], False)
+                    for n, c in run[None]["tensors"].items())
+        assert plain > default * (1 + A.SPEED_SLACK)  # so the budget did bind
+    assert "speed" not in run[None]

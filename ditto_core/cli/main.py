@@ -245,10 +245,10 @@ def plugins_cmd(as_json, with_options):
                    "the budget.")
 @click.option("--speed-aware", "speed_aware", default="auto", show_default=True,
               metavar="auto|off|TABLE",
-              help="With a budget, choose only layouts the GEMV kernel table runs about as fast "
-                   "as b = 4 (`ditto inspect` shows each tensor's path): auto = this CPU's "
-                   "table when some layout is slow on it, off, or a table name (e.g. avx2; "
-                   "docs/QUANT.md).")
+              help="With a budget, also hold the plan's modelled GEMV time on this kernel table "
+                   "to within 3 % of the default plan's (`ditto inspect` shows each tensor's "
+                   "path): auto = this CPU's table, off = the byte budget alone (the most "
+                   "faithful file), or a table name (e.g. avx2; docs/QUANT.md).")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
               help="Run the IR passes (--no-rewrite: none, the naive GEMV loops stay).")
 @click.option("--exporter", default=None, help="Exporter (default: the one that reads MODEL).")

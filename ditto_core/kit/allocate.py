@@ -12,10 +12,16 @@ budget: per tensor the lower convex hull of (bytes, error), then the steepest hu
 (the greedy solution of the Lagrangian relaxation of this multiple-choice knapsack, Sinha &
 Zoltners 1979), starting from every tensor's smallest candidate.
 
-Speed-aware (``QuantOptions.speed_table``): only the candidates the named kernel table runs
-at about b = 4's speed (``kernel_paths.is_fast``) take part, so the budgeted file decodes no
-slower than the default b = 4 build on that table; ``resolve_speed_table("auto")`` names this
-CPU's table when some candidate is slow on it, else None (nothing to avoid).
+Speed-aware (``QuantOptions.speed_table``): every candidate also has a modelled GEMV time
+on the named kernel table (``modelled_time``: the larger of its compute cost and its bytes,
+both relative to b = 4, G = 256), and the plan's total
+is held to at most ``1 + SPEED_SLACK`` times the default plan's (the layouts the tensors had
+before allocation: b = 4, G = 256 and the default embedding rule), so the budgeted file
+decodes about as fast as the default build on that table. The two constraints are met by the
+Lagrangian relaxation of the time one: the greedy below runs on the errors plus ``mu`` times
+the normalised times, with ``mu`` the smallest (by bisection) whose plan meets the time
+budget. ``resolve_speed_table("auto")`` names this CPU's table (none on ``generic``, where
+every layout runs through one loop).
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ MATRIX_CANDIDATES = ((3, 256), (4, 512), (4, 256), (4, 128), (5, 256), (5, 128),
 EMBEDDING_BITS = (5, 6, 7, 8)
 #: rows quantized per tensor and candidate to measure its error (evenly spaced)
 SAMPLE_ROWS = 64
+#: how much more modelled GEMV time than the default plan a speed-aware plan may take: the
+#: issue's bar for "as fast as the default" is a measured ratio of at least 0.97, and the
+#: GEMVs are only part of a decode step
+SPEED_SLACK = 0.03
 
 
 @attrs.frozen
@@ -48,6 +58,8 @@ class Choice:
     group_size: int
     nbytes: int
     error: float
+    #: modelled GEMV time (weights x ``kernel_paths.gemv_cost``; 0 without a speed table)
+    time: float = 0.0
 
 
 def hull(choices: Sequence[Choice]) -> list[Choice]:
@@ -156,30 +168,72 @@ def budget_bytes(target_bpw: float | None, max_size_of: str | None, n_weights: i
 
 def resolve_speed_table(choice: str | None, table: KP.Table | None = None) -> str | None:
     """The ``speed_table`` of ``--speed-aware CHOICE``: None for None or ``"off"``; for
-    ``"auto"``, ``table`` (default: this CPU's, ``kernel_paths.active_table``) when one of the
-    candidates (``MATRIX_CANDIDATES`` on rows of 4096, ``EMBEDDING_BITS`` as a classifier of
-    4096 columns) is slow on it, else None; otherwise ``choice`` as a table name. Raises
-    DittoError for an unknown name."""
+    ``"auto"``, ``table`` (default: this CPU's, ``kernel_paths.active_table``, as ditto-run
+    picks it, ``DITTO_KERNEL`` included) unless it is ``generic`` (every layout equally
+    slow there: None); otherwise ``choice`` as a table name. Raises DittoError for an unknown
+    name."""
     if choice is None or choice == "off":
         return None
     if choice == "auto":
         t = table or KP.active_table()
-        slow = [c for c in MATRIX_CANDIDATES if not KP.is_fast(t, *c, 4096)] + \
-               [b for b in EMBEDDING_BITS if not KP.is_fast(t, b, 4096, 4096, classifier=True)]
-        return t.name if slow else None
+        return None if t.name == "generic" else t.name
     try:
         return KP.table(choice).name
     except KeyError as exc:
         raise DittoError(f"--speed-aware: {exc.args[0]}") from None
 
 
-def fast_candidates(t: KP.Table, cands: Sequence[tuple[int, int]], cols: int,
-                    classifier: bool) -> list[tuple[int, int]]:
-    """The (b, G) of ``cands`` that table ``t`` runs at about b = 4's speed for rows of
-    ``cols`` (``classifier``: the tensor is the model's classifier); all of ``cands`` when
-    none is (the tensor then keeps its choice of slow layouts)."""
-    fast = [c for c in cands if KP.is_fast(t, c[0], c[1], cols, classifier)]
-    return fast or list(cands)
+def modelled_time(t: KP.Table, rows: int, cols: int, bits: int, group_size: int,
+                  classifier: bool) -> float:
+    """Modelled GEMV time of a rows x cols int8 codebook tensor of ``bits``, ``group_size`` on
+    table ``t``, in b = 4, G = 256 weight-times: the weights times the larger of the layout's
+    compute cost (``kernel_paths.gemv_cost``, rows in L2) and its payload bytes over those of
+    b = 4, G = 256 (the cost when the weights stream from L3 or memory, where bytes rule).
+    The classifier decoded at load reads the same int8 weights whatever its b: its
+    compute cost alone."""
+    cost = KP.gemv_cost(t, bits, group_size, cols, classifier)
+    if KP.kernel_path(t, bits, group_size, cols, classifier) != "decoded-int8":
+        cost = max(cost, CB.payload_bytes(rows, cols, bits, group_size, "int8")
+                   / CB.payload_bytes(rows, cols, 4, 256, "int8"))
+    return rows * cols * cost
+
+
+def speed_limited(options: dict[str, Sequence[Choice]], budget: int, time_budget: float,
+                  iters: int = 40) -> tuple[dict[str, Choice], float]:
+    """``greedy(options, budget)`` with the summed ``time`` of the plan also at most
+    ``time_budget``: the greedy on errors ``error + mu * time / time_budget`` for the smallest
+    ``mu`` (bisection over ``iters`` steps once a feasible one is found by doubling) whose
+    plan meets it. Returns (plan, mu); when no ``mu`` up to 2^40 meets it, the plan of the
+    largest (the fastest the greedy finds within the byte budget)."""
+    def plan(mu):
+        if mu == 0:
+            return greedy(options, budget)
+        return greedy({n: [attrs.evolve(c, error=c.error + mu * c.time / time_budget)
+                           for c in ch] for n, ch in options.items()}, budget)
+
+    def t(p):
+        return sum(c.time for c in p.values())
+
+    best = plan(0.0)
+    if t(best) <= time_budget:
+        return best, 0.0
+    lo, hi = 0.0, 2.0 ** -20
+    while True:
+        p = plan(hi)
+        if t(p) <= time_budget:
+            break
+        if hi >= 2.0 ** 40:
+            return p, hi
+        lo, hi = hi, hi * 2
+    best = p
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        p = plan(mid)
+        if t(p) <= time_budget:
+            hi, best = mid, p
+        else:
+            lo = mid
+    return best, hi
 
 
 def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: str,
@@ -192,9 +246,10 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     ``quantize(W, b, G)`` → Ŵ (the quantizer's own method, weighted by the importance);
     ``importance(name, cols)`` → the tensor's k-means weights or None. Returns (new plan,
     allocation record: ``budget_bytes``, ``planned_bytes``, per tensor ``{bits, group_size,
-    error, bytes}`` and the candidates measured). ``speed_table``: a kernel table name; only
-    the layouts it runs at about b = 4's speed are candidates (``fast_candidates``; int8
-    codebooks only). Raises DittoError when the budget cannot hold the smallest candidates
+    error, bytes}``, the candidates measured, and with a speed table ``speed`` {table,
+    default_time, time_budget, planned_time, mu}: modelled GEMV times in weights x relative
+    cost). ``speed_table``: a kernel table name; the plan's modelled GEMV time on it is held
+    to ``1 + SPEED_SLACK`` times the default plan's (``speed_limited``; int8 codebooks only). Raises DittoError when the budget cannot hold the smallest candidates
     plus the fixed tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
             and (reasons[n]["rule"] == "default" or reasons[n]["rule"].startswith("embedding"))]
@@ -210,8 +265,6 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         else:
             cands = sorted({(b, min(g, cols)) for b, g in MATRIX_CANDIDATES})
         cands = [c for c in cands if CB.saves_space(rows, cols, *c, codebook_type)]
-        if kt is not None:
-            cands = fast_candidates(kt, cands, cols, name == cls)
         if not cands:  # nothing smaller than f32: the tensor keeps its plan
             continue
         if progress:
@@ -220,7 +273,9 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         imp = importance(name, cols)
         ch = measure(W, cands, lambda S, b, g, n=name: quantize(S, b, g, n, imp), imp)
         ch = [attrs.evolve(c, nbytes=-(-CB.payload_bytes(rows, cols, c.bits, c.group_size,
-                                                        codebook_type) // 64) * 64)
+                                                        codebook_type) // 64) * 64,
+                           time=0.0 if kt is None else
+                           modelled_time(kt, rows, cols, c.bits, c.group_size, name == cls))
               for c in ch]
         options[name] = ch
         measured[name] = [attrs.asdict(c) for c in ch]
@@ -233,13 +288,26 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         raise DittoError(f"size budget {budget:,} bytes ({8 * budget / n_weights(checkpoint):.3f} "
                          f"bpw) is below the smallest file the bit allocation can plan: "
                          f"{smallest:,} bytes ({8 * smallest / n_weights(checkpoint):.3f} bpw)")
-    chosen = greedy(options, budget - fixed)
+    speed = None
+    if kt is None:
+        chosen = greedy(options, budget - fixed)
+    else:
+        default_time = 0.0
+        for n in options:
+            rows, cols = (int(x) for x in checkpoint.shapes[n])
+            b, g = plan[n][1][:2]
+            default_time += modelled_time(kt, rows, cols, b, g, n == cls)
+        limit = default_time * (1 + SPEED_SLACK)
+        chosen, mu = speed_limited(options, budget - fixed, limit)
+        speed = {"table": kt.name, "default_time": default_time, "time_budget": limit,
+                 "planned_time": sum(c.time for c in chosen.values()), "mu": mu}
     new = {n: ("codebook", (chosen[n].bits, chosen[n].group_size, codebook_type))
            if n in chosen else p for n, p in plan.items()}
     planned = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, new)
     if planned > budget:  # the alignment estimate is exact, so this is a bug guard
         raise DittoError(f"bit allocation planned {planned:,} bytes over the budget {budget:,}")
     record = {"budget_bytes": budget, "planned_bytes": planned, "speed_table": speed_table,
+              **({"speed": speed} if speed else {}),
               "tensors": {n: {"bits": c.bits, "group_size": c.group_size, "error": c.error,
                               "bytes": c.nbytes} for n, c in chosen.items()},
               "candidates": measured}

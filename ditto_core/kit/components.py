@@ -55,8 +55,8 @@ class QuantOptions:
     file-size budget under which quantizers that support it choose each tensor's b and G
     (``ditto_core.kit.allocate``; explicit ``tensor_types`` rules and ``keep_fp32`` win).
     ``speed_table``: with a budget, the name of the GEMV kernel table
-    (``ditto_core.model.kernel_paths``) on which the allocation only chooses layouts that run about
-    as fast as b = 4 (None: any layout)."""
+    (``ditto_core.model.kernel_paths``) on which the plan's modelled GEMV time is held to
+    ``allocate.SPEED_SLACK`` above the default plan's (None: the byte budget alone)."""
 
     bits: int = 4
     group_size: int = 256

@@ -1,6 +1,7 @@
 """Which GEMV kernel the C runtime runs for each int8 codebook tensor (docs/KERNELS.md "Kernel
 table"): a mirror of ``kernel_pick_i8`` and ``kernel_path`` in native/kernels/kernels.c, for
-``ditto inspect`` and the speed-aware bit allocation (allocate.py).
+``ditto inspect`` and the speed-aware bit allocation (allocate.py), with each layout's
+modelled GEMV cost (``gemv_cost``).
 
 The runtime picks one kernel table per process from the CPU's features (or ``DITTO_KERNEL``),
 then per tensor a slot of that table from its bit width b and group size G (G clamped to the
@@ -153,21 +154,50 @@ def classifier_name(config) -> str:
     return "token_embd.weight" if config.tied_embeddings else "output.weight"
 
 
-#: Per table, the kernel paths that run a weight at least about as fast as b = 4's kernel
-#: (bench/bench_gemv.py --bits --group-size, docs/KERNELS.md "Layouts other than b = 4, G =
-#: 256"): on avx512vbmi every G % 64 == 0 layout (the 64-column any-b VBMI kernel, the b = 6
-#: and the 128-column b = 4 kernels); on the AVX2-family tables and NEON only b = 4 and the
-#: classifier decoded at load, their b = 5, b = 6 and any-b lookups taking about twice b = 4's
-#: time per weight. ``generic`` runs everything through one scalar loop: nothing is slower.
-def is_fast(t: Table, bits: int, group_size: int, cols: int, classifier: bool = False) -> bool:
-    """Whether table ``t`` runs an int8 codebook tensor of this layout (rows of ``cols``) at
-    about b = 4's weights per second: the speed-aware bit allocation keeps only such
-    layouts."""
+#: GEMV time per weight of each int8 codebook layout relative to b = 4, G = 256 on the same
+#: table, for rows held in L2 (the compute-bound case: a small model's decode): the mean over
+#: 1536 x 576 and 576 x 1536 of ``bench/bench_gemv.py --threads 1 --formats int8 --kernels
+#: avx512vbmi,avx512vnni,avxvnni,avx2 --bits 3,4,5,6,7,8 --group-size 128,256,512,576``
+#: on an Intel Xeon (Sapphire Rapids class, one thread; the AVX2-family tables forced on it;
+#: bench/results/gemv_layout_costs_sapphire_rapids.json). Columns: G = 128, 256, 512, and
+#: "other" (a whole row of 576, or any G the b = 4 kernels do not take in 128-column steps).
+#: NEON was not measured (no Arm machine here); it is given the AVX2 column, whose lookups
+#: it shares in shape (a 16-entry table lookup per instruction).
+_COST_G = (128, 256, 512, None)
+_COSTS = {
+    "avx512vbmi": {3: (1.76, 1.43, 1.21, 1.26), 4: (1.28, 1.00, 0.83, 1.25),
+                   5: (1.88, 1.53, 1.23, 1.28), 6: (1.89, 1.50, 1.24, 1.24),
+                   7: (2.47, 1.89, 1.58, 1.61), 8: (5.31, 2.74, 1.94, 1.93)},
+    "avx512vnni": {3: (6.36, 4.74, 4.23, 3.95), 4: (1.27, 1.00, 0.83, 1.66),
+                   5: (3.54, 3.31, 3.18, 3.20), 6: (6.41, 5.86, 5.44, 5.38),
+                   7: (10.15, 9.41, 9.05, 8.92), 8: (15.58, 14.60, 14.12, 14.11)},
+    "avxvnni": {3: (4.53, 3.36, 3.00, 2.80), 4: (1.13, 1.00, 0.91, 1.18),
+                5: (2.52, 2.36, 2.28, 2.27), 6: (4.58, 4.16, 3.87, 3.82),
+                7: (7.20, 6.66, 6.44, 6.32), 8: (11.13, 10.34, 10.06, 9.92)},
+    "avx2": {3: (4.40, 3.25, 2.92, 2.72), 4: (1.18, 1.00, 0.90, 1.14),
+             5: (2.42, 2.27, 2.21, 2.19), 6: (4.46, 4.01, 3.76, 3.71),
+             7: (6.98, 6.47, 6.23, 6.11), 8: (10.78, 9.99, 9.67, 9.60)},
+}
+_COSTS["neon"] = _COSTS["avx2"]
+#: the cost of a layout no table runs faster than the scalar reference (G % 32 != 0, b outside
+#: 3..8), relative to b = 4, G = 256: the reference is ~60x slower than the SIMD b = 4 kernel
+#: (bench_gemv's generic rows); any plan that avoids it is preferred
+GENERIC_COST = 60.0
+
+
+def gemv_cost(t: Table, bits: int, group_size: int, cols: int, classifier: bool = False) -> float:
+    """Modelled GEMV time per weight of an int8 codebook tensor of ``bits`` and ``group_size``
+    with rows of ``cols`` weights on table ``t``, relative to b = 4, G = 256 on that table
+    (``_COSTS``; dimensionless). The classifier decoded at load costs 1 whatever its b (its
+    GEMV reads int8 weights); on ``generic`` every layout costs 1 (one scalar loop); a layout
+    that falls to the scalar reference on a SIMD table costs ``GENERIC_COST``."""
     path = kernel_path(t, bits, group_size, cols, classifier)
+    if t.name == "generic" or path == "decoded-int8":
+        return 1.0
+    row = _COSTS.get(t.name, {}).get(bits)
+    if path == "generic" or row is None:
+        return GENERIC_COST
     G = min(group_size, cols)
-    if t.name == "generic" or path in ("i8_b4", "decoded-int8"):
-        return True
-    if t.name == "avx512vbmi":
-        return path in ("i8_b6", "i8_any") and G % 64 == 0
-    return False
+    col = _COST_G.index(G) if G in _COST_G else (0 if G < 128 else 3)
+    return row[col]
 

@@ -274,6 +274,8 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
     from ditto_core.base.cache import file_hash, make_key, tree_hash
     from ditto_core.model import format as fmt
     from ditto_core.model import modelfile
+    from ditto_core.model import kernel_paths
+    from ditto_core.kit import allocate
     from .compile import plugin_fingerprint
 
     return make_key({
@@ -288,6 +290,10 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
            if options.max_size_of else {}),
         "code": [plugin_fingerprint(c.component) for c in (exporter, quantizer, packer)]
                 + [tree_hash([Path(fmt.__file__), Path(modelfile.__file__)])],
+        # the bit allocation's code (and its kernel cost model) only for budgeted builds, so
+        # the others keep their cached entries
+        **({"allocation_code": tree_hash([Path(allocate.__file__), Path(kernel_paths.__file__)])}
+           if options.target_bpw is not None or options.max_size_of else {}),
     })
 
 
