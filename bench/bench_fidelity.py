@@ -22,7 +22,7 @@ directory, ``--llama-bin`` or what build-llama-cpp.sh prints; M = the model name
     # Ditto builds
     ditto build M --quantizer kmeans --blas openblas -o $W/M/ditto-default
     ditto build M --quantizer kmeans --blas openblas --calibration stdlib \\
-        --max-size-of $W/M-Q4_0.gguf -o $W/M/ditto-calibrated
+        --max-size-of $W/M-Q4_0.gguf --speed-aware off -o $W/M/ditto-calibrated
     # only for models with rows G = 256 does not divide (0.5B: 896): those matrices at G = 128
     # (7 sub-blocks, larger) and G = 224 (4 equal sub-blocks, the default's size)
     ditto build M --quantizer kmeans --blas openblas --tensor-type 'blk.*.attn_*.weight=G128' \\
@@ -71,7 +71,7 @@ ROWS_896 = ["blk.*.attn_*.weight", "blk.*.ffn_gate.weight", "blk.*.ffn_up.weight
 DITTO = {
     "ditto-default": ("Ditto default (kmeans b=4, G=256, int8 codebooks)", {}),
     "ditto-calibrated": ("Ditto `--calibration stdlib --max-size-of` Q4_0 file",
-                         dict(calibration="stdlib")),  # + max_size_of the Q4_0 GGUF
+                         dict(calibration="stdlib")),  # + max_size_of, speed_aware (ditto_row)
     "ditto-896-g128": ("Ditto default, rows of 896 at G=128 (7 sub-blocks)",
                        dict(tensor_types=[f"{g}=G128" for g in ROWS_896])),
     "ditto-896-g224": ("Ditto default, rows of 896 at G=224 (4 equal sub-blocks)",
@@ -113,6 +113,9 @@ def ditto_row(model: str, config: str, work: Path, chunks: int, bin_dir: Path | 
     kw = dict(kw)
     if config == "ditto-calibrated":
         kw["max_size_of"] = bl.llama_models(bin_dir, work, ["Q4_0"], model)["Q4_0"]
+        # the byte budget alone: the most faithful plan, the same on every CPU (the
+        # speed-aware plan depends on the kernel table; bench_llamacpp measures that one)
+        kw["speed_aware"] = "off"
     out = work / model / config
     t0 = time.time()
     rec = ditto_build(model, quantizer="kmeans", blas="openblas", out=out, **kw).record
