@@ -213,3 +213,21 @@ def test_cli_deprecated_env_warns_in_one_line(tmp_path):
     assert (p.returncode, p.stderr) == (1, "error: gemv-blas.omp_threads (from $DITTO_GEMV_OMP):"
                                            " 'two' is not one of single, region, blas\n")
     assert not (tmp_path / "b").exists()
+
+
+def test_budgeted_model_key_holds_the_allocation_code(tiny_gguf, tmp_path, monkeypatch):
+    """A budgeted build's model cache key changes with the bit allocation's code (here the
+    kernel cost model), so an edited allocator never reuses a cached plan; a build without a
+    budget keeps its key."""
+    from ditto_core.model import kernel_paths
+
+    reg = get_registry()
+    parts = (tiny_gguf, choose(reg, "exporter", "gguf"), choose(reg, "quantizer", "kmeans", {}),
+             choose(reg, "packer", "bits"))
+    plain, budgeted = pipeline.QuantOptions(), pipeline.QuantOptions(target_bpw=5.0)
+    before = [pipeline.model_key(*parts, o) for o in (plain, budgeted)]
+    edited = tmp_path / "kernel_paths.py"
+    edited.write_text(open(kernel_paths.__file__).read() + "\n# another cost\n")
+    monkeypatch.setattr(kernel_paths, "__file__", str(edited))
+    after = [pipeline.model_key(*parts, o) for o in (plain, budgeted)]
+    assert after[0] == before[0] and after[1] != before[1]
