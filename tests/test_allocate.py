@@ -128,7 +128,8 @@ def test_speed_cost_model():
     assert KP.gemv_cost(avx2, 7, 576, 576, classifier=True) == 1.0  # decoded at load
     assert KP.gemv_cost(gen, 7, 256, 576) == 1.0
     assert KP.gemv_cost(vbmi, 4, 48, 576) == KP.GENERIC_COST  # G % 32 != 0: the reference
-    assert A.modelled_time(vbmi, 100, 576, 6, 256, False) == pytest.approx(100 * 576 * 63040 / 34240)
+    assert A.modelled_time(vbmi, 100, 576, 6, 256, False) == \
+        pytest.approx(100 * 576 * 63040 / 34240)
     assert A.modelled_time(vbmi, 100, 576, 5, 128, False) == pytest.approx(100 * 576 * 1.88)
     assert A.modelled_time(avx2, 100, 576, 7, 576, True) == 100 * 576  # decoded: compute only
     assert A.resolve_speed_table("auto", avx2) == "avx2"

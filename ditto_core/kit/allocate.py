@@ -14,10 +14,10 @@ Zoltners 1979), starting from every tensor's smallest candidate.
 
 Speed-aware (``QuantOptions.speed_table``): every candidate also has a modelled GEMV time
 on the named kernel table (``modelled_time``: the larger of its compute cost and its bytes,
-both relative to b = 4, G = 256), and the plan's total
-is held to at most ``1 + SPEED_SLACK`` times the default plan's (the layouts the tensors had
-before allocation: b = 4, G = 256 and the default embedding rule), so the budgeted file
-decodes about as fast as the default build on that table. The two constraints are met by the
+both relative to b = 4, G = 256), and the plan's total is held to at most ``1 +
+SPEED_SLACK`` times the default plan's (the layouts the tensors had before allocation: b = 4,
+G = 256 and the default embedding rule), so the budgeted file decodes about as fast as the
+default build on that table. The two constraints are met by the
 Lagrangian relaxation of the time one: the greedy below runs on the errors plus ``mu`` times
 the normalised times, with ``mu`` the smallest (by bisection) whose plan meets the time
 budget. ``resolve_speed_table("auto")`` names this CPU's table (none on ``generic``, where
@@ -44,9 +44,9 @@ MATRIX_CANDIDATES = ((3, 256), (4, 512), (4, 256), (4, 128), (5, 256), (5, 128),
 EMBEDDING_BITS = (5, 6, 7, 8)
 #: rows quantized per tensor and candidate to measure its error (evenly spaced)
 SAMPLE_ROWS = 64
-#: how much more modelled GEMV time than the default plan a speed-aware plan may take: the
-#: issue's bar for "as fast as the default" is a measured ratio of at least 0.97, and the
-#: GEMVs are only part of a decode step
+#: how much more modelled GEMV time than the default plan a speed-aware plan may take: a
+#: measured speed ratio of 0.97 counts as "as fast as the default build", and the GEMVs are
+#: only part of a decode step
 SPEED_SLACK = 0.03
 
 
@@ -58,7 +58,7 @@ class Choice:
     group_size: int
     nbytes: int
     error: float
-    #: modelled GEMV time (weights x ``kernel_paths.gemv_cost``; 0 without a speed table)
+    #: modelled GEMV time (``modelled_time``; 0 without a speed table)
     time: float = 0.0
 
 
@@ -249,8 +249,9 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     error, bytes}``, the candidates measured, and with a speed table ``speed`` {table,
     default_time, time_budget, planned_time, mu}: modelled GEMV times in weights x relative
     cost). ``speed_table``: a kernel table name; the plan's modelled GEMV time on it is held
-    to ``1 + SPEED_SLACK`` times the default plan's (``speed_limited``; int8 codebooks only). Raises DittoError when the budget cannot hold the smallest candidates
-    plus the fixed tensors."""
+    to ``1 + SPEED_SLACK`` times the default plan's (``speed_limited``; int8 codebooks only).
+    Raises DittoError when the budget cannot hold the smallest candidates plus the fixed
+    tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
             and (reasons[n]["rule"] == "default" or reasons[n]["rule"].startswith("embedding"))]
     # the file of the current plan; the free tensors' aligned payloads are swapped out below

@@ -179,9 +179,10 @@ _COSTS = {
              7: (6.98, 6.47, 6.23, 6.11), 8: (10.78, 9.99, 9.67, 9.60)},
 }
 _COSTS["neon"] = _COSTS["avx2"]
-#: the cost of a layout no table runs faster than the scalar reference (G % 32 != 0, b outside
-#: 3..8), relative to b = 4, G = 256: the reference is ~60x slower than the SIMD b = 4 kernel
-#: (bench_gemv's generic rows); any plan that avoids it is preferred
+#: the cost of a layout that falls to the scalar reference on a SIMD table (G % 32 != 0),
+#: relative to b = 4, G = 256: the reference is ~60x slower than the SIMD b = 4 kernel
+#: (bench_gemv's generic rows), so any plan that avoids it is preferred. b = 1 and 2 (never
+#: candidates, not measured) are given it too
 GENERIC_COST = 60.0
 
 
@@ -190,7 +191,8 @@ def gemv_cost(t: Table, bits: int, group_size: int, cols: int, classifier: bool 
     with rows of ``cols`` weights on table ``t``, relative to b = 4, G = 256 on that table
     (``_COSTS``; dimensionless). The classifier decoded at load costs 1 whatever its b (its
     GEMV reads int8 weights); on ``generic`` every layout costs 1 (one scalar loop); a layout
-    that falls to the scalar reference on a SIMD table costs ``GENERIC_COST``."""
+    that falls to the scalar reference on a SIMD table, or a b outside the measured 3..8,
+    costs ``GENERIC_COST``."""
     path = kernel_path(t, bits, group_size, cols, classifier)
     if t.name == "generic" or path == "decoded-int8":
         return 1.0
