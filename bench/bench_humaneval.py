@@ -15,7 +15,8 @@ evaluates its instruct models with chat prompts, so its instruct figures are not
 measurement (docs/RESULTS.md says which figure is which).
 
 Configurations:
-- ``fp32``: ``ditto build MODEL --quantizer none`` (the shipped file dequantized);
+- ``fp32``: ``ditto build MODEL --quantizer none`` (the shipped file dequantized), the same
+  build ``ditto eval`` uses as its baseline (``<cache root>/eval-baselines/``, built once);
 - ``ditto-default``: ``ditto build MODEL`` (kmeans b = 4, G = 256, int8 codebooks);
 - ``ditto-calibrated``: ``--calibration stdlib --max-size-of`` llama.cpp's Q4_0 file
   ``--speed-aware off`` (the most faithful plan at that size, the same on every CPU);
@@ -50,6 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ditto_core.api import build as ditto_build  # noqa: E402
 from ditto_core.eval import humaneval  # noqa: E402
+from ditto_core.eval.builds import baseline_for  # noqa: E402
 
 from bench_llamacpp import ggml_cpu_without_amx, llama_bin, llama_env, llama_models  # noqa: E402
 
@@ -140,7 +142,13 @@ def main(argv=None) -> int:
                                                  args.model)["Q4_0"]
                 kw["speed_aware"] = "off"
             d = args.work / args.model / c
-            ditto_build(args.model, out=d, **kw)
+            if c == "fp32":
+                # the fp32 build is large (4 bytes a weight): share ditto eval's baseline
+                default = args.work / args.model / "ditto-default"
+                ditto_build(args.model, out=default, **DITTO["ditto-default"])
+                d = baseline_for(default)
+            else:
+                ditto_build(args.model, out=d, **kw)
 
             def gen(prompt, temp=0.0, seed=0, d=d):
                 return humaneval.generate(d, prompt, temperature=temp, seed=seed,
