@@ -676,9 +676,23 @@ def test_gemv_reads_the_decoded_tensor(lib):
         assert lib.kernels_select(None, err, len(err)) == 0, err.value
 
 
-def _check_decoded_gemv(lib, decodes):
+def test_decoded_tensor_larger_than_a_huge_page(lib):
+    """A decoded tensor of 2 MiB or more (Qwen2.5-Coder's classifier: 136 MB) lies on a
+    2 MiB boundary, so Linux can back it with transparent huge pages, and still gives the
+    reference bits."""
+    tables = [k for k in X86_TABLES if X86_TABLES[k] <= cpu_flags() and k in DECODING_TABLES]
+    if not tables:
+        pytest.skip("this CPU runs none of the tables that decode")
+    err = ctypes.create_string_buffer(256)
+    try:
+        assert lib.kernels_select(tables[0].encode(), err, len(err)) == 0, err.value
+        _check_decoded_gemv(lib, True, rows=1100, cols=2048, huge=True)
+    finally:
+        assert lib.kernels_select(None, err, len(err)) == 0, err.value
+
+
+def _check_decoded_gemv(lib, decodes, rows=70, cols=576, huge=False):
     rng = np.random.default_rng(3)
-    rows, cols = 70, 576
     for bits, decoded in ((6, int(decodes)), (4, 0)):
         ct = random_int8_tensor(rng, rows, cols, bits, cols)
         payload = np.frombuffer(codebook_payload(ct), np.uint8)
@@ -686,8 +700,10 @@ def _check_decoded_gemv(lib, decodes):
         assert lib.kernels_decode_tensor(ctypes.byref(W)) == decoded
         assert bool(W.w8) == bool(decoded)
         if decoded:  # the decoded weights are the centroids of the indices, zero-padded
+            if huge:
+                assert W.w8 % (2 << 20) == 0
             w8 = np.ctypeslib.as_array(ctypes.cast(W.w8, ctypes.POINTER(ctypes.c_int8)),
-                                       (rows, 576))
+                                       (rows, cols))
             cent = np.rint(ct.codebooks / ct.scales.astype(np.float64)[..., None])
             np.testing.assert_array_equal(w8, cent[np.arange(rows)[:, None], 0, ct.indices])
         x = rng.normal(size=cols).astype(np.float32)
