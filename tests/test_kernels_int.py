@@ -691,6 +691,18 @@ def test_decoded_tensor_larger_than_a_huge_page(lib):
         assert lib.kernels_select(None, err, len(err)) == 0, err.value
 
 
+def tiled_dec8(w):
+    """The decoded int8 layout of native/kernels/qgemv.h (DEC8_TILE): rows padded with zeros to
+    a multiple of 4 and columns to a multiple of 32, then per tile of 4 rows the 32-column
+    chunks of its rows side by side (chunk j of row i at byte (4 j + i) 32). Returns the bytes
+    as a flat int8 array."""
+    rows, cols = w.shape
+    R, C = -(-rows // 4) * 4, -(-cols // 32) * 32
+    p = np.zeros((R, C), np.int8)
+    p[:rows, :cols] = w
+    return p.reshape(R // 4, 4, C // 32, 32).transpose(0, 2, 1, 3).reshape(-1)
+
+
 def _check_decoded_gemv(lib, decodes, rows=70, cols=576, huge=False):
     rng = np.random.default_rng(3)
     for bits, decoded in ((6, int(decodes)), (4, 0)):
@@ -702,10 +714,11 @@ def _check_decoded_gemv(lib, decodes, rows=70, cols=576, huge=False):
         if decoded:  # the decoded weights are the centroids of the indices, zero-padded
             if huge:
                 assert W.w8 % (2 << 20) == 0
-            w8 = np.ctypeslib.as_array(ctypes.cast(W.w8, ctypes.POINTER(ctypes.c_int8)),
-                                       (rows, cols))
             cent = np.rint(ct.codebooks / ct.scales.astype(np.float64)[..., None])
-            np.testing.assert_array_equal(w8, cent[np.arange(rows)[:, None], 0, ct.indices])
+            want = tiled_dec8(cent[np.arange(rows)[:, None], 0, ct.indices])
+            w8 = np.ctypeslib.as_array(ctypes.cast(W.w8, ctypes.POINTER(ctypes.c_int8)),
+                                       want.shape)
+            np.testing.assert_array_equal(w8, want)
         x = rng.normal(size=cols).astype(np.float32)
         y = np.full(rows, np.nan, np.float32)
         lib.gemv(y.ctypes.data, x.ctypes.data, ctypes.byref(W))

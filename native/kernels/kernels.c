@@ -283,7 +283,7 @@ static void decode_i8(const KernelTable *K, int8_t *w8, const I8Layout *L, int r
  * regions marked MADV_HUGEPAGE when it runs in "madvise" mode) let them run on. */
 #define HUGE_PAGE ((size_t)2 << 20)
 static int8_t *decoded_copy(const KernelTable *K, const I8Layout *L, int rows, int cols) {
-    size_t bytes = (size_t)rows * (((size_t)cols + 31) / 32 * 32);
+    size_t bytes = dec8_bytes(rows, cols);
     int8_t *w8 = NULL;
     if (bytes >= HUGE_PAGE) {
         void *p = NULL;
@@ -297,7 +297,12 @@ static int8_t *decoded_copy(const KernelTable *K, const I8Layout *L, int rows, i
     } else {
         w8 = malloc(bytes);
     }
-    if (w8) decode_i8(K, w8, L, rows, cols);
+    if (!w8) return NULL;
+    if (rows % DEC8_TILE) { /* the padding rows of the last tile are zeros */
+        size_t last = (size_t)(rows / DEC8_TILE) * DEC8_TILE * dec8_stride(cols);
+        memset(w8 + last, 0, bytes - last);
+    }
+    decode_i8(K, w8, L, rows, cols);
     return w8;
 }
 

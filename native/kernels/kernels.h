@@ -29,8 +29,9 @@ typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L
 typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
 
-/* rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
- * past cols): w8[r][c] = the centroid of index (r, c); generic: i8_decode_rows_generic (qgemv.h) */
+/* rows [r0, r1) of an int8 codebook tensor decoded into w8 (qgemv.h's tiled layout, zero past
+ * cols): w8[dec8_offset(r, c, cols)] = the centroid of index (r, c); generic:
+ * i8_decode_rows_generic (qgemv.h) */
 typedef void (*I8DecodeFn)(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
 
 /* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
@@ -120,7 +121,8 @@ void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W);
 void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
                                int n);
 
-/* Decode W's weights to int8 once (W->w8, rows * roundup(cols, 32) bytes, OpenMP over rows)
+/* Decode W's weights to int8 once (W->w8, dec8_bytes(rows, cols): qgemv.h's tiles of
+ * DEC8_TILE rows; OpenMP over rows)
  * when the active table reads decoded weights faster than its lookup kernel: W an int8
  * codebook tensor with b >= DEC8_MIN_BITS and G % 32 == 0, and the table has i8_dec8. gemv_i8
  * then runs i8_dec8 on W->w8: the same integer sums, so the same bits. Returns 1 when decoded,

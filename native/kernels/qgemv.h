@@ -116,12 +116,30 @@ float i8_combine(const I8Layout *L, int r, const int64_t *T, float D);
  * the padding columns look up centroid 0 and meet q = 0). */
 void i8_tail_indices(uint8_t out[16], const uint8_t *row, int c, int cols);
 
-/* Rows [r0, r1) of an int8 codebook tensor decoded into w8 (row stride roundup(cols, 32), zero
- * past cols): w8[r][c] = the centroid of index (r, c). The scalar decoder of the kernel tables
- * that have none of their own (kernels.h I8DecodeFn). */
+/* Weights decoded to int8 (Tensor.w8, I8Layout.w8) lie in tiles of DEC8_TILE rows, so that a
+ * GEMV taking DEC8_TILE rows at a time reads one sequential stream (four streams, one per
+ * row, leave the hardware prefetchers behind on a classifier of 136 MB; docs/KERNELS.md
+ * "Decoded classifier"). Rows are padded with zeros to a multiple of 32 columns
+ * (dec8_stride) and the tensor to a multiple of DEC8_TILE rows; within a tile, the 32-column
+ * chunk j of its row i sits at byte (j * DEC8_TILE + i) * 32. */
+#define DEC8_TILE 4
+static inline size_t dec8_stride(int cols) { return ((size_t)cols + 31) / 32 * 32; }
+/* the bytes of a decoded rows x cols tensor, padding included */
+static inline size_t dec8_bytes(int rows, int cols) {
+    return ((size_t)rows + DEC8_TILE - 1) / DEC8_TILE * DEC8_TILE * dec8_stride(cols);
+}
+/* the offset of weight (r, c) in the decoded tensor */
+static inline size_t dec8_offset(int r, int c, int cols) {
+    return (size_t)(r / DEC8_TILE) * DEC8_TILE * dec8_stride(cols) +
+           ((size_t)(c / 32) * DEC8_TILE + (size_t)(r % DEC8_TILE)) * 32u + (size_t)(c % 32);
+}
+
+/* Rows [r0, r1) of an int8 codebook tensor decoded into w8 (the tiled layout above, zero past
+ * cols): w8[dec8_offset(r, c, cols)] = the centroid of index (r, c). The scalar decoder of the
+ * kernel tables that have none of their own (kernels.h I8DecodeFn). */
 void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
-/* Row r's columns [c0, cols) (c0 a multiple of 8) into out[c0..), zero up to roundup(cols, 32):
- * the scalar decoder of the SIMD ones' row ends. */
-void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols);
+/* Row r's columns [c0, cols) (c0 a multiple of 8) into w8 (the whole decoded tensor, tiled
+ * layout), zero up to roundup(cols, 32): the scalar decoder of the SIMD ones' row ends. */
+void i8_decode_cols_generic(int8_t *w8, const I8Layout *L, int r, int c0, int cols);
 
 #endif

@@ -212,21 +212,20 @@ void i8cb_rows_generic(float *y, const QuantActs *qa, const I8Layout *L, int r0,
     }
 }
 
-void i8_decode_cols_generic(int8_t *out, const I8Layout *L, int r, int c0, int cols) {
+void i8_decode_cols_generic(int8_t *w8, const I8Layout *L, int r, int c0, int cols) {
     const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
-    size_t stride = ((size_t)cols + 31) / 32 * 32;
     for (int c = c0; c < cols; c += 8) {
         uint64_t v = ditto_cb_group(row, (uint64_t)c, (uint32_t)L->bits);
         for (int j = 0; j < 8 && c + j < cols; j++) {
             int s = (c + j) / L->group_size;
             size_t idx = (size_t)(v >> (j * L->bits)) & (size_t)(L->k - 1);
-            out[c + j] = L->cent[((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + idx];
+            w8[dec8_offset(r, c + j, cols)] =
+                L->cent[((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k + idx];
         }
     }
-    memset(out + cols, 0, stride - (size_t)cols);
+    for (int c = cols; c < (int)dec8_stride(cols); c++) w8[dec8_offset(r, c, cols)] = 0;
 }
 
 void i8_decode_rows_generic(int8_t *w8, const I8Layout *L, int r0, int r1, int cols) {
-    size_t stride = ((size_t)cols + 31) / 32 * 32;
-    for (int r = r0; r < r1; r++) i8_decode_cols_generic(w8 + (size_t)r * stride, L, r, 0, cols);
+    for (int r = r0; r < r1; r++) i8_decode_cols_generic(w8, L, r, 0, cols);
 }

@@ -526,23 +526,20 @@ AVX2_FN void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     for (int r = r0; r < r1; r += 4) b5_rows4_avx2(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols);
 }
 
-/* ---- weights decoded to int8 at load (L->w8; kernels_decode_tensor), natural order ----
- * Per 32 columns and row: one 32-byte load of the weights, then as dot32_natural (the sign of q
- * onto w, |q| unsigned, vpmaddubsw, vpmaddwd by m). Four rows at a time share the activation
- * loads; the int32 lanes move to int64 every 128 chunks, as in the lookup kernels, and each
- * row's sub-block sums are combined by combine_f16c: the same bits. */
-#define DEC8_ROWS 4
+/* ---- weights decoded to int8 at load (L->w8; kernels_decode_tensor), tiles of 4 rows ----
+ * One tile (qgemv.h DEC8_TILE) at a time, read front to back: per 32 columns, the four rows'
+ * 32-byte chunks lie side by side, each through dot32_natural's steps (the sign of q onto w,
+ * |q| unsigned, vpmaddubsw, vpmaddwd by m) with the activation loads shared. The int32 lanes
+ * move to int64 every 128 chunks, as in the lookup kernels, and each row's sub-block sums are
+ * combined by combine_f16c: the same bits. r0 is a multiple of DEC8_TILE (split_rows gives
+ * multiples of 16); the zero rows that pad the last tile are summed and dropped. */
 AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
-    const size_t stride = ((size_t)cols + 31) / 32 * 32;
-    int64_t T[DEC8_ROWS][L->n_sub];
-    for (int r = r0; r < r1; r += DEC8_ROWS) {
-        int n = r1 - r < DEC8_ROWS ? r1 - r : DEC8_ROWS;
-        const int8_t *w[DEC8_ROWS];
-        for (int i = 0; i < DEC8_ROWS; i++) /* a short last group repeats its last row */
-            w[i] = L->w8 + (size_t)(r + (i < n ? i : n - 1)) * stride;
-        prefetch_bytes(L->w8, (size_t)(r + 2 * DEC8_ROWS) * stride, DEC8_ROWS * stride,
-                       (size_t)r1 * stride);
+    const size_t stride = dec8_stride(cols);
+    int64_t T[DEC8_TILE][L->n_sub];
+    for (int r = r0; r < r1; r += DEC8_TILE) {
+        int n = r1 - r < DEC8_TILE ? r1 - r : DEC8_TILE;
+        const int8_t *tile = L->w8 + (size_t)r * stride; /* r / DEC8_TILE tiles before it */
         for (int s = 0; s < L->n_sub; s++) {
             int c0 = s * L->group_size;
             int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
@@ -554,17 +551,19 @@ AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                     __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + c));
                     __m256i aq = _mm256_abs_epi8(q);
                     __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
-#define DEC8_DOT(wi, acc)                                                                      \
+                    const int8_t *w = tile + (size_t)c * DEC8_TILE; /* chunk c / 32 */
+#define DEC8_DOT(i, acc)                                                                       \
     acc = _mm256_add_epi32(                                                                    \
         acc, _mm256_madd_epi16(                                                                \
                  _mm256_maddubs_epi16(                                                         \
                      aq, _mm256_sign_epi8(                                                     \
-                             _mm256_loadu_si256((const __m256i *)(const void *)((wi) + c)), q)), \
+                             _mm256_loadu_si256((const __m256i *)(const void *)(w + 32 * (i))), \
+                             q)),                                                              \
                  m))
-                    DEC8_DOT(w[0], a0);
-                    DEC8_DOT(w[1], a1);
-                    DEC8_DOT(w[2], a2);
-                    DEC8_DOT(w[3], a3);
+                    DEC8_DOT(0, a0);
+                    DEC8_DOT(1, a1);
+                    DEC8_DOT(2, a2);
+                    DEC8_DOT(3, a3);
 #undef DEC8_DOT
                 }
                 t0 += hsum_epi32_wide(a0);
@@ -587,7 +586,6 @@ AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
  * scalar decoder. */
 __attribute__((always_inline)) AVX2_BMI2_FN static inline void
 decode_rows_k(int8_t *w8, const I8Layout *L, int r0, int r1, int cols, const int k) {
-    const size_t stride = ((size_t)cols + 31) / 32 * 32;
     const int b = L->bits;
     const uint64_t dep = ((UINT64_C(1) << b) - 1u) * UINT64_C(0x0101010101010101);
     __m256i tbl[16];
@@ -605,10 +603,10 @@ decode_rows_k(int8_t *w8, const I8Layout *L, int r0, int r1, int cols, const int
                                                tbl[1], tbl[2], tbl[3])
                                    : lookup_k(chunk_indices(row, c, cols, b, dep, L->end, 1),
                                               tbl, k);
-                _mm256_storeu_si256((__m256i *)(void *)(w8 + (size_t)r * stride + (size_t)c), w);
+                _mm256_storeu_si256((__m256i *)(void *)(w8 + dec8_offset(r, c, cols)), w);
             }
         }
-        if (fast < cols) i8_decode_cols_generic(w8 + (size_t)r * stride, L, r, fast, cols);
+        if (fast < cols) i8_decode_cols_generic(w8, L, r, fast, cols);
     }
 }
 
