@@ -212,3 +212,58 @@ def test_speed_aware_allocation_holds_the_time_budget():
                     for n, c in run[None]["tensors"].items())
         assert plain > default * (1 + A.SPEED_SLACK)  # so the budget did bind
     assert "speed" not in run[None]
+
+
+def test_speed_aware_allocation_gives_the_untied_embedding_no_time():
+    """An untied model (Qwen2.5-Coder-0.5B's layout): token_embd is read one row per token, so
+    shrinking it (b = 6 -> 5 frees bytes) must not also free modelled GEMV time for the
+    matrices. With the file budget of the default plan, the plain plan trades the embedding's
+    bytes for b = 5 matrices; the avx2 speed-aware plan may shrink the embedding too but keeps
+    every matrix at b = 4, and its default time counts the matrices and the classifier only."""
+    from types import SimpleNamespace
+
+    import attrs
+    import numpy as np
+
+    from ditto_core.model import kernel_paths as KP
+    from ditto_core.model.modelfile import expected_shapes
+    from ditto_core.base.types import ModelConfig
+    from tests.test_modelfile import tiny_tokenizer
+
+    cfg = ModelConfig(dim=256, hidden_dim=512, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=64,
+                      vocab_size=512, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5,
+                      tied_embeddings=False)
+    shapes = expected_shapes(cfg)
+    assert "output.weight" in shapes
+    rng = np.random.default_rng(0)
+    W = {n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()}
+    tok = tiny_tokenizer()
+    tok = attrs.evolve(tok, tokens=tok.tokens + tuple(b"t%d" % i for i in range(504)),
+                       scores=np.zeros(512, np.float32),
+                       token_types=np.concatenate([tok.token_types, np.ones(504, np.uint32)]))
+    ck = SimpleNamespace(config=cfg, tokenizer=tok, shapes=shapes,
+                         tensors={n: (lambda n=n: W[n]) for n in shapes})
+    emb = ["token_embd.weight", "output.weight"]
+    mats = [n for n, s in shapes.items() if len(s) == 2 and n not in emb]
+    plan = {n: ("codebook", (4, 256, "int8")) if n in mats else
+            ("codebook", (6, 256, "int8")) if n in emb else ("f32", None) for n in shapes}
+    reasons = {n: {"rule": "default" if n in mats else "embedding" if n in emb else "f32"}
+               for n in shapes}
+
+    def quantize(S, b, g, name, imp):  # error 2^-b, a little more for larger G
+        return S * (1 + 2.0 ** -b * (1 + g / 1024))
+
+    budget = A.file_bytes(cfg, ck.tokenizer, shapes, plan)
+    run = {t: A.allocate(ck, plan, reasons, budget, "int8", quantize, lambda n, c: None,
+                         emb, speed_table=t)[1] for t in (None, "avx2")}
+    plain, fast = run[None]["tensors"], run["avx2"]["tensors"]
+    assert plain["token_embd.weight"]["bits"] == 5
+    assert any(plain[n]["bits"] == 5 for n in mats)  # the embedding's bytes bought b = 5
+    assert {fast[n]["bits"] for n in mats} == {4}
+    kt = KP.table("avx2")
+    default = sum(A.modelled_time(kt, *shapes[n], 4, 256, False) for n in mats) + \
+        A.modelled_time(kt, *shapes["output.weight"], 6, 256, True)
+    assert run["avx2"]["speed"]["default_time"] == pytest.approx(default)
+    assert A.tensor_time(kt, "token_embd.weight", "output.weight", 512, 256, 6, 256) == 0.0
+    assert A.tensor_time(kt, "token_embd.weight", "token_embd.weight", 512, 256, 6, 256) == \
+        A.modelled_time(kt, 512, 256, 6, 256, True)  # tied: it is the classifier

@@ -198,6 +198,17 @@ def modelled_time(t: KP.Table, rows: int, cols: int, bits: int, group_size: int,
     return rows * cols * cost
 
 
+def tensor_time(t: KP.Table, name: str, classifier_name: str, rows: int, cols: int, bits: int,
+                group_size: int) -> float:
+    """``modelled_time`` of tensor ``name`` of the model file, or 0 for the token embedding
+    of a model with an untied classifier: the runtime reads one row of it per token (a
+    lookup, ``kernel_paths.tensor_path``), so its layout costs no GEMV time and shrinking it
+    must not buy time for the matrices."""
+    if name == "token_embd.weight" and name != classifier_name:
+        return 0.0
+    return modelled_time(t, rows, cols, bits, group_size, name == classifier_name)
+
+
 def speed_limited(options: dict[str, Sequence[Choice]], budget: int, time_budget: float,
                   iters: int = 40) -> tuple[dict[str, Choice], float]:
     """``greedy(options, budget)`` with the summed ``time`` of the plan also at most
@@ -276,7 +287,7 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         ch = [attrs.evolve(c, nbytes=-(-CB.payload_bytes(rows, cols, c.bits, c.group_size,
                                                         codebook_type) // 64) * 64,
                            time=0.0 if kt is None else
-                           modelled_time(kt, rows, cols, c.bits, c.group_size, name == cls))
+                           tensor_time(kt, name, cls, rows, cols, c.bits, c.group_size))
               for c in ch]
         options[name] = ch
         measured[name] = [attrs.asdict(c) for c in ch]
@@ -297,7 +308,7 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
         for n in options:
             rows, cols = (int(x) for x in checkpoint.shapes[n])
             b, g = plan[n][1][:2]
-            default_time += modelled_time(kt, rows, cols, b, g, n == cls)
+            default_time += tensor_time(kt, n, cls, rows, cols, b, g)
         limit = default_time * (1 + SPEED_SLACK)
         chosen, mu = speed_limited(options, budget - fixed, limit)
         speed = {"table": kt.name, "default_time": default_time, "time_budget": limit,
