@@ -157,12 +157,14 @@ def classifier_name(config) -> str:
 #: GEMV time per weight of each int8 codebook layout relative to b = 4, G = 256 on the same
 #: table, for rows held in L2 (the compute-bound case: a small model's decode): the mean over
 #: 1536 x 576 and 576 x 1536 of ``bench/bench_gemv.py --threads 1 --formats int8 --kernels
-#: avx512vbmi,avx512vnni,avxvnni,avx2 --bits 3,4,5,6,7,8 --group-size 128,256,512,576``
-#: on an Intel Xeon (Sapphire Rapids class, one thread; the AVX2-family tables forced on it;
-#: bench/results/gemv_layout_costs_sapphire_rapids.json). Columns: G = 128, 256, 512, and
-#: "other" (a whole row of 576, or any G the b = 4 kernels do not take in 128-column steps).
-#: NEON was not measured (no Arm machine here); it is given the AVX2 column, whose lookups
-#: it shares in shape (a 16-entry table lookup per instruction).
+#: avx512vbmi,avx512vnni,avxvnni --bits 3,4,5,6,7,8 --group-size 128,256,512,576``
+#: on an Intel Xeon (Sapphire Rapids class, one thread; the AVX-VNNI tables forced on it;
+#: bench/results/gemv_layout_costs_sapphire_rapids.json), and for ``avx2`` the mean over the
+#: same shapes at 1 and 2 threads (``--threads 1,2 --kernels avx2``) on an AMD EPYC Zen 3,
+#: an AVX2-only CPU (bench/results/gemv_layout_costs_zen3.json). Columns: G = 128, 256, 512,
+#: and "other" (a whole row of 576, or any G the b = 4 kernels do not take in 128-column
+#: steps). NEON was not measured (no Arm machine here); it is given the AVX2 column, whose
+#: lookups it shares in shape (a 16-entry table lookup per instruction).
 _COST_G = (128, 256, 512, None)
 _COSTS = {
     "avx512vbmi": {3: (1.76, 1.43, 1.21, 1.26), 4: (1.28, 1.00, 0.83, 1.25),
@@ -174,9 +176,9 @@ _COSTS = {
     "avxvnni": {3: (4.53, 3.36, 3.00, 2.80), 4: (1.13, 1.00, 0.91, 1.18),
                 5: (2.52, 2.36, 2.28, 2.27), 6: (4.58, 4.16, 3.87, 3.82),
                 7: (7.20, 6.66, 6.44, 6.32), 8: (11.13, 10.34, 10.06, 9.92)},
-    "avx2": {3: (4.40, 3.25, 2.92, 2.72), 4: (1.18, 1.00, 0.90, 1.14),
-             5: (2.42, 2.27, 2.21, 2.19), 6: (4.46, 4.01, 3.76, 3.71),
-             7: (6.98, 6.47, 6.23, 6.11), 8: (10.78, 9.99, 9.67, 9.60)},
+    "avx2": {3: (4.73, 3.86, 3.72, 3.26), 4: (1.21, 1.00, 0.93, 1.23),
+             5: (2.68, 2.38, 2.25, 2.22), 6: (3.94, 3.55, 3.30, 3.24),
+             7: (5.42, 4.79, 4.43, 4.30), 8: (8.10, 6.91, 6.54, 6.18)},
 }
 _COSTS["neon"] = _COSTS["avx2"]
 #: the cost of a layout that falls to the scalar reference on a SIMD table (G % 32 != 0),
