@@ -628,6 +628,43 @@ def test_gemm_multi_equals_one_tensor_at_a_time(lib):
         np.testing.assert_array_equal(got, w)
 
 
+def test_gemv_multi_equals_one_tensor_at_a_time(lib):
+    """gemv_multi (decode's q/k/v and gate/up: the input quantized once, the tensors in one
+    parallel region) gives each tensor gemv()'s bits, which are the definition's: int8 tensors
+    of different b, G and rows, one of them decoded to int8 at load where this CPU's table
+    decodes; and a mix with an f32 tensor, which goes through gemv() one tensor at a time."""
+    rng = np.random.default_rng(23)
+    cols = 320
+    specs = [(70, 4, 64), (33, 6, 320), (16, 3, 32)]
+    tensors, payloads, cts = [], [], []
+    for rows, bits, G in specs:
+        ct = random_int8_tensor(rng, rows, cols, bits, G)
+        cts.append(ct)
+        payloads.append(np.frombuffer(codebook_payload(ct), np.uint8))
+        p = payloads[-1]
+        tensors.append(_Tensor(b"w", 1, 2, bits, G, rows, cols, p.ctypes.data, p.size))
+    decoded = lib.kernels_decode_tensor(ctypes.byref(tensors[1]))
+    assert decoded == int(lib.kernel_active_name().decode() in DECODING_TABLES)
+    f32 = rng.normal(size=(24, cols)).astype(np.float32)
+    tensors.append(_Tensor(b"f", 0, 0, 0, 0, 24, cols, f32.ctypes.data, f32.nbytes))
+    x = rng.normal(size=cols).astype(np.float32)
+    lib.gemv_multi.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    try:
+        for group in ([0, 1, 2], [2, 0], [0, 3]):
+            outs = [np.full(tensors[i].rows, np.nan, np.float32) for i in group]
+            Yp = (ctypes.c_void_p * len(group))(*[o.ctypes.data for o in outs])
+            Wp = (ctypes.c_void_p * len(group))(*[ctypes.addressof(tensors[i]) for i in group])
+            lib.gemv_multi(Yp, x.ctypes.data, Wp, len(group))
+            for i, got in zip(group, outs):
+                want = np.full(tensors[i].rows, np.nan, np.float32)
+                lib.gemv(want.ctypes.data, x.ctypes.data, ctypes.byref(tensors[i]))
+                np.testing.assert_array_equal(got, want)
+                if i < 3:
+                    np.testing.assert_array_equal(got, i8_gemv_np(cts[i], x))
+    finally:
+        lib.kernels_free_tensor(ctypes.byref(tensors[1]))
+
+
 #: the x86 tables that read weights decoded to int8 for b >= 5 (native/kernels/kernels.c i8_dec8)
 DECODING_TABLES = {"avx512vnni", "avxvnni", "avx2"}
 

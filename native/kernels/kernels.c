@@ -227,18 +227,44 @@ static void rows_over_threads(I8RowsFn fn, float *y, const QuantActs *qa, const 
 #endif
 }
 
-void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
-    const KernelTable *K = kernels_active();
+/* The layout of int8 codebook tensor W and the row kernel gemv_i8() runs on it: the decoded
+ * weights' kernel when W->w8 is set, else K's kernel for its b and G. */
+static I8RowsFn gemv_i8_plan(const KernelTable *K, const QuantActs *qa, const Tensor *W,
+                             I8Layout *L) {
     /* a sub-block longer than the row is the whole row (G <= cols keeps int arithmetic) */
     int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
-    I8Layout L = i8_layout(W->data, bits, G, rows, cols);
-    I8RowsFn fn = kernel_pick_i8(K, bits, G, qa->has_vnni);
+    *L = i8_layout(W->data, bits, G, rows, cols);
     if (W->w8 && K->i8_dec8 && G % 32 == 0) {
-        L.w8 = W->w8;
-        fn = K->i8_dec8;
+        L->w8 = W->w8;
+        return K->i8_dec8;
     }
-    rows_over_threads(fn, y, qa, &L, rows, cols);
+    return kernel_pick_i8(K, bits, G, qa->has_vnni);
+}
+
+void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
+    I8Layout L;
+    I8RowsFn fn = gemv_i8_plan(kernels_active(), qa, W, &L);
+    rows_over_threads(fn, y, qa, &L, (int)W->rows, (int)W->cols);
+}
+
+void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W, int n) {
+    const KernelTable *K = kernels_active();
+    I8Layout L[GEMM_MULTI_MAX];
+    I8RowsFn fn[GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) fn[i] = gemv_i8_plan(K, qa, W[i], &L[i]);
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
+            int rows = (int)W[i]->rows, r0 = 0, r1 = rows;
+#ifdef _OPENMP
+            split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+#endif
+            if (r0 < r1) fn[i](y[i], qa, &L[i], r0, r1, (int)W[i]->cols);
+        }
+    }
 }
 
 /* Whether table K decodes a tensor of bit width b and group size G (G <= cols). */

@@ -103,6 +103,12 @@ const KernelTable *kernels_active(void);
  * so no two threads write the same cache line. */
 void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
 
+/* y[i] = W[i] x for n <= GEMM_MULTI_MAX int8 codebook tensors with the same cols sharing one
+ * quantized input (decode's q/k/v, gate/up): one parallel region, each thread taking its rows
+ * (split_rows) of every tensor with no barrier in between. y[i] has the bits of
+ * gemv_i8(y[i], qa, W[i]): the same kernel on the same rows. */
+void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W, int n);
+
 /* Y[T][W->rows] = X[T][W->cols] · Wᵀ for an int8 codebook tensor, T activation rows already
  * quantized (qa[0..T)): a GEMM for batched prefill. Threads split the rows as gemv_i8() does;
  * each thread takes 16 rows at a time through all T rows of X, so the weights are read from

@@ -73,6 +73,18 @@ void gemv(float *y, const float *x, const Tensor *W) {
     }
 }
 
+void gemv_multi(float *const *y, const float *x, const Tensor *const *W, int n) {
+    int shared = n <= GEMM_MULTI_MAX;
+    for (int i = 0; i < n && shared; i++)
+        shared = W[i]->encoding == DITTO_ENC_CODEBOOK && W[i]->codebook_type == DITTO_CB_I8 &&
+                 W[i]->cols == W[0]->cols;
+    if (shared) {
+        gemv_i8_multi(y, quantized_input(x, (int)W[0]->cols), W, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) gemv(y[i], x, W[i]);
+}
+
 void tensor_row(float *out, const Tensor *W, uint64_t r) {
     if (W->encoding == DITTO_ENC_F32) {
         memcpy(out, W->data + r * W->cols * sizeof(float), W->cols * sizeof(float));

@@ -24,6 +24,12 @@ void matmul(float *y, const float *x, const float *W, int n, int d);
  * quantize into their own QuantActs (act_quantize) and call gemv_i8() (kernels.h). */
 void gemv(float *y, const float *x, const Tensor *W);
 
+/* y[i] = W[i] x (gemv) for n tensors sharing the input x (decode's q/k/v, gate/up), the same
+ * bits; int8 codebook tensors (up to GEMM_MULTI_MAX, same cols) quantize x once and share one
+ * parallel region (kernels.h gemv_i8_multi), which saves a fork and join per tensor and lets
+ * a thread that finishes its rows of a small tensor go on to the next. */
+void gemv_multi(float *const *y, const float *x, const Tensor *const *W, int n);
+
 /* Y[T][rows] = X[T][cols] · Wᵀ for any encoding (W is [rows, cols]): T activation rows at once
  * (GEMM; batched prefill), 1 <= T <= MATMUL_BATCH_MAX, X and Y row-major float32 without
  * padding. Each Y[t] equals gemv(Y[t], X[t], W) up to the order of the float32 summation

@@ -189,9 +189,11 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
 
         /* attention block */
         rmsnorm(s->xb, s->x, f32_data(w->attn_norm), dim, c->norm_eps);
-        gemv(s->q, s->xb, w->wq);
-        gemv(k, s->xb, w->wk);
-        gemv(v, s->xb, w->wv);
+        {
+            float *const y[3] = {s->q, k, v};
+            const Tensor *const W[3] = {w->wq, w->wk, w->wv};
+            gemv_multi(y, s->xb, W, 3);
+        }
         add_bias(s->q, w->bq); /* Qwen2: q/k/v biases, before RoPE */
         add_bias(k, w->bk);
         add_bias(v, w->bv);
@@ -203,8 +205,11 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
 
         /* SwiGLU feed-forward block */
         rmsnorm(s->xb, s->x, f32_data(w->ffn_norm), dim, c->norm_eps);
-        gemv(s->hb, s->xb, w->w_gate);
-        gemv(s->hb2, s->xb, w->w_up);
+        {
+            float *const y[2] = {s->hb, s->hb2};
+            const Tensor *const W[2] = {w->w_gate, w->w_up};
+            gemv_multi(y, s->xb, W, 2);
+        }
         swiglu(s->hb, s->hb2, hidden); /* silu(gate) * up */
         gemv(s->xb2, s->hb, w->w_down);
         for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];
