@@ -212,6 +212,17 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1) {
     *r1 = b1 * 16 < rows ? b1 * 16 : rows;
 }
 
+/* The calling thread's rows [*r0, *r1) of a tensor of `rows` rows inside a parallel region
+ * (split_rows over the OpenMP team); all of them without OpenMP. */
+static void team_rows(int rows, int *r0, int *r1) {
+#ifdef _OPENMP
+    split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+#else
+    *r0 = 0;
+    *r1 = rows;
+#endif
+}
+
 /* fn over rows [0, rows), split across the OpenMP threads (split_rows). */
 static void rows_over_threads(I8RowsFn fn, float *y, const QuantActs *qa, const I8Layout *L,
                               int rows, int cols) {
@@ -258,10 +269,8 @@ void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W,
 #endif
     {
         for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
-            int rows = (int)W[i]->rows, r0 = 0, r1 = rows;
-#ifdef _OPENMP
-            split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-#endif
+            int r0, r1;
+            team_rows((int)W[i]->rows, &r0, &r1);
             if (r0 < r1) fn[i](y[i], qa, &L[i], r0, r1, (int)W[i]->cols);
         }
     }
@@ -434,10 +443,8 @@ static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T
 #pragma omp parallel
 #endif
     {
-        int r0 = 0, r1 = rows;
-#ifdef _OPENMP
-        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-#endif
+        int r0, r1;
+        team_rows(rows, &r0, &r1);
         gemm_i8_part(K, Y, qa, T, &L, r0, r1, rows, cols);
     }
     return K->i8_gemm && G % 32 == 0;
@@ -503,11 +510,9 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
 #endif
     {
         for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
-            int rows = (int)W[i]->rows, r0 = 0, r1 = rows;
-#ifdef _OPENMP
-            split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-#endif
-            gemm_i8_part(K, Y[i], qa, T, &L[i], r0, r1, rows, (int)W[i]->cols);
+            int r0, r1;
+            team_rows((int)W[i]->rows, &r0, &r1);
+            gemm_i8_part(K, Y[i], qa, T, &L[i], r0, r1, (int)W[i]->rows, (int)W[i]->cols);
         }
     }
 }
