@@ -127,8 +127,9 @@ def test_portable_kernel_equals_reference(portable_kernel, kind):
 
 @pytest.fixture(scope="module")
 def avx2_kernel(tmp_path_factory):
-    """The kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512): the four-lane AVX2 scan
-    with divisions, as on an AVX2 CPU without AVX-512. None on other architectures."""
+    """The kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512): the four- and eight-lane AVX2
+    scans with consecutive-table reciprocals and divisions, without the AVX-512 permute, as on
+    an AVX2 CPU without AVX-512. None on other architectures."""
     import platform
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
@@ -144,8 +145,8 @@ def avx2_kernel(tmp_path_factory):
     ("bf16", 4096, 6, 4096), ("ints", 1000, 5, 100),
 ])
 def test_avx2_kernel_equals_reference(avx2_kernel, kind, cols, bits, g):
-    """The AVX2-only build (no AVX-512 eight-lane scan, no table-permute reciprocals) gives
-    the reference's bytes; the -march=native build on an AVX-512 CPU runs the other paths."""
+    """The AVX2-only build (no table-permute reciprocals) gives the reference's bytes; the
+    -march=native build on an AVX-512 CPU runs the permute path too."""
     if avx2_kernel is None:
         pytest.skip("not x86-64")
     rng = np.random.default_rng([cols, bits, g])

@@ -34,14 +34,18 @@
  * what (k, m) depends on are never computed: on bf16 blocks at b = 4, G = 256, 410 groups of
  * four and 25 single cells per sub-block instead of 712 and 184, 21 % fewer union-window steps.
  *
- * On CPUs with AVX-512VL and blocks of mostly distinct values (bf16 weights; ``tab``), two
- * more things: the groups hold eight cells (two AVX2 vectors sharing each candidate's loads,
- * checked in two vectors: half the groups, so half the latency at the end of each scan that
- * the group below waits for), and a lane's reciprocal inv[c] is picked out of eight consecutive table entries by a
- * permute instead of a division (the counts of four consecutive cells span at most 8 there;
- * the value is the same).  On blocks with many repeated values (Q4_1 grids) the choice would
- * mispredict group by group, and the four-cell scan with divisions is kept.  Together 1.27x
- * faster on bf16 blocks at b = 4, G = 256 (docs/QUANT.md, "Speed").
+ * On blocks of mostly distinct values (bf16 weights; ``tab``), the groups hold eight cells
+ * (two AVX2 vectors sharing each candidate's loads, checked in two vectors: half the groups,
+ * so half the latency at the end of each scan that the group below waits for), and a
+ * vector's reciprocals inv[c] come from the table instead of a division where that is cheap:
+ * when its four cells hold one value each (three in four vectors on bf16 blocks), their
+ * counts are consecutive and the four reciprocals are four consecutive table entries; with
+ * AVX-512VL, when the counts span at most 8, a permute of eight consecutive entries picks
+ * them.  The values are the same.  (On a Zen 3 a two-permute pick without AVX-512 was slower
+ * than the division.)  On blocks with many repeated values (Q4_1 grids) the choice would
+ * mispredict group by group, and the four-cell scan with divisions is kept.  Eight cells
+ * and the table are 1.27x faster than four cells with divisions on bf16 blocks at b = 4,
+ * G = 256 on a Xeon with AVX-512, 1.17x on an AVX2-only Zen 3 (docs/QUANT.md, "Speed").
  *
  * Entry point: ``ditto_kmeans_optimal_matrix`` (all sub-blocks, worker threads taking units
  * of 16 sub-blocks from a shared counter; sub-blocks share nothing, so the bytes do not depend
@@ -150,11 +154,13 @@ static inline int scan_lanes(const work_t *wk, const double *inv, int64_t ibot, 
      * running vector */
     __m256d B2 = B, BJ2 = BJ;
     __m256d JV = BJ, JV2 = _mm256_add_pd(BJ, one), two = _mm256_set1_pd(2.0);
-#define CAND(Bx, BJx, JVx, jj)                                                                   \
+    /* one candidate jj for all four lanes, IV_ the lanes' reciprocals 1/c (c = p0[ibot + l]
+     * - p0[jj], an exact integer): each way of getting them below gives inv[c] of the
+     * reference */
+#define CAND(Bx, BJx, JVx, jj, IV_)                                                              \
     do {                                                                                         \
         __m256d a_ = _mm256_sub_pd(S1, _mm256_set1_pd(p1[jj]));                                   \
-        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */               \
-        __m256d iv_ = _mm256_div_pd(one, _mm256_sub_pd(S0, _mm256_set1_pd(p0f[jj])));            \
+        __m256d iv_ = (IV_);                                                                     \
         __m256d v_ = _mm256_sub_pd(                                                              \
             _mm256_add_pd(_mm256_set1_pd(dprev[jj]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[jj]))), \
             _mm256_mul_pd(_mm256_mul_pd(a_, a_), iv_));                                           \
@@ -163,44 +169,42 @@ static inline int scan_lanes(const work_t *wk, const double *inv, int64_t ibot, 
         BJx = _mm256_blendv_pd(BJx, JVx, lt_);                                                   \
         JVx = _mm256_add_pd(JVx, two);                                                           \
     } while (0)
+#define SCAN(IV)                                                                                 \
+    do {                                                                                         \
+        for (; j + 1 <= jmax; j += 2) {                                                          \
+            CAND(B, BJ, JV, j, IV(j));                                                           \
+            CAND(B2, BJ2, JV2, j + 1, IV(j + 1));                                                \
+        }                                                                                        \
+        if (j <= jmax)                                                                           \
+            CAND(B, BJ, JV, j, IV(j));                                                           \
+    } while (0)
     int64_t j = jmin;
-#if defined(__AVX512VL__)
     const int64_t *p0i = wk->p0i, s00 = p0i[ibot];
-    if (wk->tab && p0i[ibot + 3] - s00 <= 7) {
-        /* the reciprocals picked out of inv[c0 .. c0 + 7] as in scan_lanes8 */
+    /* correctly rounded 1/c = inv[c] */
+#define IV_DIV(jj) _mm256_div_pd(one, _mm256_sub_pd(S0, _mm256_set1_pd(p0f[jj])))
+    /* four distinct values (counts c0 .. c0 + 3): the table's four consecutive entries */
+#define IV_SEQ(jj) _mm256_loadu_pd(inv + (s00 - p0i[jj]))
+    if (wk->tab && p0i[ibot + 3] - s00 == 3) {
+        SCAN(IV_SEQ);
+    }
+#if defined(__AVX512VL__)
+    else if (wk->tab && p0i[ibot + 3] - s00 <= 7) {
+        /* counts c0 + d[l], d[l] <= 7: picked out of inv[c0 .. c0 + 7] as in scan_lanes8 */
         const __m256i dl = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(p0i + ibot)),
                                             _mm256_set1_epi64x(s00));
-#define CANDT(Bx, BJx, JVx, jj)                                                                  \
-    do {                                                                                         \
-        const double *t_ = inv + (s00 - p0i[jj]);                                                \
-        __m256d a_ = _mm256_sub_pd(S1, _mm256_set1_pd(p1[jj]));                                   \
-        __m256d iv_ = _mm256_permutex2var_pd(_mm256_loadu_pd(t_), dl, _mm256_loadu_pd(t_ + 4));  \
-        __m256d v_ = _mm256_sub_pd(                                                              \
-            _mm256_add_pd(_mm256_set1_pd(dprev[jj]), _mm256_sub_pd(S2, _mm256_set1_pd(p2[jj]))), \
-            _mm256_mul_pd(_mm256_mul_pd(a_, a_), iv_));                                           \
-        __mmask8 lt_ = _mm256_cmp_pd_mask(v_, Bx, _CMP_LT_OQ);                                    \
-        Bx = _mm256_min_pd(v_, Bx);                                                              \
-        BJx = _mm256_mask_blend_pd(lt_, BJx, JVx);                                               \
-        JVx = _mm256_add_pd(JVx, two);                                                           \
-    } while (0)
-        for (; j + 1 <= jmax; j += 2) {
-            CANDT(B, BJ, JV, j);
-            CANDT(B2, BJ2, JV2, j + 1);
-        }
-        if (j <= jmax)
-            CANDT(B, BJ, JV, j);
-#undef CANDT
-    } else
-#endif
-    {
-        for (; j + 1 <= jmax; j += 2) {
-            CAND(B, BJ, JV, j);
-            CAND(B2, BJ2, JV2, j + 1);
-        }
-        if (j <= jmax)
-            CAND(B, BJ, JV, j);
+#define IV_PERM(jj)                                                                              \
+    _mm256_permutex2var_pd(_mm256_loadu_pd(inv + (s00 - p0i[jj])), dl,                          \
+                           _mm256_loadu_pd(inv + (s00 - p0i[jj]) + 4))
+        SCAN(IV_PERM);
+#undef IV_PERM
     }
-
+#endif
+    else {
+        SCAN(IV_DIV);
+    }
+#undef IV_SEQ
+#undef IV_DIV
+#undef SCAN
 #undef CAND
     /* merge: the smaller value, on equal values the lower j */
     __m256d take2 = _mm256_or_pd(_mm256_cmp_pd(B2, B, _CMP_LT_OQ),
@@ -251,7 +255,7 @@ static inline int scan_lanes(const work_t *wk, const double *inv, int64_t ibot, 
 #endif
 }
 
-#if defined(__AVX2__) && defined(__AVX512VL__)
+#if defined(__AVX2__)
 #define LANES8 1
 /* Lane minima of eight cells ibot..ibot+7 over [jmin, jmax] (j < ibot), two AVX2 vectors of
  * four (cells ibot..ibot+3 and ibot+4..ibot+7) sharing each candidate's loads: best[l],
@@ -292,10 +296,18 @@ static inline int scan_lanes8(const work_t *wk, const double *inv, int64_t ibot,
         JV = _mm256_add_pd(JV, one);                                                             \
     }
     const int64_t sa = p0i[ibot], sb = p0i[ibot + 4];
-    if (p0i[ibot + 3] - sa <= 7 && p0i[ibot + 7] - sb <= 7) {
-        /* lane l's count is c0 + d[l] (c0 = p0[ibot] - p0[j], d[l] = p0[ibot + l] - p0[ibot]
-         * <= 7): its reciprocal is picked out of inv[c0 .. c0 + 7] by a permute (two loads
-         * in place of a division; the same value) */
+    /* each vector's reciprocals (lane l's count is c0 + d[l], c0 = p0[ibot] - p0[j], d[l] =
+     * p0[ibot + l] - p0[ibot], likewise from ibot + 4): with four distinct values (d = 0, 1,
+     * 2, 3) four consecutive table entries; else with AVX-512VL and d[3] <= 7 a permute of
+     * inv[c0 .. c0 + 7]; else a division.  All give inv[c] of the reference. */
+#define IV_SEQ(s_) _mm256_loadu_pd(inv + (s_ - p0i[j]))
+#define IV_DIV(S_) _mm256_div_pd(one, _mm256_sub_pd(S_, _mm256_set1_pd(p0f[j])))
+    const int seqa = p0i[ibot + 3] - sa == 3, seqb = p0i[ibot + 7] - sb == 3;
+    if (seqa && seqb) {
+        CAND8(IV_SEQ(sa), IV_SEQ(sb))
+    }
+#if defined(__AVX512VL__)
+    else if (p0i[ibot + 3] - sa <= 7 && p0i[ibot + 7] - sb <= 7) {
         const __m256i da = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(p0i + ibot)),
                                             _mm256_set1_epi64x(sa));
         const __m256i db = _mm256_sub_epi64(
@@ -305,27 +317,36 @@ static inline int scan_lanes8(const work_t *wk, const double *inv, int64_t ibot,
                            _mm256_loadu_pd(inv + (s_ - p0i[j]) + 4))
         CAND8(IV_PERM(sa, da), IV_PERM(sb, db))
 #undef IV_PERM
-    } else {
-        /* 1/c correctly rounded = inv[c] of the reference (c an exact integer) */
-#define IV_DIV(S_) _mm256_div_pd(one, _mm256_sub_pd(S_, _mm256_set1_pd(p0f[j])))
-        CAND8(IV_DIV(S0a), IV_DIV(S0b))
-#undef IV_DIV
     }
+#endif
+    else if (seqa) {
+        CAND8(IV_SEQ(sa), IV_DIV(S0b))
+    } else if (seqb) {
+        CAND8(IV_DIV(S0a), IV_SEQ(sb))
+    } else {
+        CAND8(IV_DIV(S0a), IV_DIV(S0b))
+    }
+#undef IV_DIV
+#undef IV_SEQ
 #undef CAND8
     /* the exact upper ends if the lanes above are accepted: lane l takes lane l + 1's
      * arg-minimum, lane 7 the bound jmax */
-    __m256d na = _mm256_permutex2var_pd(BJa, _mm256_setr_epi64x(1, 2, 3, 4), BJb);
+    __m256d na = _mm256_blend_pd(_mm256_permute4x64_pd(BJa, 0xF9),
+                                 _mm256_permute4x64_pd(BJb, 0x00), 0x8);
     __m256d nb = _mm256_blend_pd(_mm256_permute4x64_pd(BJb, 0xF9), _mm256_set1_pd((double)jmax),
                                  0x8);
     __m256d ia = _mm256_add_pd(_mm256_set1_pd((double)(ibot - 1)), _mm256_setr_pd(0, 1, 2, 3));
     __m256d ib = _mm256_add_pd(ia, _mm256_set1_pd(4.0));
-    __m256d loa = _mm256_cvtepi64_pd(_mm256_loadu_si256((const __m256i *)lo));
-    __m256d lob = _mm256_cvtepi64_pd(_mm256_loadu_si256((const __m256i *)(lo + 4)));
-    __mmask8 oka = _mm256_cmp_pd_mask(BJa, _mm256_min_pd(ia, na), _CMP_LE_OQ) &
-                   _mm256_cmp_pd_mask(BJa, loa, _CMP_GE_OQ);
-    __mmask8 okb = _mm256_cmp_pd_mask(BJb, _mm256_min_pd(ib, nb), _CMP_LE_OQ) &
-                   _mm256_cmp_pd_mask(BJb, lob, _CMP_GE_OQ);
-    if ((oka & okb) == 0xF) {
+    /* the lower ends are cell indices (< 2^31), exact as int32 and as double */
+    __m256d loa = _mm256_cvtepi32_pd(_mm_setr_epi32((int32_t)lo[0], (int32_t)lo[1],
+                                                    (int32_t)lo[2], (int32_t)lo[3]));
+    __m256d lob = _mm256_cvtepi32_pd(_mm_setr_epi32((int32_t)lo[4], (int32_t)lo[5],
+                                                    (int32_t)lo[6], (int32_t)lo[7]));
+    __m256d oka = _mm256_and_pd(_mm256_cmp_pd(BJa, _mm256_min_pd(ia, na), _CMP_LE_OQ),
+                                _mm256_cmp_pd(BJa, loa, _CMP_GE_OQ));
+    __m256d okb = _mm256_and_pd(_mm256_cmp_pd(BJb, _mm256_min_pd(ib, nb), _CMP_LE_OQ),
+                                _mm256_cmp_pd(BJb, lob, _CMP_GE_OQ));
+    if (_mm256_movemask_pd(_mm256_and_pd(oka, okb)) == 0xF) {
         _mm256_storeu_pd(wk->dcur + ibot, Ba);
         _mm256_storeu_pd(wk->dcur + ibot + 4, Bb);
         _mm_storeu_si128((__m128i *)(A + ibot), _mm256_cvttpd_epi32(BJa));
