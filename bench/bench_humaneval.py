@@ -133,8 +133,9 @@ def main(argv=None) -> int:
     doc = json.loads(out_path.read_text()) if out_path.is_file() else {}
     res = doc.setdefault("results", {})
 
+    seed_configs = args.seed_configs.split(",") if args.seeds else []
     gens = {}
-    for c in configs:
+    for c in dict.fromkeys(configs + seed_configs):  # a generator for every config run
         if c in DITTO:
             kw = dict(DITTO[c])
             if c == "ditto-calibrated":
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
         tmp.replace(out_path)
 
     runs = [(c, None) for c in configs]
-    runs += [(c, s) for s in range(args.seeds) for c in args.seed_configs.split(",")]
+    runs += [(c, s) for s in range(args.seeds) for c in seed_configs]
     for c, seed in runs:
         key = c if seed is None else f"{c}@seed{seed}"
         r = res.setdefault(key, {})
