@@ -113,3 +113,42 @@ def test_missing_and_empty(tmp_path):
         ClangEmitter().emit([tmp_path / "none.c"], workdir=tmp_path)
     with pytest.raises(DittoError, match="no C sources"):
         ClangEmitter().emit([], workdir=tmp_path)
+
+
+def test_parallel_emit_reports_the_first_failing_source_in_order(tmp_path):
+    """Sources compile concurrently; with two broken ones the error names the first in the
+    order given (as a serial emit would), whichever clang finished first."""
+    srcs = []
+    for name, body in (("ok.c", "int a(void) { return 1; }\n"),
+                       ("bad1.c", "int b(void) { return first_missing; }\n"),
+                       ("bad2.c", "int c(void) { return second_missing; }\n")):
+        (tmp_path / name).write_text(body)
+        srcs.append(tmp_path / name)
+    with pytest.raises(DittoError) as ei:
+        ClangEmitter().emit(srcs, workdir=tmp_path / "w")
+    msg = str(ei.value)
+    assert msg.startswith(f"{srcs[1]}: clang-22 -emit-llvm failed (exit 1)")
+    assert "'first_missing'" in msg and "second_missing" not in msg
+
+
+def test_run_parallel_kills_children_when_interrupted(tmp_path, monkeypatch):
+    """An exception while waiting (a stop signal's) kills and reaps every child still running."""
+    import ditto_emit_clang as ec
+
+    started = []
+    real_popen = ec.subprocess.Popen
+
+    def popen(*a, **kw):
+        started.append(real_popen(*a, **kw))
+        return started[-1]
+
+    def interrupted(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ec.subprocess, "Popen", popen)
+    monkeypatch.setattr(ec.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ec.run_parallel([(["sleep", "30"], "a"), (["sleep", "30"], "b"), (["sleep", "30"], "c")],
+                        limit=2)
+    assert len(started) == 2
+    assert [p.returncode for p in started] == [-9, -9]

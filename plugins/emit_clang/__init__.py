@@ -17,8 +17,11 @@ which gives every ``fadd``/``fmul`` the flags ``reassoc nsz arcp contract`` but,
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -56,6 +59,56 @@ def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
         raise DittoError(f"{what} failed (exit {proc.returncode}):\n  $ {' '.join(cmd)}\n"
                          f"{proc.stderr.strip()}")
     return proc
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def run_parallel(jobs: Sequence[tuple[list[str], str]], limit: int | None = None) -> None:
+    """Run the commands of ``jobs`` (``(cmd, what)`` pairs) at most ``limit`` at a time (default:
+    the CPUs this process may use), each with its stderr in a temp file (no pipe to drain).
+    Raises DittoError as ``_run`` does for the first failing job in the order given, once
+    every job has ended. If anything interrupts the wait (a stop signal's exception), the
+    children still running are killed and reaped before it propagates: no clang outlives it."""
+    limit = max(1, limit or _cpus())
+    errs: list[tuple[str, list[str], int | None, str]] = [("", [], 0, "")] * len(jobs)
+    running: dict[int, tuple[subprocess.Popen, object]] = {}
+    nxt = 0
+    try:
+        while nxt < len(jobs) or running:
+            while nxt < len(jobs) and len(running) < limit:
+                cmd, what = jobs[nxt]
+                err = tempfile.TemporaryFile()
+                try:
+                    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+                except OSError as exc:
+                    err.close()
+                    raise DittoError(f"{what}: cannot run {cmd[0]}: {exc}") from None
+                running[nxt] = (proc, err)
+                nxt += 1
+            done = [i for i, (proc, _) in running.items() if proc.poll() is not None]
+            if not done:
+                time.sleep(0.01)
+            for i in done:
+                proc, err = running.pop(i)
+                if proc.returncode != 0:
+                    err.seek(0)
+                    errs[i] = (jobs[i][1], jobs[i][0], proc.returncode,
+                               err.read().decode(errors="replace").strip())
+                err.close()
+    finally:
+        for proc, err in running.values():
+            proc.kill()
+            proc.wait()
+            err.close()
+    for what, cmd, rc, text in errs:
+        if rc != 0:
+            raise DittoError(f"{what} failed (exit {rc}):\n  $ {' '.join(cmd)}\n{text}")
 
 
 class ClangEmitter:
@@ -96,12 +149,12 @@ class ClangEmitter:
                 raise DittoError(f"{s}: no such C source file")
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        outs = []
-        for k, src in enumerate(sources):
-            out = workdir / f"{k:03d}_{src.stem}.ll"
-            _run(self.command(src, out, include_dirs=include_dirs, defines=defines,
-                              flags=flags), f"{src}: clang-22 -emit-llvm")
-            outs.append(out)
+        outs = [workdir / f"{k:03d}_{src.stem}.ll" for k, src in enumerate(sources)]
+        # one clang per source, as many at once as there are CPUs: the sources are
+        # independent, and the merge below takes them in the order given
+        run_parallel([(self.command(src, out, include_dirs=include_dirs, defines=defines,
+                                    flags=flags), f"{src}: clang-22 -emit-llvm")
+                      for src, out in zip(sources, outs)])
         label = ",".join(str(s) for s in sources)
         if len(outs) == 1:
             return IRModule(outs[0].read_text(), source=label)
