@@ -152,3 +152,26 @@ def test_run_parallel_kills_children_when_interrupted(tmp_path, monkeypatch):
                         limit=2)
     assert len(started) == 2
     assert [p.returncode for p in started] == [-9, -9]
+
+
+def test_run_parallel_reaps_children_when_a_poll_is_interrupted(monkeypatch):
+    """A stop signal's exception inside Popen.poll can leave the Popen's wait lock held; the
+    cleanup still kills and reaps the child instead of blocking on that lock."""
+    import ditto_emit_clang as ec
+
+    started = []
+    real_popen = ec.subprocess.Popen
+
+    def popen(*a, **kw):
+        started.append(real_popen(*a, **kw))
+        return started[-1]
+
+    def poll_interrupted(self):
+        self._waitpid_lock.acquire()  # as _internal_poll leaves it when interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ec.subprocess, "Popen", popen)
+    monkeypatch.setattr(real_popen, "poll", poll_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ec.run_parallel([(["sleep", "30"], "a")])
+    assert [p.returncode for p in started] == [-9]

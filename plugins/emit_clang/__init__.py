@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -69,6 +70,23 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _kill_and_reap(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and reap it with ``os.waitpid``, not ``Popen.wait``: an exception
+    raised by a signal handler inside ``Popen.poll`` can leave the Popen's wait lock held, and
+    ``wait`` would then block forever."""
+    if proc.returncode is not None:  # already reaped: its pid may be another process's now
+        return
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        _, status = os.waitpid(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    except ChildProcessError:  # reaped by poll() just before the interruption
+        pass
+
+
 def run_parallel(jobs: Sequence[tuple[list[str], str]], limit: int | None = None) -> None:
     """Run the commands of ``jobs`` (``(cmd, what)`` pairs) at most ``limit`` at a time (default:
     the CPUs this process may use), each with its stderr in a temp file (no pipe to drain).
@@ -103,8 +121,7 @@ def run_parallel(jobs: Sequence[tuple[list[str], str]], limit: int | None = None
                 err.close()
     finally:
         for proc, err in running.values():
-            proc.kill()
-            proc.wait()
+            _kill_and_reap(proc)
             err.close()
     for what, cmd, rc, text in errs:
         if rc != 0:
