@@ -1,6 +1,8 @@
 """Compile any C program through Ditto's compile stages: emit IR → rewrite → link.
 
-This is ``ditto cc`` and, through ``compile_program``, the compile half of ``ditto build``: an IR
+This is ``ditto cc`` and, through ``compile_program`` and ``run_passes`` (``stages.compile``
+builds the executable and the shared library from one emit), the compile half of ``ditto
+build``: an IR
 emitter (default ``clang``: clang-22 -O1 to LLVM IR), the IR passes chosen by name (default
 ``gemv-blas``: naive GEMV loop nests → ``cblas_sgemv``), then a linker (default ``llvm``: O3 for
 the host CPU) and a link against the chosen BLAS target (docs/BUILD.md).

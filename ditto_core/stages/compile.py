@@ -11,6 +11,7 @@ import inspect
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -19,8 +20,8 @@ import attrs
 from ditto_core.base.cache import Cache, file_hash, make_key, tree_hash
 from ditto_core.base.errors import DittoError
 from ditto_core.base.signals import pid_tag, sweep_stale
-from ditto_core.base.types import PassReport
-from .cc import COMPILE_STAGES, compile_program, summary_lines
+from ditto_core.base.types import IRModule, PassReport
+from .cc import COMPILE_STAGES, Compiled, compile_program, run_passes, summary_lines
 from .plugins import Registry, get_registry
 from .selection import CompileStages, choose_compile
 
@@ -125,7 +126,8 @@ def compile_key(sources, stages: CompileStages, openmp: bool, extra_flags=(),
         "llvmlite": llvmlite.__version__,
     }
     if library:  # keys of builds without the library stay as they were
-        parts["library"] = [list(LIBRARY_FLAGS), list(LIBRARY_LINK_FLAGS)]
+        # the executable is linked from the library's IR (compile_with_library)
+        parts["library"] = [list(LIBRARY_FLAGS), list(LIBRARY_LINK_FLAGS), "one emit"]
     return make_key(parts)
 
 
@@ -144,6 +146,72 @@ def pass_reports_problem(meta: dict, rewrite: bool) -> str | None:
     return None
 
 
+def link_ir(texts) -> str:
+    """LLVM IR modules (text) merged into one, the first as the base (llvmlite's
+    ``Module.link_in``). Raises DittoError when one does not parse or the symbols clash."""
+    import llvmlite.binding as llvm
+
+    try:
+        mods = [llvm.parse_assembly(t) for t in texts]
+        for m in mods[1:]:
+            mods[0].link_in(m)
+    except RuntimeError as exc:
+        raise DittoError(f"linking the runtime's IR modules: {exc}") from None
+    return str(mods[0])
+
+
+def compile_with_library(sources, stages: CompileStages, out: Path, library: Path, *,
+                         workdir: Path, include_dirs=(), flags=(),
+                         on_stage: Callable[[str], None] | None = None
+                         ) -> tuple[Compiled, Compiled]:
+    """The executable ``out`` and the shared library ``library`` from one emit of the runtime:
+    the library's sources (every one but ``main.c``) are emitted once with ``LIBRARY_FLAGS``
+    (position-independent, hidden visibility: the code an executable gets, as clang builds
+    executables position-independent by default), ``main.c`` with the same flags, and the
+    executable's module is the two merged (``link_ir``). Each module then goes through the
+    passes and is linked on its own (the library with ``LIBRARY_LINK_FLAGS``). Returns the
+    (executable, library) Compiled; the seconds of the shared emit are the executable's.
+    Raises DittoError as ``cc.compile_program``."""
+    blas = stages.blas.component if stages.blas is not None else None
+    emitter = stages.emitter.component
+    main_src = [Path(s) for s in sources if Path(s).name == MAIN_SOURCE]
+    fl = list(flags) + list(LIBRARY_FLAGS)
+    inc = [Path(d) for d in include_dirs]
+    seconds, lib_seconds = {}, {}
+
+    def start(name):
+        if on_stage is not None:
+            on_stage(name)
+        return time.perf_counter()
+
+    t = start("emit IR")
+    main_ir = (emitter.emit(main_src, include_dirs=inc, defines=[], flags=fl,
+                            workdir=Path(workdir) / "main") if main_src else None)
+    lib_ir = emitter.emit(library_sources(sources), include_dirs=inc, defines=[], flags=fl,
+                          workdir=Path(workdir) / "library")
+    exe_ir = IRModule(lib_ir.text if main_ir is None else link_ir([main_ir.text, lib_ir.text]),
+                      source=",".join(str(s) for s in sources))
+    seconds["emit IR"], lib_seconds["emit IR"] = time.perf_counter() - t, 0.0
+    t = start("rewrite")
+    exe_mod, exe_reports = run_passes(exe_ir, stages.passes, blas)
+    seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
+    t = time.perf_counter()
+    lib_mod, lib_reports = run_passes(lib_ir, stages.passes, blas)
+    lib_seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
+    t = start("link")
+    stages.linker.component.link(exe_mod, blas, Path(out))
+    seconds["link"] = time.perf_counter() - t
+    t = time.perf_counter()
+    try:
+        stages.linker.component.link(lib_mod, blas, Path(library),
+                                     extra_flags=list(LIBRARY_LINK_FLAGS))
+    except BaseException:
+        Path(out).unlink(missing_ok=True)
+        raise
+    lib_seconds["link"] = time.perf_counter() - t
+    return (Compiled(exe_mod, exe_reports, seconds), Compiled(lib_mod, lib_reports, lib_seconds))
+
+
 def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openblas",
                   rewrite: bool = True, openmp: bool = True, src_dir: Path | None = None,
                   cache: Cache | None = None, extra_flags=(),
@@ -160,8 +228,9 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     is called as each stage starts (progress display). ``library``: also compile the runtime
     without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the
     same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
-    executable (``on_stage`` is not called again); its stage seconds are added to the
-    executable's, and it is cached with it. Raises DittoError
+    executable (``on_stage`` is not called again): the sources are emitted once for both
+    (``compile_with_library``); its stage seconds are added to the executable's, and it is
+    cached with it. Raises DittoError
     (compile/link failure, unknown or unavailable component); nothing is written at ``out``
     (or ``library``) then.
     """
@@ -185,19 +254,14 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     cflags = list(RUNTIME_FLAGS) + (["-fopenmp"] if openmp else []) + list(extra_flags)
     sweep_stale(Path(tempfile.gettempdir()), "ditto-compile-")  # left by killed builds
     with tempfile.TemporaryDirectory(prefix=f"ditto-compile-{pid_tag()}") as tmp:
-        done = compile_program(sources, stages, out, workdir=Path(tmp),
-                               include_dirs=[source_root(sources)], flags=cflags,
-                               on_stage=on_stage)
-        if library is not None:
-            try:
-                lib = compile_program(library_sources(sources), stages, library,
-                                      workdir=Path(tmp) / "library",
-                                      include_dirs=[source_root(sources)],
-                                      flags=cflags + list(LIBRARY_FLAGS),
-                                      link_flags=list(LIBRARY_LINK_FLAGS))
-            except BaseException:
-                out.unlink(missing_ok=True)
-                raise
+        if library is None:
+            done = compile_program(sources, stages, out, workdir=Path(tmp),
+                                   include_dirs=[source_root(sources)], flags=cflags,
+                                   on_stage=on_stage)
+        else:
+            done, lib = compile_with_library(sources, stages, out, library, workdir=Path(tmp),
+                                             include_dirs=[source_root(sources)], flags=cflags,
+                                             on_stage=on_stage)
             done = attrs.evolve(done, seconds={k: v + lib.seconds.get(k, 0.0)
                                                for k, v in done.seconds.items()})
     if ir_out is not None:
