@@ -76,3 +76,12 @@ def qwen05_f32_ditto(qwen05_gguf, tmp_path_factory) -> Path:
     """Qwen2.5-Coder-0.5B-Instruct GGUF exported to an all-f32 .ditto (2.5 GB: its Q8_0
     output.weight and Q5_0 token_embd are both stored)."""
     return _export_f32(qwen05_gguf, tmp_path_factory.mktemp("qwen05_f32") / "model.ditto")
+
+
+@pytest.fixture(scope="session")
+def qwen05_hf_tokenizer(qwen05_gguf):
+    """The tokenizer transformers builds from the 0.5B GGUF (``AutoTokenizer``, gguf_file;
+    ~20 s to convert, so built once per session)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen05_gguf.parent, gguf_file=qwen05_gguf.name)

@@ -244,15 +244,15 @@ QWEN_PROMPTS = ("def fibonacci(n):\n    if n < 2:\n        return n\n",
 
 
 @pytest.fixture(scope="module")
-def qwen05_transformers(qwen05_gguf):
+def qwen05_transformers(qwen05_gguf, qwen05_hf_tokenizer):
     """(tokenizer, Qwen2ForCausalLM fp32) that transformers reads from the 0.5B GGUF."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    d, name = str(qwen05_gguf.parent), qwen05_gguf.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
-    return tok, model.eval()
+    model = AutoModelForCausalLM.from_pretrained(str(qwen05_gguf.parent),
+                                                 gguf_file=qwen05_gguf.name,
+                                                 dtype=torch.float32)
+    return qwen05_hf_tokenizer, model.eval()
 
 
 def test_qwen05_fp32_logits_equal_transformers(native_build, qwen05_f32_ditto,

@@ -71,9 +71,8 @@ def qwen_spec(qwen05_gguf):
 
 
 @pytest.fixture(scope="module")
-def qwen_transformers(qwen05_gguf):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(qwen05_gguf.parent, gguf_file=qwen05_gguf.name)
+def qwen_transformers(qwen05_hf_tokenizer):
+    return qwen05_hf_tokenizer
 
 
 @pytest.fixture(scope="module")
