@@ -1,6 +1,7 @@
 """IR emitter "clang": -O1 IR with Ditto's fast-math policy, multi-source linking, errors."""
 
 import re
+import subprocess
 
 import llvmlite.binding as llvm
 import pytest
@@ -131,21 +132,33 @@ def test_parallel_emit_reports_the_first_failing_source_in_order(tmp_path):
     assert "'first_missing'" in msg and "second_missing" not in msg
 
 
-def test_run_parallel_kills_children_when_interrupted(tmp_path, monkeypatch):
-    """An exception while waiting (a stop signal's) kills and reaps every child still running."""
+#: the real Popen class, taken before any test replaces it
+POPEN = subprocess.Popen
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The Popen objects run_parallel starts, in order (the real Popen, recorded)."""
     import ditto_emit_clang as ec
 
-    started = []
-    real_popen = ec.subprocess.Popen
+    procs = []
+    real_popen = POPEN
 
     def popen(*a, **kw):
-        started.append(real_popen(*a, **kw))
-        return started[-1]
+        procs.append(real_popen(*a, **kw))
+        return procs[-1]
+
+    monkeypatch.setattr(ec.subprocess, "Popen", popen)
+    return procs
+
+
+def test_run_parallel_kills_children_when_interrupted(started, monkeypatch):
+    """An exception while waiting (a stop signal's) kills and reaps every child still running."""
+    import ditto_emit_clang as ec
 
     def interrupted(_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ec.subprocess, "Popen", popen)
     monkeypatch.setattr(ec.time, "sleep", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ec.run_parallel([(["sleep", "30"], "a"), (["sleep", "30"], "b"), (["sleep", "30"], "c")],
@@ -154,24 +167,16 @@ def test_run_parallel_kills_children_when_interrupted(tmp_path, monkeypatch):
     assert [p.returncode for p in started] == [-9, -9]
 
 
-def test_run_parallel_reaps_children_when_a_poll_is_interrupted(monkeypatch):
+def test_run_parallel_reaps_children_when_a_poll_is_interrupted(started, monkeypatch):
     """A stop signal's exception inside Popen.poll can leave the Popen's wait lock held; the
     cleanup still kills and reaps the child instead of blocking on that lock."""
     import ditto_emit_clang as ec
-
-    started = []
-    real_popen = ec.subprocess.Popen
-
-    def popen(*a, **kw):
-        started.append(real_popen(*a, **kw))
-        return started[-1]
 
     def poll_interrupted(self):
         self._waitpid_lock.acquire()  # as _internal_poll leaves it when interrupted
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ec.subprocess, "Popen", popen)
-    monkeypatch.setattr(real_popen, "poll", poll_interrupted)
+    monkeypatch.setattr(POPEN, "poll", poll_interrupted)
     with pytest.raises(KeyboardInterrupt):
         ec.run_parallel([(["sleep", "30"], "a")])
     assert [p.returncode for p in started] == [-9]
