@@ -4,15 +4,22 @@ with the same prompts and the same stop rules for all.
     python bench/bench_humaneval.py --model qwen2.5-coder-0.5b \\
         --configs fp32,ditto-default,ditto-calibrated,llama-Q4_0,torch-int8 \\
         [--limit N] [--seeds 5 --seed-configs fp32,ditto-default] [--threads 2] \\
-        [--out bench/results/humaneval_qwen05.json]
+        [--protocol completion|chat] [--out bench/results/humaneval_qwen05.json]
 
-Prompt format: each HumanEval prompt is given as plain text to complete (Chen et al. 2021; no
-chat template, no BOS for the Qwen models, whose tokenizer adds none), the completion is cut at
-the first of HumanEval's stop sequences (``ditto_core.eval.humaneval.STOP_SEQUENCES``) and
-checked in a sandboxed subprocess (``humaneval.check_program``). This is the base-model
+Prompt format (``--protocol completion``, the default): each HumanEval prompt is given as
+plain text to complete (Chen et al. 2021; no chat template, no BOS for the Qwen models, whose
+tokenizer adds none), the completion is cut at the first of HumanEval's stop sequences
+(``ditto_core.eval.humaneval.STOP_SEQUENCES``) and checked in a sandboxed subprocess
+(``humaneval.check_program``). This is the base-model
 completion protocol, also applied to the instruct models; the Qwen2.5-Coder technical report
 evaluates its instruct models with chat prompts, so its instruct figures are not the same
 measurement (docs/RESULTS.md says which figure is which).
+
+``--protocol chat`` is that instruct protocol (EvalPlus's prompts, ``humaneval.chat_prompt``):
+the problem in a user turn of the model's chat template, the assistant turn prefilled with the
+start of a Python code block, generation up to the block's closing fence (at most
+``humaneval.CHAT_MAX_NEW_TOKENS``), the program the block's code (``humaneval.extract_code``).
+Its results go to their own JSON (``humaneval_MODEL_chat.json`` by default).
 
 Configurations:
 - ``fp32``: ``ditto build MODEL --quantizer none`` (the shipped file dequantized), the same
@@ -60,10 +67,12 @@ DITTO = {"fp32": dict(quantizer="none"), "ditto-default": dict(quantizer="kmeans
 
 
 def llama_generate(bin_dir: Path, gguf: Path, prompt: str, threads: int,
-                   max_new_tokens: int, env: dict | None = None) -> str:
-    """llama-completion's greedy completion of ``prompt`` (text) in ``env`` (``llama_env``),
-    stopped at the first HumanEval stop sequence as ``humaneval.generate`` stops Ditto's
-    executable. Raises RuntimeError when llama-completion dies (e.g. SIGILL)."""
+                   max_new_tokens: int, env: dict | None = None,
+                   stop: tuple = humaneval.STOP_SEQUENCES) -> str:
+    """llama-completion's greedy completion of ``prompt`` (text; control-token texts in it are
+    parsed, as llama-completion does) in ``env`` (``llama_env``), stopped at the first of
+    ``stop`` as ``humaneval.generate`` stops Ditto's executable. Raises RuntimeError when
+    llama-completion dies (e.g. SIGILL)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f, tempfile.TemporaryFile() as log:
         f.write(prompt)
         f.flush()
@@ -75,7 +84,7 @@ def llama_generate(bin_dir: Path, gguf: Path, prompt: str, threads: int,
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
                                 stdin=subprocess.DEVNULL, env=env)
         out = bytearray()
-        stops = [s.encode() for s in humaneval.STOP_SEQUENCES]
+        stops = [s.encode() for s in stop]
         while chunk := os.read(proc.stdout.fileno(), 4096):
             out += chunk
             if any(s in out for s in stops):
@@ -104,11 +113,12 @@ class TorchInt8:
                                                         {torch.nn.Linear}, dtype=torch.qint8)
         self.tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
-    def __call__(self, prompt: str, max_new_tokens: int) -> str:
+    def __call__(self, prompt: str, max_new_tokens: int,
+                 stop: tuple = humaneval.STOP_SEQUENCES) -> str:
         ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         with self.torch.inference_mode():
             out = self.m.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                  stop_strings=list(humaneval.STOP_SEQUENCES),
+                                  stop_strings=list(stop),
                                   tokenizer=self.tok, pad_token_id=self.tok.eos_token_id)
         return self.tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
@@ -122,18 +132,38 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=0)
     ap.add_argument("--seed-configs", default="fp32,ditto-default")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=humaneval.MAX_NEW_TOKENS)
+    ap.add_argument("--protocol", choices=("completion", "chat"), default="completion")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help=f"default: {humaneval.MAX_NEW_TOKENS} (completion), "
+                         f"{humaneval.CHAT_MAX_NEW_TOKENS} (chat)")
     ap.add_argument("--llama-bin")
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / ".cache" / "llamacpp")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    out_path = args.out or ROOT / "bench" / "results" / f"humaneval_{args.model}.json"
+    out_path = args.out or ROOT / "bench" / "results" / (
+        f"humaneval_{args.model}{'_chat' if args.protocol == 'chat' else ''}.json")
     configs = args.configs.split(",")
     problems = humaneval.load_problems(args.limit)
     doc = json.loads(out_path.read_text()) if out_path.is_file() else {}
     res = doc.setdefault("results", {})
 
     seed_configs = args.seed_configs.split(",") if args.seeds else []
+    chat = args.protocol == "chat"
+    stop = humaneval.CHAT_STOP_SEQUENCES if chat else humaneval.STOP_SEQUENCES
+    max_new = args.max_new_tokens or (humaneval.CHAT_MAX_NEW_TOKENS if chat
+                                      else humaneval.MAX_NEW_TOKENS)
+    frame = None
+    if chat:  # the chat template's text, as exported into the default build's model file
+        default = args.work / args.model / "ditto-default"
+        ditto_build(args.model, out=default, **DITTO["ditto-default"])
+        frame = humaneval.chat_frame(default)
+
+    def prompt_of(p):
+        return humaneval.chat_prompt(p, frame) if chat else p["prompt"]
+
+    def program_of(response):
+        return humaneval.extract_code(response) if chat else humaneval.truncate(response)
+
     gens = {}
     for c in dict.fromkeys(configs + seed_configs):  # a generator for every config run
         if c in DITTO:
@@ -153,9 +183,8 @@ def main(argv=None) -> int:
 
             def gen(prompt, temp=0.0, seed=0, d=d):
                 return humaneval.generate(d, prompt, temperature=temp, seed=seed,
-                                          threads=args.threads,
-                                          max_new_tokens=args.max_new_tokens,
-                                          stop=humaneval.STOP_SEQUENCES)
+                                          threads=args.threads, max_new_tokens=max_new,
+                                          stop=stop, special=chat)
             gens[c] = gen
         elif c.startswith("llama-"):
             bin_dir = llama_bin(args.llama_bin)
@@ -163,8 +192,7 @@ def main(argv=None) -> int:
             path = next(iter(gguf.values()))
             env = llama_env(ggml_cpu_without_amx(bin_dir, args.work))
             gens[c] = (lambda prompt, temp=0.0, seed=0, path=path, bin_dir=bin_dir, env=env:
-                       llama_generate(bin_dir, path, prompt, args.threads,
-                                      args.max_new_tokens, env))
+                       llama_generate(bin_dir, path, prompt, args.threads, max_new, env, stop))
         elif c == "torch-int8":
             from ditto_core.stages.bundled import bundled_model
 
@@ -173,7 +201,7 @@ def main(argv=None) -> int:
             def gen(prompt, temp=0.0, seed=0):
                 if "m" not in holder:
                     holder["m"] = TorchInt8(args.model, bundled_model(args.model), args.threads)
-                return holder["m"](prompt, args.max_new_tokens)
+                return holder["m"](prompt, max_new, stop)
             gens[c] = gen
         else:
             ap.error(f"unknown config {c}")
@@ -182,7 +210,9 @@ def main(argv=None) -> int:
         doc.update({"model": args.model, "problems": len(problems),
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                         timespec="seconds"), "protocol": "plain-text completion, greedy, "
-                    "HumanEval stop sequences (bench/bench_humaneval.py)"})
+                    "HumanEval stop sequences (bench/bench_humaneval.py)" if not chat else
+                    "EvalPlus chat prompts in the model's chat template, code block extracted "
+                    "(bench/bench_humaneval.py --protocol chat)"})
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = out_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -198,8 +228,8 @@ def main(argv=None) -> int:
             if p["task_id"] in r:
                 continue
             temp = 0.0 if seed is None else humaneval.TEMPERATURE
-            comp = humaneval.truncate(gens[c](p["prompt"], temp, seed or 0))
-            ok, why = humaneval.check_program(p, comp)
+            comp = program_of(gens[c](prompt_of(p), temp, seed or 0))
+            ok, why = humaneval.check_program(p, comp, standalone=chat)
             r[p["task_id"]] = {"passed": ok, "result": why}
             save()
         n_pass = sum(r[p["task_id"]]["passed"] for p in problems)
@@ -211,8 +241,8 @@ def main(argv=None) -> int:
         summary[key] = {"n": len(done), "pass@1": sum(done) / max(1, len(done))}
     if args.seeds:
         rates = {c: [summary[f"{c}@seed{s}"]["pass@1"] for s in range(args.seeds)]
-                 for c in args.seed_configs.split(",")}
-        first = args.seed_configs.split(",")[0]
+                 for c in seed_configs}
+        first = seed_configs[0]
         for c, v in rates.items():
             summary[f"{c}@sampled"] = {"mean_pass@1": statistics.mean(v), "per_seed": v}
             if c != first:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from ditto_core.base.errors import DittoError
 from ditto_core.eval import humaneval as he
 
 
@@ -82,3 +83,36 @@ def test_generation_stopped_at_a_stop_sequence_gives_the_full_runs_prefix(eval_b
                         threads=1, stop=[stop])
     assert early[:cut + len(stop)] == full[:cut + len(stop)]
     assert he.truncate(early.replace(stop, "\ndef", 1)) == full[:cut]
+
+
+def test_chat_prompt_is_the_template_around_the_evalplus_instruction(problems):
+    p = problems[0]
+    got = he.chat_prompt(p, ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"))
+    assert got == ("<|im_start|>user\nPlease provide a self-contained Python script that solves "
+                   "the following problem in a markdown code block:\n```\n"
+                   + p["prompt"].strip() + "\n```\n<|im_end|>\n<|im_start|>assistant\n"
+                   "Below is a Python script with a self-contained function that solves the "
+                   "problem and passes corresponding tests:\n```python\n")
+
+
+def test_chat_program_is_the_code_block_without_its_script_parts(problems):
+    p = problems[2]  # truncate_number
+    response = ("import math\n\n\n@staticmethod\ndef helper(x):\n    return x\n\n"
+                "LIMIT: int = 3\n\n" + p["prompt"] + p["canonical_solution"]
+                + "\n\nprint(truncate_number(3.5))\nif __name__ == '__main__':\n"
+                "    raise SystemExit(3)\nassert False\n```\n\nThis script defines ...")
+    code = he.extract_code(response)
+    assert code.startswith("import math\n\n@staticmethod\ndef helper(x):\n    return x\n\n"
+                           "LIMIT: int = 3\n\ndef truncate_number(")
+    assert "print(" not in code and "__main__" not in code and "assert False" not in code
+    assert he.check_program(p, code, standalone=True) == (True, "passed")
+    # standalone: the prompt is not prepended, so a block without the function fails
+    assert he.check_program(p, "x = 1\n", standalone=True) == (
+        False, "failed: NameError: name 'truncate_number' is not defined")
+    # code that does not parse is kept as written, and fails as written
+    assert he.extract_code("def f(:\n    pass\n```") == "def f(:\n    pass\n"
+
+
+def test_chat_frame_needs_a_chat_template(eval_builds):
+    with pytest.raises(DittoError, match=r"none/model\.ditto: the model has no chat template"):
+        he.chat_frame(eval_builds["none"])

@@ -13,10 +13,18 @@ and seed (temperature 0.2, top-p 0.95: the pass@1 setting of Chen et al.); pass@
 the unbiased estimator (metrics.pass_at_k) with n = k = number of seeds. The per-seed pass
 rates of two builds are compared with the Mann–Whitney U test (scipy.stats.mannwhitneyu,
 two-sided).
+
+The chat protocol (``chat_prompt``, ``extract_code``) is the one EvalPlus uses for instruct
+models and the Qwen2.5-Coder technical report (arXiv 2409.12186) scores them with: the problem
+in a user turn of the model's own chat template (``INSTRUCTION_PREFIX``, the prompt in a
+Markdown code block), the assistant turn prefilled with ``RESPONSE_PREFIX`` and the opening of a
+Python code block; generation stops at the block's closing fence, and the program is the code
+in the block, sanitized to its imports, definitions and assignments, then the test.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import shutil
@@ -36,6 +44,20 @@ TOP_P = 0.95
 MAX_NEW_TOKENS = 384
 TIMEOUT_S = 10.0
 MEMORY_LIMIT = 2 << 30
+
+#: the chat protocol's texts (EvalPlus ``codegen``: its instruction and response prefixes)
+INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following "
+                      "problem in a markdown code block:")
+RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the "
+                   "problem and passes corresponding tests:")
+#: the closing fence of the code block the response prefix opens
+CHAT_STOP_SEQUENCES = ("\n```",)
+#: EvalPlus's default generation length
+CHAT_MAX_NEW_TOKENS = 768
+#: module-level statements ``extract_code`` keeps (EvalPlus's sanitizer keeps imports,
+#: functions, classes and global variables; calls, prints, tests and ``__main__`` blocks go)
+_KEPT_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef,
+                    ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
@@ -59,6 +81,53 @@ def truncate(completion: str) -> str:
 
 
 @functools.cache
+def chat_frame(build_dir: Path) -> tuple[str, str]:
+    """``(prefix, suffix)``: the text of the build's chat template before and after one user
+    message, generation prompt included, as recorded at export (``ditto-run --chat`` uses the
+    same). Raises DittoError naming the model file when it has no usable chat template."""
+    from ditto_core.model.modelfile import ModelFile
+    from ditto_core.runtime.run import find_build
+
+    _, model, _ = find_build(build_dir)
+    with ModelFile(model, verify=False) as mf:
+        spec = mf.tokenizer
+    if spec.chat_prefix is None or spec.chat_suffix is None:
+        raise DittoError(f"{model}: the model has no chat template Ditto can render; the chat "
+                         f"protocol needs one")
+    return spec.chat_prefix, spec.chat_suffix
+
+
+def chat_prompt(problem: dict, frame: tuple[str, str]) -> str:
+    """The chat-protocol prompt of ``problem`` (text whose template parts hold control-token
+    texts such as ``<|im_start|>``: tokenize it with them parsed, ``ditto-run --special``):
+    the user turn ``INSTRUCTION_PREFIX`` + the prompt in a code block, then the assistant turn
+    prefilled with ``RESPONSE_PREFIX`` and an opened Python code block. ``frame`` is
+    ``chat_frame``'s (prefix, suffix)."""
+    prefix, suffix = frame
+    user = f"{INSTRUCTION_PREFIX}\n```\n{problem['prompt'].strip()}\n```\n"
+    return f"{prefix}{user}{suffix}{RESPONSE_PREFIX}\n```python\n"
+
+
+def extract_code(response: str) -> str:
+    """The program in a chat-protocol ``response`` (the text generated after ``chat_prompt``):
+    the code block up to its closing fence, reduced to its module-level imports, function and
+    class definitions and assignments (a script's example calls, prints and ``__main__`` block
+    would run at import and are not part of the solution). Code that does not parse is kept
+    as is: it fails the check as the model wrote it."""
+    code = response.split("```", 1)[0]
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    lines = code.splitlines(keepends=True)
+    kept = []
+    for node in tree.body:
+        if isinstance(node, _KEPT_STATEMENTS):
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            kept.append("".join(lines[start - 1:node.end_lineno]))
+    return "\n".join(k.rstrip("\n") + "\n" for k in kept)
+
+
 def network_isolation() -> list[str]:
     """``["unshare", "-n"]`` when it works here (a process without network), else ``[]``."""
     exe = shutil.which("unshare")
@@ -78,12 +147,15 @@ def _limits() -> None:  # runs in the child before exec
     os.setsid()
 
 
-def check_program(problem: dict, completion: str, timeout: float = TIMEOUT_S) -> tuple[bool, str]:
-    """Run HumanEval's check of ``completion`` for ``problem`` in a sandboxed subprocess.
+def check_program(problem: dict, completion: str, timeout: float = TIMEOUT_S, *,
+                  standalone: bool = False) -> tuple[bool, str]:
+    """Run HumanEval's check of ``completion`` for ``problem`` in a sandboxed subprocess:
+    ``prompt + completion``, or with ``standalone`` (the chat protocol, ``extract_code``) the
+    completion alone, then the problem's test and ``check(entry_point)``.
 
     Returns (passed, "passed" | "timed out" | "failed: <last stderr line>")."""
-    program = (problem["prompt"] + completion + "\n" + problem["test"] + "\n"
-               + f"check({problem['entry_point']})\n")
+    program = ((completion if standalone else problem["prompt"] + completion) + "\n"
+               + problem["test"] + "\n" + f"check({problem['entry_point']})\n")
     with tempfile.TemporaryDirectory(prefix="ditto-humaneval-") as scratch:
         path = Path(scratch) / "program.py"
         path.write_text(program)
@@ -102,8 +174,10 @@ def check_program(problem: dict, completion: str, timeout: float = TIMEOUT_S) ->
 
 def generate(build_dir: Path, prompt: str, *, temperature: float, seed: int = 0,
              top_p: float = TOP_P, max_new_tokens: int = MAX_NEW_TOKENS,
-             threads: int | None = None, stop: Sequence[str] = ()) -> str:
-    """The build's completion of ``prompt`` (text, stop sequences not yet applied). With
+             threads: int | None = None, stop: Sequence[str] = (),
+             special: bool = False) -> str:
+    """The build's completion of ``prompt`` (text, stop sequences not yet applied; with
+    ``special``, control-token texts in it are parsed, ``ditto-run --special``). With
     ``stop`` (ASCII strings), generation ends as soon as the output holds one of them: the
     text up to the first stop sequence is what the whole run would give (each token depends
     only on the ones before it), and the rest is cut short. Raises DittoError naming the build
@@ -115,6 +189,8 @@ def generate(build_dir: Path, prompt: str, *, temperature: float, seed: int = 0,
                 "--top-p", str(top_p), "--seed", str(seed)]
         if threads:
             args += ["--threads", str(threads)]
+        if special:
+            args.append("--special")
         proc = subprocess.Popen(run_command(build_dir, args), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         out, stopped = bytearray(), False
