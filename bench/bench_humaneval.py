@@ -19,7 +19,8 @@ measurement (docs/RESULTS.md says which figure is which).
 the problem in a user turn of the model's chat template, the assistant turn prefilled with the
 start of a Python code block, generation up to the block's closing fence (at most
 ``humaneval.CHAT_MAX_NEW_TOKENS``), the program the block's code (``humaneval.extract_code``).
-Its results go to their own JSON (``humaneval_MODEL_chat.json`` by default).
+Its results, each problem's generated text included, go to their own JSON
+(``humaneval_MODEL_chat.json`` by default).
 
 Configurations:
 - ``fp32``: ``ditto build MODEL --quantizer none`` (the shipped file dequantized), the same
@@ -228,9 +229,11 @@ def main(argv=None) -> int:
             if p["task_id"] in r:
                 continue
             temp = 0.0 if seed is None else humaneval.TEMPERATURE
-            comp = program_of(gens[c](prompt_of(p), temp, seed or 0))
-            ok, why = humaneval.check_program(p, comp, standalone=chat)
+            response = gens[c](prompt_of(p), temp, seed or 0)
+            ok, why = humaneval.check_program(p, program_of(response), standalone=chat)
             r[p["task_id"]] = {"passed": ok, "result": why}
+            if chat:  # kept, to check a change of extract_code against the same generations
+                r[p["task_id"]]["response"] = response
             save()
         n_pass = sum(r[p["task_id"]]["passed"] for p in problems)
         print(f"{key}: pass@1 {n_pass}/{len(problems)} = {100 * n_pass / len(problems):.1f} % "

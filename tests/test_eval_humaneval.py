@@ -109,8 +109,15 @@ def test_chat_program_is_the_code_block_without_its_script_parts(problems):
     # standalone: the prompt is not prepended, so a block without the function fails
     assert he.check_program(p, "x = 1\n", standalone=True) == (
         False, "failed: NameError: name 'truncate_number' is not defined")
-    # code that does not parse is kept as written, and fails as written
-    assert he.extract_code("def f(:\n    pass\n```") == "def f(:\n    pass\n"
+    # a block cut short by the token limit keeps the whole statements before the cut (as
+    # EvalPlus keeps the longest part that parses); a solution that does not parse is lost
+    solution = p["prompt"].lstrip("\n") + p["canonical_solution"]  # the prompt starts "\n\ndef"
+    cut = solution + "\n\nassert truncate_number(3.5) == [0.5, 0.5,"
+    assert he.extract_code(cut) == solution
+    assert he.check_program(p, he.extract_code(cut), standalone=True) == (True, "passed")
+    stray = "def f(x):\n    return x\n\nprint(f(1))  # [1,\n     2]\n```"
+    assert he.extract_code(stray) == "def f(x):\n    return x\n"
+    assert he.extract_code("import os\ndef f(:\n    pass\n```") == "import os\n"
 
 
 def test_chat_frame_needs_a_chat_template(eval_builds):

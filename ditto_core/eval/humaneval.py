@@ -108,17 +108,32 @@ def chat_prompt(problem: dict, frame: tuple[str, str]) -> str:
     return f"{prefix}{user}{suffix}{RESPONSE_PREFIX}\n```python\n"
 
 
+def _parseable_prefix(code: str) -> tuple[str, ast.Module]:
+    """The longest prefix of ``code`` made of whole top-level statements that parses, and its
+    tree: on a SyntaxError, the code is cut before the top-level statement holding the error
+    line (a generation cut short by the token limit, a stray indented line after a script's
+    last call), until what remains parses (at worst the empty module)."""
+    lines = code.splitlines(keepends=True)
+    while True:
+        src = "".join(lines)
+        try:
+            return src, ast.parse(src)
+        except SyntaxError as exc:
+            err = min(max((exc.lineno or len(lines)) - 1, 0), len(lines) - 1)
+            top = [i for i in range(err + 1) if lines[i][:1] not in ("", " ", "\t", "\r", "\n")]
+            lines = lines[:top[-1] if top else 0]
+
+
 def extract_code(response: str) -> str:
     """The program in a chat-protocol ``response`` (the text generated after ``chat_prompt``):
     the code block up to its closing fence, reduced to its module-level imports, function and
     class definitions and assignments (a script's example calls, prints and ``__main__`` block
-    would run at import and are not part of the solution). Code that does not parse is kept
-    as is: it fails the check as the model wrote it."""
-    code = response.split("```", 1)[0]
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return code
+    would run at import and are not part of the solution). As EvalPlus's sanitizer keeps the
+    longest part of the block that parses, a block whose end does not parse (cut short by
+    the token limit) keeps the whole top-level statements before the error
+    (``_parseable_prefix``); a solution that does not parse itself is lost with it and fails
+    the check."""
+    code, tree = _parseable_prefix(response.split("```", 1)[0])
     lines = code.splitlines(keepends=True)
     kept = []
     for node in tree.body:
