@@ -73,11 +73,10 @@ def main(argv=None) -> int:
     gguf = bundled_model(args.model, progress=True)
     build = args.work / args.model / "fp32"
     ditto_build(args.model, out=build, quantizer="none")
-    _, model_file, _ = find_build(build)
+    exe, model_file, _ = find_build(build)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
     text = corpus.corpus_bytes()
-    exe, _, _ = find_build(build)
     ours = corpus.tokenize(exe, model_file, text, add_bos=False)
     theirs = tok(text.decode("utf-8"), add_special_tokens=False)["input_ids"]
     first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),

@@ -80,7 +80,6 @@ def truncate(completion: str) -> str:
     return completion[:cut]
 
 
-@functools.cache
 def chat_frame(build_dir: Path) -> tuple[str, str]:
     """``(prefix, suffix)``: the text of the build's chat template before and after one user
     message, generation prompt included, as recorded at export (``ditto-run --chat`` uses the
@@ -143,6 +142,7 @@ def extract_code(response: str) -> str:
     return "\n".join(k.rstrip("\n") + "\n" for k in kept)
 
 
+@functools.cache
 def network_isolation() -> list[str]:
     """``["unshare", "-n"]`` when it works here (a process without network), else ``[]``."""
     exe = shutil.which("unshare")
