@@ -47,6 +47,7 @@ void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                        int cols);
 void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
 int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
+int act_quantize_avx512(QuantActs *qa, const float *x, int n, int with_vnni);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                     int rows, int cols);
 void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
@@ -74,11 +75,11 @@ static int has_avx512vbmi(void) {
 static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
-     i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx2,
+     i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx512,
      NULL, NULL, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
-     codebook_gemv_avx512, act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2,
+     codebook_gemv_avx512, act_quantize_avx512, i8_dec8_rows_avx2, i8_decode_rows_avx2,
      i8cb_b5_rows_avx2},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,

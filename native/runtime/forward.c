@@ -106,11 +106,24 @@ AVX2_FMA_FN static void swiglu_avx2(float *g, const float *up, int n) {
         for (int j = i; j < n; j++) g[j] = gt[j - i];
     }
 }
+
+/* swiglu_avx2 in sixteen lanes (exp16: the same bits), the last partial group through it. */
+AVX512_FN static void swiglu_avx512(float *g, const float *up, int n) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 d = _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, x)));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, d), _mm512_loadu_ps(up + i)));
+    }
+    if (i < n) swiglu_avx2(g + i, up + i, n - i);
+}
 #endif
 
 SwigluFn swiglu_for(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return swiglu_avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return swiglu_avx2;
 #endif
     return swiglu_scalar;

@@ -98,6 +98,8 @@ AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
     qa->has_vnni = 1;
 }
 
+AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni);
+
 AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
@@ -152,7 +154,14 @@ AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnn
         qa->m[j] = (uint8_t)m;
         qa->m16[j] = (int16_t)m;
     }
-    /* perm32 (the block's evens, then its odds) and |qp| */
+    finish_perm32(qa, with_vnni);
+    return 0;
+}
+
+/* perm32 (each block's evens, then its odds), |qp| and, when asked, the VNNI arrays of qa->q
+ * (the steps after the quantization itself, shared by the AVX2 and AVX-512 forms). */
+AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni) {
+    const size_t n_pad = (size_t)qa->n_pad;
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (size_t base = 0; base < n_pad; base += 32) {
@@ -163,6 +172,79 @@ AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnn
     }
     qa->has_vnni = 0;
     if (with_vnni) fill_vnni_avx2(qa);
+}
+
+#define AVX512_FN __attribute__((target("avx512f,avx2")))
+
+/* 32 int8 values of round(x * inv) clamped to +-127, in column order: quantize32 in two zmm
+ * (the same float steps per element; the values are in range, so the narrowing is exact). */
+AVX512_FN static inline __m256i quantize32_zmm(const float *x, __m512 inv) {
+    const __m512 hi = _mm512_set1_ps((float)QA_QMAX), lo = _mm512_set1_ps(-(float)QA_QMAX);
+    __m128i b[2];
+    for (int i = 0; i < 2; i++) {
+        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), inv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        b[i] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(r, hi), lo)));
+    }
+    return _mm256_setr_m128i(b[0], b[1]);
+}
+
+/* act_quantize_avx2 with the maxima and the quantization in sixteen lanes (the AVX-512 tables'
+ * act_quant): maxima are exact in any order and the per-element steps are the same, so the
+ * same bytes. */
+AVX512_FN int act_quantize_avx512(QuantActs *qa, const float *x, int n, int with_vnni) {
+    size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
+    if (act_reserve(qa, n_pad)) return -1;
+    qa->n = n;
+    qa->n_pad = (int)n_pad;
+    const __m512 fmax = _mm512_set1_ps(3.402823466e38f);
+    __m512 vA = _mm512_setzero_ps();
+    __mmask16 fin = 0xffff;
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + c));
+        fin &= _mm512_cmp_ps_mask(a, fmax, _CMP_LE_OQ); /* false: NaN, inf */
+        vA = _mm512_max_ps(vA, a);
+    }
+    int finite = fin == 0xffff;
+    float A = finite ? _mm512_reduce_max_ps(vA) : 0.0f;
+    for (; c < n; c++) {
+        float a = fabsf(x[c]);
+        if (!(a <= 3.402823466e38f)) finite = 0;
+        else if (a > A) A = a;
+    }
+    float D = A / (float)(QA_QMAX * QA_MMAX);
+    qa->D = finite ? D : NAN;
+    memset(qa->q, 0, n_pad);
+    int nb = (int)(n_pad / QA_BLOCK);
+    for (int j = 0; j < nb; j++) {
+        int c0 = j * QA_BLOCK, c1 = c0 + QA_BLOCK < n ? c0 + QA_BLOCK : n;
+        float a = 0.0f, inv = 0.0f;
+        int whole = c1 - c0 == QA_BLOCK;
+        if (whole) {
+            a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + c0)),
+                                                   _mm512_abs_ps(_mm512_loadu_ps(x + c0 + 16))));
+        } else {
+            for (int k = c0; k < c1; k++) {
+                float v = fabsf(x[k]);
+                if (v > a) a = v;
+            }
+        }
+        int m = act_block_m(a, D, finite, &inv);
+        if (m && whole) {
+            _mm256_storeu_si256((__m256i *)(void *)(qa->q + c0),
+                                quantize32_zmm(x + c0, _mm512_set1_ps(inv)));
+        } else if (m) {
+            for (int k = c0; k < c1; k++) {
+                float r = rintf(x[k] * inv);
+                r = r > (float)QA_QMAX ? (float)QA_QMAX : r < -(float)QA_QMAX ? -(float)QA_QMAX : r;
+                qa->q[k] = (int8_t)r;
+            }
+        }
+        qa->m[j] = (uint8_t)m;
+        qa->m16[j] = (int16_t)m;
+    }
+    finish_perm32(qa, with_vnni);
     return 0;
 }
 

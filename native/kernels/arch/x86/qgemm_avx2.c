@@ -334,9 +334,12 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int16_t *x[NB];
-                for (int j = 0; j < NB; j++) /* past the last input: repeat it (not stored) */
-                    x[j] = mq + (size_t)(t + (j < n ? j : n - 1)) * (size_t)n_pad +
-                           (size_t)s0 * (size_t)G;
+                for (int j = 0; j < NB; j++) { /* past the last input: repeat it (not stored) */
+                    const size_t tj = (size_t)(t + (j < n ? j : n - 1));
+                    if (s0 == 0 && j < n && rp + PANEL < r1) /* as in gemm_quads() below */
+                        __builtin_prefetch(Y + tj * (size_t)rows + (size_t)(rp + PANEL), 1, 2);
+                    x[j] = mq + tj * (size_t)n_pad + (size_t)s0 * (size_t)G;
+                }
                 block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
@@ -372,9 +375,7 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
     }
 #define ZQ_BLOCK_M(j)                                                                         \
     c##j = _mm512_add_epi32(c##j, _mm512_mullo_epi32(b##j, _mm512_set1_epi32((int)m##j[k / 8])))
-#define ZQ_OUT(j)                                                                             \
-    acc[2 * j] = _mm512_castsi512_si256(c##j), acc[2 * j + 1] = _mm512_extracti64x4_epi64(c##j, 1)
-VNNI512_FN static void micro6q(__m256i *acc, const int32_t *P, const int8_t *const *x,
+VNNI512_FN static void micro6q(__m512i *acc, const int32_t *P, const int8_t *const *x,
                                const uint8_t *const *mb, int k0, int k1) {
     const int8_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
     const uint8_t *m0 = mb[0], *m1 = mb[1], *m2 = mb[2], *m3 = mb[3], *m4 = mb[4], *m5 = mb[5];
@@ -392,26 +393,53 @@ VNNI512_FN static void micro6q(__m256i *acc, const int32_t *P, const int8_t *con
         ZQ_BLOCK_M(4);
         ZQ_BLOCK_M(5);
     }
-    ZQ_OUT(0);
-    ZQ_OUT(1);
-    ZQ_OUT(2);
-    ZQ_OUT(3);
-    ZQ_OUT(4);
-    ZQ_OUT(5);
+    acc[0] = c0, acc[1] = c1, acc[2] = c2, acc[3] = c3, acc[4] = c4, acc[5] = c5;
 }
 #undef ZQ_QUAD
 #undef ZQ_BLOCK_M
-#undef ZQ_OUT
 
-/* acc[2j + h] -= 128 * sum over the blocks [b0, b1) of input j's m * (sum of q): the bias of
- * the unsigned weights (wrapping, as the lanes). */
-VNNI512_FN static void unbias_lanes(__m256i *acc, const int32_t *const *mqs, int b0, int b1) {
+/* acc[j] -= 128 * sum over the blocks [b0, b1) of input j's m * (sum of q): the bias of the
+ * unsigned weights (wrapping, as the lanes). */
+VNNI512_FN static void unbias_lanes(__m512i *acc, const int32_t *const *mqs, int b0, int b1) {
     for (int j = 0; j < NB; j++) {
         uint32_t corr = 0;
         for (int b = b0; b < b1; b++) corr += (uint32_t)mqs[j][b];
-        __m256i c = _mm256_set1_epi32((int)(128u * corr));
-        acc[2 * j] = _mm256_sub_epi32(acc[2 * j], c);
-        acc[2 * j + 1] = _mm256_sub_epi32(acc[2 * j + 1], c);
+        acc[j] = _mm512_sub_epi32(acc[j], _mm512_set1_epi32((int)(128u * corr)));
+    }
+}
+
+/* combine_lanes() on zmm, acc[j] holding input j's 16 row lanes: the same double multiply, then
+ * add, per lane, so the same bits. */
+VNNI512_FN static void combine_lanes_zmm(double *dacc, const double *sc, const __m512i *acc,
+                                         const int64_t *t64, int n) {
+    const __m512d s0 = _mm512_loadu_pd(sc), s1 = _mm512_loadu_pd(sc + 8);
+    for (int j = 0; j < n; j++) {
+        double *d = dacc + (size_t)j * PANEL;
+        __m512d lo, hi;
+        if (t64) { /* (int64 to double without AVX512DQ, which the tables do not require) */
+            const int64_t *t = t64 + (size_t)j * PANEL;
+            lo = _mm512_setr_pd((double)t[0], (double)t[1], (double)t[2], (double)t[3],
+                                (double)t[4], (double)t[5], (double)t[6], (double)t[7]);
+            hi = _mm512_setr_pd((double)t[8], (double)t[9], (double)t[10], (double)t[11],
+                                (double)t[12], (double)t[13], (double)t[14], (double)t[15]);
+        } else {
+            lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc[j]));
+            hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc[j], 1));
+        }
+        _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_mul_pd(s0, lo)));
+        _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), _mm512_mul_pd(s1, hi)));
+    }
+}
+
+/* t64[j][i] += the int32 lanes of acc[j] (a run of a sub-block longer than RUN columns). */
+VNNI512_FN static void widen_lanes_zmm(int64_t *t64, const __m512i *acc, int n) {
+    for (int j = 0; j < n; j++) {
+        int64_t *t = t64 + (size_t)j * PANEL;
+        __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[j]));
+        __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[j], 1));
+        _mm512_storeu_si512((void *)t, _mm512_add_epi64(_mm512_loadu_si512((const void *)t), lo));
+        _mm512_storeu_si512((void *)(t + 8),
+                            _mm512_add_epi64(_mm512_loadu_si512((const void *)(t + 8)), hi));
     }
 }
 
@@ -422,23 +450,23 @@ VNNI512_FN static void block_quads(double *dacc, const int32_t *P, const int8_t 
                                    const double *scd, const I8Layout *L, int s0, int s1,
                                    int cols, int n) {
     const int G = L->group_size, base = s0 * G;
-    __m256i acc[2 * NB];
+    __m512i acc[NB];
     for (int s = s0; s < s1; s++) {
         int c0 = s * G - base, c1 = (s * G + G < cols ? s * G + G : cols) - base;
         int k1 = ((c1 + 31) & ~31) / 4;
         if (k1 - c0 / 4 <= RUN / 4) {
             micro6q(acc, P, x, mb, c0 / 4, k1);
             unbias_lanes(acc, mqs, c0 / 32, k1 / 8);
-            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
+            combine_lanes_zmm(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
         } else {
             int64_t t64[NB * PANEL] = {0};
             for (int k = c0 / 4; k < k1; k += RUN / 4) {
                 int ke = k + RUN / 4 < k1 ? k + RUN / 4 : k1;
                 micro6q(acc, P, x, mb, k, ke);
                 unbias_lanes(acc, mqs, k / 8, ke / 8);
-                widen_lanes(t64, acc, n);
+                widen_lanes_zmm(t64, acc, n);
             }
-            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
+            combine_lanes_zmm(dacc, scd + (size_t)s * PANEL, acc, t64, n);
         }
     }
 }
@@ -481,6 +509,11 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
                 const int32_t *mq[NB];
                 for (int j = 0; j < NB; j++) { /* past the last input: repeat it (not stored) */
                     const size_t tj = (size_t)(t + (j < n ? j : n - 1));
+                    /* the next panel's line of Y into L2 for writing while this one is
+                     * computed: its stores then do not wait for the line (Y is larger than
+                     * the caches, and store_panel writes one line per input) */
+                    if (s0 == 0 && j < n && rp + PANEL < r1)
+                        __builtin_prefetch(Y + tj * (size_t)rows + (size_t)(rp + PANEL), 1, 2);
                     x[j] = qa[tj].q + (size_t)s0 * (size_t)G;
                     mb[j] = qa[tj].m + (size_t)s0 * (size_t)G / 32;
                     mq[j] = mqs + tj * (size_t)nblk + (size_t)s0 * (size_t)G / 32;
