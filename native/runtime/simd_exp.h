@@ -1,5 +1,6 @@
 /* simd_exp.h: e^x in eight AVX2 lanes, shared by the softmax (attention.c) and SwiGLU
- * (forward.c). x86 only; the function carries its own target attribute. */
+ * (forward.c), and in sixteen AVX-512 lanes (SwiGLU). x86 only; each function carries its own
+ * target attribute. */
 #ifndef DITTO_SIMD_EXP_H
 #define DITTO_SIMD_EXP_H
 

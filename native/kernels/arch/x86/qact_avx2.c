@@ -1,8 +1,8 @@
-/* qact_avx2.c: activation quantization (qgemv.h act_quantize) with AVX2, the same bytes as
- * act_quantize_generic: the float steps per element (x * inv, round half to even, clamp) are
- * the generic ones in eight lanes, the block maxima are exact whatever their order, and the
- * per-block scalars come from the shared act_block_m(). A row's partial last block takes the
- * scalar path. */
+/* qact_avx2.c: activation quantization (qgemv.h act_quantize) with AVX2 (and its AVX-512 form
+ * for the AVX-512 tables), the same bytes as act_quantize_generic: the float steps per element
+ * (x * inv, round half to even, clamp) are the generic ones in eight (sixteen) lanes, the
+ * block maxima are exact whatever their order, and the per-block scalars come from the shared
+ * act_block_m(). A row's partial last block takes the scalar path. */
 #include "../../qgemv.h"
 
 #if defined(__x86_64__) || defined(__i386__)
