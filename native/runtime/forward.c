@@ -10,6 +10,7 @@
 #endif
 
 #include "attention.h"
+#include "../kernels/kernels.h"
 #include "../kernels/matmul.h"
 
 static size_t kv_floats(const DittoConfig *c, int ctx) {
@@ -120,10 +121,14 @@ AVX512_FN static void swiglu_avx512(float *g, const float *up, int n) {
 }
 #endif
 
+/* The vector width follows the kernel table: sixteen lanes only under an AVX-512 table, so
+ * DITTO_KERNEL=avx2 runs the whole decode step as an AVX2-only CPU would. */
 SwigluFn swiglu_for(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return swiglu_avx512;
+    if (strncmp(kernels_active()->name, "avx512", 6) == 0 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("fma"))
+        return swiglu_avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return swiglu_avx2;
 #endif
     return swiglu_scalar;
