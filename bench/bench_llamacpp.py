@@ -30,8 +30,11 @@ Their model files are made with ``llama-quantize --allow-requantize`` from the Q
 measured with ``llama-bench -p P -n N -t T -r 1 -o json`` (pp = prompt of P tokens, tg =
 N generated tokens, avg tok/s); on a CPU that lists AMX, with ggml's CPU backend rebuilt without
 AMX (``ggml_cpu_without_amx``: the peer build's AMX kernels die with SIGILL in a VM that does
-not grant the tile state). Ditto: ``ditto build smollm2`` as the default build, with f16
-codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
+not grant the tile state). ``--isa avx2`` compares the two engines as an AVX2-only CPU
+would run them, on a CPU with more: ggml's CPU backend built with AVX2, FMA and F16C only
+(``work/llama-avx2``), Ditto with ``DITTO_KERNEL=avx2`` (the runtime's kernel table and the
+calibrated plan's cost table) and linked for x86-64-v3 (builds under ``work/MODEL-avx2``).
+Ditto: ``ditto build smollm2`` as the default build, with f16 codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
 (``--quantizer none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
 mkl-devel is installed; decode tok/s from its stats line
 (``-n N --temp 0 --ignore-eos``), prompt tok/s = P / prompt_ms of a P-token prompt (random ids,
@@ -115,29 +118,42 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def ggml_cpu_without_amx(bin_dir: Path, work: Path) -> Path | None:
+#: ``--isa`` choices: the x86 extensions both engines may use ("native": all this CPU lists)
+ISA_FLAGS = {"avx2": {"avx2", "fma", "f16c"}}
+#: the same for Ditto's link stage (-O llvm.cpu / llvm.features: no wider vectors in the
+#: auto-vectorized runtime code either)
+ISA_LLVM = {"avx2": {"llvm.cpu": "x86-64-v3", "llvm.features": "+avx2,+fma,+f16c"}}
+
+
+def ggml_cpu_without_amx(bin_dir: Path, work: Path, isa: str = "native") -> Path | None:
     """A directory holding ggml's CPU backend (libggml-cpu.so) built without AMX from the
     llama.cpp source next to ``bin_dir`` (``bin_dir/../../src``), with this CPU's other x86
-    extensions (``GGML_ISA``); built into ``work/llama-noamx`` once (~10 min on 2 cores).
-    None when the CPU lists no AMX (the peer build runs as it is) or there is no source.
+    extensions (``GGML_ISA``), or with only those of ``ISA_FLAGS[isa]`` that the CPU lists;
+    built into ``work/llama-noamx`` (``work/llama-ISA``) once (~10 min on 2 cores). None when
+    ``isa`` is "native" and the CPU lists no AMX (the peer build runs as it is), or there is no
+    source (raises SystemExit then for another ``isa``).
 
     The peer build is ``-march=native``: where the CPU lists AMX it compiles ggml's AMX
     kernels in and takes them for Q4_0 and similar types, and where the kernel does not grant
     the tile state (a VM or container) the first matrix product dies with SIGILL."""
     flags = cpu_flags()
-    if "amx_tile" not in flags:
+    if isa != "native":
+        flags &= ISA_FLAGS[isa]
+    elif "amx_tile" not in flags:
         return None
     src = bin_dir.parent.parent / "src"
-    dst = work / "llama-noamx"
+    dst = work / ("llama-noamx" if isa == "native" else f"llama-{isa}")
     lib = dst / "bin" / "libggml-cpu.so"
     if lib.exists():
         return lib.parent
     if not (src / "CMakeLists.txt").exists():
+        if isa != "native":
+            sys.exit(f"error: --isa {isa}: no llama.cpp source at {src} to build ggml-cpu from")
         return None
-    isa = [f"-D{opt}={'ON' if f in flags else 'OFF'}" for f, opt in GGML_ISA.items()]
-    print(f"building {lib} (ggml-cpu without AMX) ...", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(src), "-B", str(dst), *GGML_CPU_BASE, *isa], check=True,
-                   capture_output=True)
+    isa_opts = [f"-D{opt}={'ON' if f in flags else 'OFF'}" for f, opt in GGML_ISA.items()]
+    print(f"building {lib} (ggml-cpu without AMX, {isa}) ...", file=sys.stderr)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(dst), *GGML_CPU_BASE, *isa_opts],
+                   check=True, capture_output=True)
     subprocess.run(["cmake", "--build", str(dst), "--target", "ggml-cpu", "-j",
                     str(len(os.sched_getaffinity(0)))], check=True, capture_output=True)
     return lib.parent
@@ -292,6 +308,11 @@ def main(argv=None) -> int:
     ap.add_argument("--render", type=Path, metavar="JSON",
                     help="print (and with --write-results write) the tables of a saved run "
                          "instead of running")
+    ap.add_argument("--isa", choices=["native", *ISA_FLAGS], default="native",
+                    help="x86 extensions both engines use: 'avx2' runs Ditto with "
+                         "DITTO_KERNEL=avx2 (builds and plans for that table) and llama.cpp "
+                         "with a ggml-cpu built for AVX2/FMA/F16C only, an AVX2 machine's "
+                         "comparison on a CPU with more (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.render:
         md = render(json.loads(args.render.read_text()), args.render, args.write_results)
@@ -309,13 +330,15 @@ def main(argv=None) -> int:
         ap.error(f"unknown configs {unknown}")
     args.work.mkdir(parents=True, exist_ok=True)
     P, N = args.prompt_tokens, args.gen_tokens
+    if args.isa != "native":
+        os.environ["DITTO_KERNEL"] = args.isa  # ditto-run's table, and the plans' cost table
 
     runners, results = {}, {}
     lib_dir = None
     llama_types = [c.removeprefix("llama-") for c in configs if c.startswith("llama-")]
     if llama_types:
         bin_dir = llama_bin(args.llama_bin)
-        lib_dir = ggml_cpu_without_amx(bin_dir, args.work)
+        lib_dir = ggml_cpu_without_amx(bin_dir, args.work, args.isa)
         env = llama_env(lib_dir)
         for t, path in llama_models(bin_dir, args.work, llama_types, args.model).items():
             name = f"llama-{t}"
@@ -326,8 +349,10 @@ def main(argv=None) -> int:
     ids_file = args.work / f"prompt{P}.json"
     ids_file.write_text(json.dumps(ids))
     for name in [c for c in configs if c in DITTO]:
-        d = args.work / args.model / name
+        d = args.work / (args.model if args.isa == "native" else f"{args.model}-{args.isa}") / name
         kw = dict(DITTO[name])
+        if args.isa != "native":
+            kw["options"] = dict(ISA_LLVM[args.isa])
         if name == "ditto-calibrated":
             q4_0 = llama_models(llama_bin(args.llama_bin), args.work, ["Q4_0"], args.model)
             kw["max_size_of"] = q4_0["Q4_0"]
@@ -364,6 +389,7 @@ def main(argv=None) -> int:
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "load_average": os.getloadavg(), "cpu": _cpu(), "rounds": args.rounds,
            "model": args.model, "threads": threads, "prompt_tokens": P, "gen_tokens": N,
+           "isa": args.isa,
            "stream_read_bytes_per_s": {str(th): v for th, v in stream.items()},
            "llama_n_params": n_params,
            "llama_ggml_cpu": str(lib_dir / "libggml-cpu.so") if lib_dir else "peer build",
@@ -387,13 +413,19 @@ def render(out: dict, path: Path, write: bool, command: str | None = None) -> st
     if ratios:
         md += "\n\n" + ratios
     if write:
+        isa_arg = "" if out.get("isa", "native") == "native" else f" --isa {out['isa']}"
         cmd = command if command is not None else (
-            f"--model {model} --rounds {out['rounds']} --configs {','.join(out['results'])}")
+            f"--model {model} --rounds {out['rounds']}{isa_arg} "
+            f"--configs {','.join(out['results'])}")
         lib = out.get("llama_ggml_cpu", "peer build") != "peer build"
+        isa = out.get("isa", "native")
         note = (f"`python bench/bench_llamacpp.py {cmd}` ({out['date'][:16]} UTC, "
                 f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
                 f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
-                + ("; llama.cpp with a libggml-cpu.so built from the same source without AMX "
+                + (f"; {isa} only: Ditto with DITTO_KERNEL={isa}, llama.cpp with a "
+                   f"libggml-cpu.so built from the same source for {'/'.join(sorted(ISA_FLAGS[isa]))}"
+                   if isa != "native" else
+                   "; llama.cpp with a libggml-cpu.so built from the same source without AMX "
                    "(the peer build's AMX kernels fault with SIGILL here)" if lib else "")
                 + ":\n\n")
         default = "bench_llamacpp.json" if model == "smollm2" else f"bench_llamacpp_{model}.json"
