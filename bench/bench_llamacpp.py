@@ -34,8 +34,9 @@ not grant the tile state). ``--isa avx2`` compares the two engines as an AVX2-on
 would run them, on a CPU with more: ggml's CPU backend built with AVX2, FMA and F16C only
 (``work/llama-avx2``), Ditto with ``DITTO_KERNEL=avx2`` (the runtime's kernel table and the
 calibrated plan's cost table) and linked for x86-64-v3 (builds under ``work/MODEL-avx2``).
-Ditto: ``ditto build smollm2`` as the default build, with f16 codebooks (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive
-(``--quantizer none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
+Ditto: ``ditto build smollm2`` as the default build, with f16 codebooks
+(``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive (``--quantizer
+none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
 mkl-devel is installed; decode tok/s from its stats line
 (``-n N --temp 0 --ignore-eos``), prompt tok/s = P / prompt_ms of a P-token prompt (random ids,
 fixed seed, ``--ids``, ``-n 1``; batched prefill). Every (configuration, threads) pair runs once
@@ -331,6 +332,9 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     P, N = args.prompt_tokens, args.gen_tokens
     if args.isa != "native":
+        missing = ISA_FLAGS[args.isa] - cpu_flags()
+        if missing:
+            ap.error(f"--isa {args.isa}: this CPU does not list {', '.join(sorted(missing))}")
         os.environ["DITTO_KERNEL"] = args.isa  # ditto-run's table, and the plans' cost table
 
     runners, results = {}, {}
@@ -349,7 +353,8 @@ def main(argv=None) -> int:
     ids_file = args.work / f"prompt{P}.json"
     ids_file.write_text(json.dumps(ids))
     for name in [c for c in configs if c in DITTO]:
-        d = args.work / (args.model if args.isa == "native" else f"{args.model}-{args.isa}") / name
+        d = args.work / (args.model if args.isa == "native" else f"{args.model}-{args.isa}")
+        d = d / name
         kw = dict(DITTO[name])
         if args.isa != "native":
             kw["options"] = dict(ISA_LLVM[args.isa])
@@ -423,8 +428,8 @@ def render(out: dict, path: Path, write: bool, command: str | None = None) -> st
                 f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
                 f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
                 + (f"; {isa} only: Ditto with DITTO_KERNEL={isa}, llama.cpp with a "
-                   f"libggml-cpu.so built from the same source for {'/'.join(sorted(ISA_FLAGS[isa]))}"
-                   if isa != "native" else
+                   "libggml-cpu.so built from the same source for "
+                   f"{'/'.join(sorted(ISA_FLAGS[isa]))}" if isa != "native" else
                    "; llama.cpp with a libggml-cpu.so built from the same source without AMX "
                    "(the peer build's AMX kernels fault with SIGILL here)" if lib else "")
                 + ":\n\n")
