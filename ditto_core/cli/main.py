@@ -246,7 +246,7 @@ def plugins_cmd(as_json, with_options):
 @click.option("--speed-aware", "speed_aware", default="auto", show_default=True,
               metavar="auto|off|TABLE",
               help="With a budget, also hold the plan's modelled GEMV time on this kernel table "
-                   "to within 3 % of the default plan's (`ditto inspect` shows each tensor's "
+                   "to at most the default plan's (`ditto inspect` shows each tensor's "
                    "path): auto = this CPU's table, off = the byte budget alone (the most "
                    "faithful file), or a table name (e.g. avx2; docs/QUANT.md).")
 @click.option("--rewrite/--no-rewrite", default=True, show_default=True,
