@@ -329,13 +329,13 @@ def main(argv=None) -> int:
                LLAMA_TYPES + ["shipped"]]
     if unknown:
         ap.error(f"unknown configs {unknown}")
-    args.work.mkdir(parents=True, exist_ok=True)
-    P, N = args.prompt_tokens, args.gen_tokens
     if args.isa != "native":
         missing = ISA_FLAGS[args.isa] - cpu_flags()
         if missing:
             ap.error(f"--isa {args.isa}: this CPU does not list {', '.join(sorted(missing))}")
         os.environ["DITTO_KERNEL"] = args.isa  # ditto-run's table, and the plans' cost table
+    args.work.mkdir(parents=True, exist_ok=True)
+    P, N = args.prompt_tokens, args.gen_tokens
 
     runners, results = {}, {}
     lib_dir = None

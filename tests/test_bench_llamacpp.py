@@ -1,0 +1,58 @@
+"""bench/bench_llamacpp.py: the --isa refusal and the line it writes above an --isa run's table."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bl():
+    spec = importlib.util.spec_from_file_location("bench_llamacpp",
+                                                  ROOT / "bench" / "bench_llamacpp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_isa_refused_on_a_cpu_without_it(bl, tmp_path, monkeypatch, capsys):
+    """--isa avx2 where the CPU lists none of AVX2/FMA/F16C: exit 2 naming what is missing,
+    before any directory is made or DITTO_KERNEL is set."""
+    monkeypatch.setattr(bl, "cpu_flags", lambda: {"sse2", "avx"})
+    monkeypatch.delenv("DITTO_KERNEL", raising=False)
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--isa", "avx2", "--configs", "ditto-default", "--work", str(work)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(  # after argparse's prog name
+        ": error: --isa avx2: this CPU does not list avx2, f16c, fma")
+    assert not work.exists()
+    assert "DITTO_KERNEL" not in os.environ
+
+
+def test_isa_run_rendered_with_its_flag_and_peer_build(bl, tmp_path, monkeypatch):
+    """An --isa avx2 run's line names the flag in the command and says how both engines ran."""
+    written = {}
+    monkeypatch.setattr(bl, "write_results",
+                        lambda md, text, key: written.update(md=md, text=text, key=key))
+    samples = {"tg@1": [10.0, 12.0], "pp@1": [100.0, 110.0]}
+    res = {"ditto-default": {"label": "Ditto default build (`ditto build smollm2`)",
+                             "bytes": 88_400_000, "bpw": 5.26, "samples": samples,
+                             "median": {"tg@1": 11.0, "pp@1": 105.0}}}
+    out = {"date": "2026-12-06T01:49:00+00:00", "load_average": [1.25, 1.0, 1.0],
+           "cpu": "Some CPU", "rounds": 2, "model": "smollm2", "threads": [1],
+           "prompt_tokens": 512, "gen_tokens": 128, "isa": "avx2",
+           "llama_ggml_cpu": "/x/llama-avx2/bin/libggml-cpu.so", "results": res}
+    path = tmp_path / "bench_llamacpp_smollm2_x_avx2.json"
+    md = bl.render(out, path, True)
+    assert written["key"] == "smollm2_x_avx2"
+    assert written["text"].splitlines()[0] == (
+        "`python bench/bench_llamacpp.py --model smollm2 --rounds 2 --isa avx2 --configs "
+        "ditto-default` (2026-12-06T01:49 UTC, Some CPU, load average 1.2 at the end; medians "
+        "of 2 interleaved rounds, tok/s; JSON in bench/results/bench_llamacpp_smollm2_x_avx2."
+        "json); avx2 only: Ditto with DITTO_KERNEL=avx2, llama.cpp with a libggml-cpu.so built "
+        "from the same source for avx2/f16c/fma:")
+    assert "| Ditto default build (`ditto build smollm2`) | 88.4 | 5.26 | 11.0 | 105.0 |" in md
