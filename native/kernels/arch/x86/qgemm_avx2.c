@@ -140,9 +140,18 @@ AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, i
 
 /* The micro-kernel: acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in
  * [k0, k1) of P[k] * (x[j][2k], x[j][2k + 1]), for the six inputs j. One form per
- * multiply-add, all with the same lanes and the same (exact, wrapping) int32 sums. */
+ * multiply-add, all with the same lanes and the same (exact, wrapping) int32 sums. Its
+ * `combined` twin, for a whole sub-block in one run, adds the sums times the rows' scales
+ * sc[16] straight from the registers into dacc[j][16] for all six inputs, as combine_lanes()
+ * does (dacc has room for six, whether or not they are all combined). */
 typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,
                          int k1);
+typedef void (*Micro6CombinedFn)(double *dacc, const double *sc, const int32_t *P,
+                                 const int16_t *const *x, int k0, int k1);
+typedef struct {
+    Micro6Fn run;
+    Micro6CombinedFn combined;
+} Micro6;
 
 /* Spelled out with named registers: the IR pipeline of `ditto build` (clang -O1, then LLVM
  * O3) does not unroll an array of accumulators into registers, and on the stack they would
@@ -157,33 +166,62 @@ typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int16_t *const *x
     }                                                                                         \
     c##j##0 = MADD(c##j##0, w0, a##j);                                                        \
     c##j##1 = MADD(c##j##1, w1, a##j)
+#define MICRO6_LOOP(MADD)                                                                     \
+    const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];     \
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,         \
+            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;      \
+    for (int k = k0; k < k1; k++) {                                                           \
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL)); \
+        __m256i w1 =                                                                          \
+            _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));   \
+        MQ_PAIR(MADD, 0);                                                                     \
+        MQ_PAIR(MADD, 1);                                                                     \
+        MQ_PAIR(MADD, 2);                                                                     \
+        MQ_PAIR(MADD, 3);                                                                     \
+        MQ_PAIR(MADD, 4);                                                                     \
+        MQ_PAIR(MADD, 5);                                                                     \
+    }
+/* d[0..8) += sc[0..8) * the eight int32 lanes of v, in double (exact products, one add). */
+#define COMBINE8(d, sc, v)                                                                    \
+    do {                                                                                      \
+        __m256d lo_ = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));                          \
+        __m256d hi_ = _mm256_cvtepi32_pd(_mm256_extracti128_si256((v), 1));                   \
+        _mm256_storeu_pd((d), _mm256_add_pd(_mm256_loadu_pd(d),                               \
+                                            _mm256_mul_pd(_mm256_loadu_pd(sc), lo_)));        \
+        _mm256_storeu_pd((d) + 4, _mm256_add_pd(_mm256_loadu_pd((d) + 4),                     \
+                                                _mm256_mul_pd(_mm256_loadu_pd((sc) + 4), hi_))); \
+    } while (0)
+#define COMBINE_INPUT(j)                                                                      \
+    COMBINE8(dacc + j * PANEL, sc, c##j##0);                                                  \
+    COMBINE8(dacc + j * PANEL + 8, sc + 8, c##j##1)
 #define MICRO6(NAME, ATTR, MADD)                                                              \
     ATTR static void NAME(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,   \
                           int k1) {                                                           \
-        const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5]; \
-        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,     \
-                c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;  \
-        for (int k = k0; k < k1; k++) {                                                       \
-            __m256i w0 =                                                                      \
-                _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL));   \
-            __m256i w1 = _mm256_loadu_si256(                                                  \
-                (const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));                  \
-            MQ_PAIR(MADD, 0);                                                                 \
-            MQ_PAIR(MADD, 1);                                                                 \
-            MQ_PAIR(MADD, 2);                                                                 \
-            MQ_PAIR(MADD, 3);                                                                 \
-            MQ_PAIR(MADD, 4);                                                                 \
-            MQ_PAIR(MADD, 5);                                                                 \
-        }                                                                                     \
+        MICRO6_LOOP(MADD)                                                                     \
         acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;   \
         acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51; \
+    }                                                                                         \
+    ATTR static void NAME##_combined(double *dacc, const double *sc, const int32_t *P,        \
+                                     const int16_t *const *x, int k0, int k1) {              \
+        MICRO6_LOOP(MADD)                                                                     \
+        COMBINE_INPUT(0);                                                                     \
+        COMBINE_INPUT(1);                                                                     \
+        COMBINE_INPUT(2);                                                                     \
+        COMBINE_INPUT(3);                                                                     \
+        COMBINE_INPUT(4);                                                                     \
+        COMBINE_INPUT(5);                                                                     \
     }
 
 #define MADD_AVX2(c, w, a) _mm256_add_epi32((c), _mm256_madd_epi16((w), (a)))
 #define MADD_AVXVNNI(c, w, a) _mm256_dpwssd_avx_epi32((c), (w), (a))     /* VEX vpdpwssd */
 MICRO6(micro6_avx2, AVX2_FN, MADD_AVX2)
 MICRO6(micro6_avxvnni, AVXVNNI_FN, MADD_AVXVNNI)
+static const Micro6 MICRO6_AVX2 = {micro6_avx2, micro6_avx2_combined};
+static const Micro6 MICRO6_AVXVNNI = {micro6_avxvnni, micro6_avxvnni_combined};
 #undef MICRO6
+#undef MICRO6_LOOP
+#undef COMBINE_INPUT
+#undef COMBINE8
 #undef MQ_PAIR
 #undef MADD_AVX2
 #undef MADD_AVXVNNI
@@ -230,7 +268,7 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
 /* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..6), of which
  * the first n are combined: each sub-block's sums into dacc[j][16] with its scales
  * scd[s][16]. */
-AVX2_FN static void block(Micro6Fn micro6, double *dacc, const int32_t *P,
+AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
                           const int16_t *const *x, const double *scd, const I8Layout *L, int s0,
                           int s1, int cols, int n) {
     const int G = L->group_size, base = s0 * G;
@@ -239,12 +277,11 @@ AVX2_FN static void block(Micro6Fn micro6, double *dacc, const int32_t *P,
         int c0 = s * G - base, c1 = (s * G + G < cols ? s * G + G : cols) - base;
         int k1 = ((c1 + 31) & ~31) / 2;
         if (k1 - c0 / 2 <= RUN / 2) {
-            micro6(acc, P, x, c0 / 2, k1);
-            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, NULL, n);
+            micro6->combined(dacc, scd + (size_t)s * PANEL, P, x, c0 / 2, k1);
         } else {
             int64_t t64[NB * PANEL] = {0};
             for (int k = c0 / 2; k < k1; k += RUN / 2) {
-                micro6(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1);
+                micro6->run(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1);
                 widen_lanes(t64, acc, n);
             }
             combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
@@ -314,7 +351,7 @@ AVX2_BMI2_FN static int load_panel_block(int32_t *P, void *tmp, int kmax, int qu
 }
 
 /* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
-AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, int T,
+AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *qa, int T,
                               const I8Layout *L, int r0, int r1, int rows, int cols) {
     const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub;
     const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
@@ -322,13 +359,15 @@ AVX2_BMI2_FN static void gemm(Micro6Fn micro6, float *Y, const QuantActs *qa, in
     int16_t *mq = alloc_or_die((size_t)T * (size_t)n_pad * sizeof *mq, "scaled activations");
     int16_t *tmp = alloc_or_die((size_t)PANEL * (size_t)kmax * sizeof *tmp, "decoded rows");
     int32_t *P = alloc_or_die((size_t)kmax / 2 * PANEL * sizeof *P, "weight panel");
-    double *dacc = alloc_or_die((size_t)T * PANEL * sizeof *dacc, "sums");
+    /* the sums of T inputs and of the up to NB - 1 repeats a last group of fewer combines */
+    const size_t n_dacc = ((size_t)T + NB - 1) * PANEL;
+    double *dacc = alloc_or_die(n_dacc * sizeof *dacc, "sums");
     double *scd = alloc_or_die((size_t)n_sub * PANEL * sizeof *scd, "scales");
     for (int t = 0; t < T; t++) scale_acts(mq + (size_t)t * (size_t)n_pad, &qa[t]);
     for (int rp = r0; rp < r1; rp += PANEL) {
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
         panel_scales(scd, L, rp, R);
-        memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
+        memset(dacc, 0, n_dacc * sizeof *dacc);
         for (int s0 = 0, s1; s0 < n_sub; s0 = s1) {
             s1 = load_panel_block(P, tmp, kmax, 0, L, rp, R, cols, s0);
             for (int t = 0; t < T; t += NB) {
@@ -535,12 +574,12 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
  * quad form: vpdpbusd on zmm). */
 AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                  int r0, int r1, int rows, int cols) {
-    gemm(micro6_avx2, Y, qa, T, L, r0, r1, rows, cols);
+    gemm(&MICRO6_AVX2, Y, qa, T, L, r0, r1, rows, cols);
 }
 
 AVX2_BMI2_FN void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
                                     int r0, int r1, int rows, int cols) {
-    gemm(micro6_avxvnni, Y, qa, T, L, r0, r1, rows, cols);
+    gemm(&MICRO6_AVXVNNI, Y, qa, T, L, r0, r1, rows, cols);
 }
 
 AVX2_BMI2_FN void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
