@@ -350,6 +350,31 @@ AVX2_BMI2_FN static int load_panel_block(int32_t *P, void *tmp, int kmax, int qu
     return s1;
 }
 
+/* The index bytes and centroids that load_panel_block() will read for rows rp..rp+R-1 from
+ * sub-block s0 on, into L2 (nothing when rp >= r1): issued right after a block is decoded, so
+ * the next block's lines arrive while the micro-kernel works on this one (each row's share
+ * of a block is a few lines, too short a stream for the hardware prefetcher to cover). */
+static void prefetch_panel_block(const I8Layout *L, int rp, int r1, int cols, int s0) {
+    if (rp >= r1) return;
+    const int G = L->group_size, per = G >= KBLOCK ? 1 : KBLOCK / G;
+    const int s1 = s0 + per < L->n_sub ? s0 + per : L->n_sub;
+    const int c_end = s1 * G < cols ? s1 * G : cols;
+    const size_t lo = (size_t)s0 * (size_t)G * (size_t)L->bits / 8u;
+    const size_t hi = ((size_t)c_end * (size_t)L->bits + 7u) / 8u;
+    const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
+    for (int i = 0; i < R; i++) {
+        const uint8_t *row = L->indices + (size_t)(rp + i) * L->row_bytes;
+        for (uintptr_t a = (uintptr_t)(row + lo) & ~(uintptr_t)63; a < (uintptr_t)(row + hi);
+             a += 64)
+            _mm_prefetch((const char *)a, _MM_HINT_T1);
+        const int8_t *cb = L->cent + ((size_t)(rp + i) * (size_t)L->n_sub + (size_t)s0) *
+                                         (size_t)L->k;
+        const size_t cb_bytes = (size_t)(s1 - s0) * (size_t)L->k;
+        for (uintptr_t a = (uintptr_t)cb & ~(uintptr_t)63; a < (uintptr_t)(cb + cb_bytes); a += 64)
+            _mm_prefetch((const char *)a, _MM_HINT_T1);
+    }
+}
+
 /* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
 AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *qa, int T,
                               const I8Layout *L, int r0, int r1, int rows, int cols) {
@@ -370,6 +395,8 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
         memset(dacc, 0, n_dacc * sizeof *dacc);
         for (int s0 = 0, s1; s0 < n_sub; s0 = s1) {
             s1 = load_panel_block(P, tmp, kmax, 0, L, rp, R, cols, s0);
+            if (s1 < n_sub) prefetch_panel_block(L, rp, r1, cols, s1);
+            else prefetch_panel_block(L, rp + PANEL, r1, cols, 0);
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int16_t *x[NB];
@@ -541,6 +568,8 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
         memset(dacc, 0, (size_t)T * PANEL * sizeof *dacc);
         for (int s0 = 0, s1; s0 < n_sub; s0 = s1) {
             s1 = load_panel_block(P, tmp, kmax, 1, L, rp, R, cols, s0);
+            if (s1 < n_sub) prefetch_panel_block(L, rp, r1, cols, s1);
+            else prefetch_panel_block(L, rp + PANEL, r1, cols, 0);
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 const int8_t *x[NB];
