@@ -94,6 +94,20 @@ def test_threads_do_not_change_logits(native_build, native_synth, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_decode_attention_split_over_threads_keeps_bits(native_build, native_synth, tmp_path):
+    """Token-by-token decode (-b 1) splits the GQA model's 6 query heads (2 KV heads of 3)
+    evenly over the threads: with 2 threads each takes a whole KV group, with 4 the runs
+    (1, 2, 1, 2 heads) cut through the groups. Every split gives the 1-thread logits."""
+    m = native_synth.quant
+    assert (m.cfg.n_heads, m.cfg.n_kv_heads) == (6, 2)
+    ids = list(range(3, 30))
+    one = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", 1, "-b", 1)
+    assert np.isfinite(one).all()
+    for threads in (2, 4):
+        got = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", threads, "-b", 1)
+        np.testing.assert_array_equal(got, one)
+
+
 def test_score_equals_log_softmax_of_reference(native_build, native_synth, tmp_path):
     m = native_synth.quant
     ids = np.random.default_rng(3).integers(0, 259, size=20).tolist()

@@ -155,38 +155,37 @@ void add_bias(float *y, const Tensor *b) {
 }
 
 /* Causal attention of one position: for every query head, softmax(q·k / sqrt(d)) over
- * positions 0..pos, then the weighted sum of values (attention.h). With at least as many KV
- * heads as threads, each thread takes whole KV heads with the group of query heads sharing
- * them (attend_group: each key and value row read once for the group; one query head at a
- * time would read the layer's keys and values n_heads / n_kv_heads times, which at 3,000
- * positions costs Qwen2.5-Coder-0.5B over a quarter of its decode time); else the query heads are
- * spread over the threads one by one. Both give every head the same bits. */
+ * positions 0..pos, then the weighted sum of values (attention.h). The query heads are split
+ * evenly over the threads in runs of consecutive heads, and each thread takes its run one KV
+ * head at a time with the heads of the run that share it (attend_group: each key and value row
+ * read once per group and thread; one query head at a time would read the layer's keys and
+ * values n_heads / n_kv_heads times, which at 3,000 positions costs Qwen2.5-Coder-0.5B over a
+ * quarter of its decode time). Whole KV heads per thread would leave a thread idle for a third
+ * of the attention when the KV heads do not divide among the threads (SmolLM2's 3 on 2). A
+ * head's scores and sums do not depend on which heads share its group, so every split gives
+ * the same bits. */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
-    int group = (int)(c->n_heads / c->n_kv_heads), n_kv = (int)c->n_kv_heads;
+    int group = (int)(c->n_heads / c->n_kv_heads), n_heads = (int)c->n_heads;
     size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
-    int threads = 1, h;
+    AttendGroupFn attend = attend_group_for(d);
+#pragma omp parallel
+    {
+        int t = 0, nt = 1;
 #ifdef _OPENMP
-    threads = omp_get_max_threads();
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
 #endif
-    if (n_kv >= threads) {
-        AttendGroupFn attend = attend_group_for(d);
-#pragma omp parallel for private(h)
-        for (h = 0; h < n_kv; h++)
-            attend(s->att_out + (size_t)h * group * d, s->q + (size_t)h * group * d, (size_t)d,
-                   group, s->key_cache + layer_off + h * d, s->value_cache + layer_off + h * d,
-                   (size_t)kv_dim, pos + 1, d, inv_sqrt_d, s->att + (size_t)h * group * s->ctx,
-                   (size_t)s->ctx);
-        return;
-    }
-    AttendFn attend = attend_for(d);
-#pragma omp parallel for private(h)
-    for (h = 0; h < (int)c->n_heads; h++) {
-        int kvh = h / group;
-        attend(s->att_out + h * d, s->q + h * d, s->key_cache + layer_off + kvh * d,
-               s->value_cache + layer_off + kvh * d, (size_t)kv_dim, pos + 1, d, inv_sqrt_d,
-               s->att + (size_t)h * s->ctx);
+        const int h0 = (int)((long)n_heads * t / nt), h1 = (int)((long)n_heads * (t + 1) / nt);
+        for (int h = h0; h < h1;) {
+            const int kvh = h / group, end = (kvh + 1) * group < h1 ? (kvh + 1) * group : h1;
+            attend(s->att_out + (size_t)h * d, s->q + (size_t)h * d, (size_t)d, end - h,
+                   s->key_cache + layer_off + (size_t)kvh * d,
+                   s->value_cache + layer_off + (size_t)kvh * d, (size_t)kv_dim, pos + 1, d,
+                   inv_sqrt_d, s->att + (size_t)h * s->ctx, (size_t)s->ctx);
+            h = end;
+        }
     }
 }
 
