@@ -134,6 +134,19 @@ def test_crc32_equals_zlib(lib):
     assert lib.crc32_update(part, data[1000:5000], 4000) == zlib.crc32(data[:5000])
 
 
+def test_crc32_every_short_length_and_alignment(lib):
+    """Lengths 0..300 from 17 start addresses: the byte-table path (< 64 bytes), the
+    carry-less-multiplication folds where the CPU has them (64-byte steps, then 16-byte ones)
+    and the byte tails after them, each against zlib."""
+    data = np.random.default_rng(2).integers(0, 256, size=400, dtype=np.uint8).tobytes()
+    buf = ctypes.create_string_buffer(data, len(data))
+    base = ctypes.addressof(buf)
+    for off in range(17):
+        for n in range(301):
+            got = lib.crc32_update(0, ctypes.cast(base + off, ctypes.c_char_p), n)
+            assert got == zlib.crc32(data[off:off + n]), (off, n)
+
+
 def test_expected_nbytes_formula(lib):
     # FORMAT.md: codebook_bytes = roundup(rows*S*K*elem, 64), nbytes = that + rows*ceil(cols/8)*b
     assert lib.tensor_expected_nbytes(0, 0, 0, 0, 3, 5) == 60
