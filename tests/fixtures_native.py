@@ -81,16 +81,17 @@ def byte_vocab(chat: bool = True) -> TokenizerSpec:
 def synthetic_model(path: Path, *, seed: int, tied: bool, quantized: bool,
                     n_kv_heads: int = 2, cb_types=("f16", "f32"),
                     group_sizes=(2, 3, 8, 16, 32, 37, 64, 5, 256),
-                    arch: str = "llama") -> tuple[ModelConfig, dict]:
+                    arch: str = "llama", head_dim: int = 12) -> tuple[ModelConfig, dict]:
     """A random Llama model over ``byte_vocab`` (vocab 259) with GQA, tails (dim 72, hidden 100),
     and, if ``quantized``, every matrix a codebook tensor with a different (b, G, codebook
     type), b cycling through 1..8, G through ``group_sizes``, codebook type through ``cb_types``
     (token_embd and the classifier included). ``arch="qwen2"``: with q/k/v biases ~ N(0, 0.5)
-    (f32 vectors).
+    (f32 vectors). ``head_dim``: 12 (the scalar attention), or a multiple of 8 for the SIMD
+    one (6 query heads of it, so q_dim = 6 * head_dim).
     Returns (config, float64 weights as the runtime sees them, "output.weight" always set)."""
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(dim=72, hidden_dim=100, n_layers=2, n_heads=6, n_kv_heads=n_kv_heads,
-                      head_dim=12, vocab_size=259, max_seq_len=64, rope_theta=10000.0,
+                      head_dim=head_dim, vocab_size=259, max_seq_len=64, rope_theta=10000.0,
                       norm_eps=1e-5, tied_embeddings=tied, arch=arch)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, n_kv_heads * cfg.head_dim
     shapes = [("token_embd.weight", (259, 72)), ("output_norm.weight", (72,))]

@@ -114,7 +114,7 @@ WSUM_FN = ctypes.CFUNCTYPE(None, P, ctypes.c_size_t, ctypes.c_int, P, ctypes.c_s
 def test_steps_by_key_blocks_equal_one_pass(lib, d, nq):
     """attend_steps_for(d) run as prefill runs it, over the keys in blocks of 512 (scores per
     block, one softmax, weighted sums accumulated block after block), gives every head the
-    bits of attend_for(d) over all keys at once (decode's call), at 1,100 keys."""
+    bits of attend_for(d) over all keys at once (one head's whole attention), at 1,100 keys."""
     lib.attend_steps_for.restype = ctypes.POINTER(_Steps)
     lib.attend_steps_for.argtypes = [ctypes.c_int]
     st = lib.attend_steps_for(d).contents

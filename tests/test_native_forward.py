@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.fixtures_native import dump_logits, model_weights, rel_error, run_native, token_file
+from tests.fixtures_native import (dump_logits, model_weights, rel_error, run_native,
+                                   synthetic_model, token_file)
 from tests.fixtures_quant import rtn_registry, smollm2_packed, smollm2_subset  # noqa: F401
 from tests.fixtures_tokenizer import golden_rows
 from tests.native_reference import reference_logits
@@ -94,17 +95,20 @@ def test_threads_do_not_change_logits(native_build, native_synth, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_decode_attention_split_over_threads_keeps_bits(native_build, native_synth, tmp_path):
-    """Token-by-token decode (-b 1) splits the GQA model's 6 query heads (2 KV heads of 3)
-    evenly over the threads: with 2 threads each takes a whole KV group, with 4 the runs
-    (1, 2, 1, 2 heads) cut through the groups. Every split gives the 1-thread logits."""
-    m = native_synth.quant
-    assert (m.cfg.n_heads, m.cfg.n_kv_heads) == (6, 2)
+def test_decode_attention_split_over_threads_keeps_bits(native_build, tmp_path):
+    """Token-by-token decode (-b 1) splits the query heads (6, over 2 KV heads of 3) evenly over
+    the threads: with 2 threads each takes a whole KV group, with 4 the runs (1, 2, 1, 2 heads)
+    cut through the groups. head_dim 16 takes the SIMD attention where the CPU has it (its
+    three-head and one-head steps); every split gives the 1-thread logits bit for bit, and
+    those match the NumPy reference."""
+    path = tmp_path / "gqa16.ditto"
+    cfg, w = synthetic_model(path, seed=5, tied=True, quantized=False, head_dim=16)
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (6, 2, 16)
     ids = list(range(3, 30))
-    one = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", 1, "-b", 1)
-    assert np.isfinite(one).all()
+    one = dump_logits(native_build.run, path, ids, tmp_path, "--threads", 1, "-b", 1)
+    assert rel_error(one, reference_logits(cfg, w, ids)).max() <= 1e-4
     for threads in (2, 4):
-        got = dump_logits(native_build.run, m.path, ids, tmp_path, "--threads", threads, "-b", 1)
+        got = dump_logits(native_build.run, path, ids, tmp_path, "--threads", threads, "-b", 1)
         np.testing.assert_array_equal(got, one)
 
 

@@ -54,8 +54,8 @@ CLMUL_FN static inline __m128i clmul_fold(__m128i x, __m128i k, __m128i d) {
  * step (times x^(512+32) and x^(512-32) mod P), are folded into one (x^(128+32), x^(128-32)),
  * which takes the rest 16 bytes at a time; the last 128 bits are folded to 64 and 32 (x^64)
  * and reduced by Barrett's method (mu = x^64 / P). Every constant is the bit-reflected
- * remainder shifted left by one, as the reflected polynomial 0xEDB88320 needs; test_modelfile
- * checks the result against zlib.crc32 for every length and alignment that matters. */
+ * remainder shifted left by one, as the reflected polynomial 0xEDB88320 needs
+ * (tests/test_native_kernels.py checks lengths 0..300 from 17 start addresses against zlib). */
 CLMUL_FN static uint32_t crc32_clmul(uint32_t crc, const uint8_t *p, size_t len) {
     const __m128i k512 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);
     const __m128i k128 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);

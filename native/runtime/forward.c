@@ -160,10 +160,9 @@ void add_bias(float *y, const Tensor *b) {
  * head at a time with the heads of the run that share it (attend_group: each key and value row
  * read once per group and thread; one query head at a time would read the layer's keys and
  * values n_heads / n_kv_heads times, which at 3,000 positions costs Qwen2.5-Coder-0.5B over a
- * quarter of its decode time). Whole KV heads per thread would leave a thread idle for a third
- * of the attention when the KV heads do not divide among the threads (SmolLM2's 3 on 2). A
- * head's scores and sums do not depend on which heads share its group, so every split gives
- * the same bits. */
+ * quarter of its decode time). Splitting heads rather than KV heads keeps the threads evenly
+ * loaded when the KV heads do not divide among them (SmolLM2's 3 on 2). A head's scores and
+ * sums do not depend on which heads share its group, so every split gives the same bits. */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
     int group = (int)(c->n_heads / c->n_kv_heads), n_heads = (int)c->n_heads;

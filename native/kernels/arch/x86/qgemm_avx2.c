@@ -227,21 +227,15 @@ static const Micro6 MICRO6_AVXVNNI = {micro6_avxvnni, micro6_avxvnni_combined};
 #undef MADD_AVXVNNI
 
 /* dacc[j][i] = dacc[j][i] + sc[i] * T[j][i] (double; the definition's multiply, then add) for
- * the 16 rows i and inputs j < n, T given as int32 lanes (one run) or int64 (t64). */
-AVX2_FN static void combine_lanes(double *dacc, const double *sc, const __m256i *acc,
-                                  const int64_t *t64, int n) {
+ * the 16 rows i and inputs j < n, T given in int64 (a sub-block summed in several runs; one run
+ * is combined by the micro-kernel's `combined` twin). */
+AVX2_FN static void combine_lanes(double *dacc, const double *sc, const int64_t *t64, int n) {
     for (int j = 0; j < n; j++) {
         double *d = dacc + (size_t)j * PANEL;
         for (int h = 0; h < 2; h++) {
-            __m256d lo, hi;
-            if (t64) {
-                const int64_t *t = t64 + (size_t)j * PANEL + 8 * h;
-                lo = _mm256_setr_pd((double)t[0], (double)t[1], (double)t[2], (double)t[3]);
-                hi = _mm256_setr_pd((double)t[4], (double)t[5], (double)t[6], (double)t[7]);
-            } else {
-                lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(acc[2 * j + h]));
-                hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(acc[2 * j + h], 1));
-            }
+            const int64_t *t = t64 + (size_t)j * PANEL + 8 * h;
+            __m256d lo = _mm256_setr_pd((double)t[0], (double)t[1], (double)t[2], (double)t[3]);
+            __m256d hi = _mm256_setr_pd((double)t[4], (double)t[5], (double)t[6], (double)t[7]);
             __m256d p0 = _mm256_mul_pd(_mm256_loadu_pd(sc + 8 * h), lo);
             __m256d p1 = _mm256_mul_pd(_mm256_loadu_pd(sc + 8 * h + 4), hi);
             _mm256_storeu_pd(d + 8 * h, _mm256_add_pd(_mm256_loadu_pd(d + 8 * h), p0));
@@ -266,8 +260,9 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
 }
 
 /* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..6), of which
- * the first n are combined: each sub-block's sums into dacc[j][16] with its scales
- * scd[s][16]. */
+ * the first n count: each sub-block's sums into dacc[j][16] with its scales scd[s][16].
+ * dacc holds six inputs' rows; a sub-block of one run writes all six (rows n..5 are scratch
+ * that nothing reads), a longer one the first n. */
 AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
                           const int16_t *const *x, const double *scd, const I8Layout *L, int s0,
                           int s1, int cols, int n) {
@@ -284,7 +279,7 @@ AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
                 micro6->run(acc, P, x, k, k + RUN / 2 < k1 ? k + RUN / 2 : k1);
                 widen_lanes(t64, acc, n);
             }
-            combine_lanes(dacc, scd + (size_t)s * PANEL, acc, t64, n);
+            combine_lanes(dacc, scd + (size_t)s * PANEL, t64, n);
         }
     }
 }
@@ -366,12 +361,12 @@ static void prefetch_panel_block(const I8Layout *L, int rp, int r1, int cols, in
         const uint8_t *row = L->indices + (size_t)(rp + i) * L->row_bytes;
         for (uintptr_t a = (uintptr_t)(row + lo) & ~(uintptr_t)63; a < (uintptr_t)(row + hi);
              a += 64)
-            _mm_prefetch((const char *)a, _MM_HINT_T1);
+            __builtin_prefetch((const void *)a, 0, 2);
         const int8_t *cb = L->cent + ((size_t)(rp + i) * (size_t)L->n_sub + (size_t)s0) *
                                          (size_t)L->k;
         const size_t cb_bytes = (size_t)(s1 - s0) * (size_t)L->k;
         for (uintptr_t a = (uintptr_t)cb & ~(uintptr_t)63; a < (uintptr_t)(cb + cb_bytes); a += 64)
-            _mm_prefetch((const char *)a, _MM_HINT_T1);
+            __builtin_prefetch((const void *)a, 0, 2);
     }
 }
 
