@@ -17,7 +17,8 @@ With ``--rate-only`` none of that runs: one tensor of each kind of the model (q/
 gate/up, down at b = 4, G = 256; the embedding and classifier at b = 6, one codebook per row)
 is drawn as the checkpoint would hold it and quantized with ``quantize_matrix`` (the build's
 default int8 codebooks), timed in wall and CPU seconds, and the whole model's quantization time
-extrapolated from the per-kind rates.
+extrapolated from the per-kind rates. ``--isa avx2`` times the kmeans kernels built for
+x86-64-v3 (AVX2 + FMA, no AVX-512) on this CPU: the rate an AVX2-only machine's code gets here.
 
 4. The RQ3 ablation on a ``--ablation-layers`` variant (same dims; fp32 fits in memory there):
    fp32 naive (``--quantizer none --no-rewrite``), BLAS only (``--quantizer none``),
@@ -45,6 +46,9 @@ sys.path.insert(0, str(HERE))
 import synth_checkpoint as S  # noqa: E402
 
 from ditto_core.runtime.run import run_stats  # noqa: E402
+
+#: what /proc/cpuinfo lists for the x86-64-v3 level that ``--isa avx2`` compiles for
+X86_64_V3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
 
 PROMPT = ('import os\nimport sys\n\n\ndef read_lines(path):\n    """Return the lines of a text '
           'file without their newlines."""\n    with open(path, encoding="utf-8") as f:\n'
@@ -179,11 +183,22 @@ def main(argv=None) -> int:
     ap.add_argument("--no-main", action="store_true", help="only the ablation")
     ap.add_argument("--rate-only", action="store_true",
                     help="only the per-tensor quantization rate and its whole-model estimate")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="with --rate-only: quantize with the kmeans kernels built for this "
+                         "CPU (native) or for x86-64-v3 (avx2: AVX2 + FMA, no AVX-512), the "
+                         "rate an AVX2-only CPU gets from this core (default: %(default)s)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ditto-bench-scale"))
     ap.add_argument("-o", "--out", type=Path, default=HERE / "results" / "bench_scale.json")
     args = ap.parse_args(argv)
+    if args.isa != "native":
+        if not args.rate_only:
+            ap.error("--isa applies to --rate-only (builds compile their runtime for this CPU)")
+        from bench_llamacpp import cpu_flags
+        missing = X86_64_V3 - cpu_flags()
+        if missing:
+            ap.error(f"--isa {args.isa}: this CPU does not list {', '.join(sorted(missing))}")
 
     def log(s):
         print(f"[bench_scale] {s}", file=sys.stderr, flush=True)
@@ -194,6 +209,10 @@ def main(argv=None) -> int:
               "prompt": PROMPT}
     if args.rate_only:
         args.no_main = args.no_ablation = True
+        result["isa"] = args.isa
+        if args.isa == "avx2":
+            from ditto_quant_kmeans import native
+            log(f"kmeans kernels for x86-64-v3: {native.use_march('x86-64-v3')}")
         result["quant_rate"] = quant_rate(args.layers, args.dim, args.ffn, c["vocab"], log)
     if not args.no_main:
         model = synth(args.workdir, args.layers, args.dim, args.ffn, log)

@@ -292,3 +292,23 @@ def test_quantizer_assignment_kernel_choice(monkeypatch):
         outs.append((q.indices.tobytes(), q.codebooks.tobytes(), q.scales.tobytes(),
                      q.rel_error))
     assert outs[0] == outs[1]
+
+
+def test_use_march_runs_the_portable_kernels(monkeypatch):
+    """native.use_march("x86-64-v3") (bench_scale.py --isa avx2) puts the AVX2-only build in
+    this process's place of the host's: load() returns it, its library is cached under the
+    portable flags' own name, and it gives the reference's bytes."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 only")
+    monkeypatch.setattr(native, "_STATE", {})  # the host's kernels come back after the test
+    clang = native.find_clang()
+    path = native.use_march("x86-64-v3")
+    assert path == native.library_path(clang, native.flags_for("x86-64-v3"))
+    assert path != native.library_path(clang)
+    assert "-march=x86-64-v3" in native.flags_for("x86-64-v3")
+    fn = native.load()
+    assert fn is native._STATE["fn"]
+    rng = np.random.default_rng(5)
+    c, n = both(student_bf16(rng, 32, 2048), 256, 16, fn=fn)
+    assert_same(c, n)

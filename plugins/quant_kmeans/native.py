@@ -62,12 +62,18 @@ def _cache_dir() -> Path:
     return default_root() / "kernels"
 
 
-def library_path(clang: str) -> Path:
-    """Where the compiled kernel for this source, these flags, ``clang`` and this CPU lives."""
+def flags_for(march: str) -> tuple[str, ...]:
+    """``FLAGS`` with ``-march=native`` replaced by ``-march=MARCH`` (e.g. ``x86-64-v3``: AVX2 +
+    FMA, no AVX-512)."""
+    return tuple(f"-march={march}" if f.startswith("-march=") else f for f in FLAGS)
+
+
+def library_path(clang: str, flags=FLAGS) -> Path:
+    """Where the compiled kernel for this source, ``flags``, ``clang`` and this CPU lives."""
     h = hashlib.sha256()
     for src in SOURCES:
         h.update(src.read_bytes())
-    h.update("\0".join(FLAGS).encode())
+    h.update("\0".join(flags).encode())
     h.update(str(Path(clang).resolve()).encode())
     h.update(_host_id().encode())
     return _cache_dir() / f"optimal_dp-{h.hexdigest()[:20]}.so"
@@ -107,6 +113,24 @@ def load_assign_library(path: Path):
                    ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_int64]
     return fn
+
+
+def use_march(march: str) -> Path:
+    """Use the kernels built for ``-march=MARCH`` (compiled once into the cache) instead of the
+    host's for the rest of this process, and return the library's path: what a CPU with only
+    those extensions runs, timed on this one (``bench/bench_scale.py --isa avx2``). The bytes
+    are the same either way. Raises OSError when clang-22 is missing or the library cannot be
+    loaded, subprocess.CalledProcessError when it does not compile."""
+    clang = find_clang()
+    if clang is None:
+        raise OSError("clang-22 not found on PATH")
+    flags = flags_for(march)
+    path = library_path(clang, flags)
+    if not path.exists():
+        compile_kernel(clang, path, flags)
+    fn, assign = load_library(path), load_assign_library(path)
+    _STATE.update(fn=fn, assign=assign)
+    return path
 
 
 def load():
