@@ -1,21 +1,18 @@
 """bench/bench_llamacpp.py: the --isa refusal and the line it writes above an --isa run's table."""
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bl():
-    spec = importlib.util.spec_from_file_location("bench_llamacpp",
-                                                  ROOT / "bench" / "bench_llamacpp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "bench_llamacpp.py")
 
 
 def test_isa_refused_on_a_cpu_without_it(bl, tmp_path, monkeypatch, capsys):

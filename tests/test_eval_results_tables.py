@@ -1,20 +1,17 @@
 """bench/results_tables.py: the markdown it writes into docs/RESULTS.md."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def rt():
-    spec = importlib.util.spec_from_file_location("results_tables",
-                                                  ROOT / "bench" / "results_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "results_tables.py")
 
 
 def row(config, source="ditto", **kw):

@@ -8,7 +8,6 @@ the longer runs and their results."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from ditto_core.model import format as F
 from tests.modelfile_edit import ModelImage
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
@@ -32,9 +32,7 @@ def fuzz(tmp_path_factory):
     p = subprocess.run(["nice", "make", "-s", "-C", str(NATIVE), f"BUILD={build}", "fuzz-build"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    spec = importlib.util.spec_from_file_location("make_seeds", NATIVE / "fuzz" / "make_seeds.py")
-    make_seeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_seeds)
+    make_seeds = load_script(NATIVE / "fuzz" / "make_seeds.py")
     seeds = build / "seeds"
     make_seeds.main(seeds)
     models = sorted((seeds / "models").glob("*.ditto"))

@@ -3,17 +3,12 @@ right."""
 
 from __future__ import annotations
 
-import importlib.util
-
 from .fixtures_tokenizer import UNICODE
+from .script_module import load_script
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_unicode_tables",
-                                                  UNICODE / "gen_unicode_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(UNICODE / "gen_unicode_tables.py")
 
 
 def test_committed_table_equals_generator_output():
@@ -88,10 +83,7 @@ def test_c_lowercase_agrees_with_hf_for_every_code_point(tokenizer_lib):
 
 
 def test_committed_norm_table_equals_generator_output():
-    spec = importlib.util.spec_from_file_location("gen_unicode_norm",
-                                                  UNICODE / "gen_unicode_norm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(UNICODE / "gen_unicode_norm.py")
     committed = (UNICODE / "unicode_norm.c").read_text(encoding="utf-8")
     assert committed == mod.render(), (
         "native/tokenizer/unicode/unicode_norm.c is stale: run python "
