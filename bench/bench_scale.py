@@ -199,6 +199,14 @@ def main(argv=None) -> int:
         missing = X86_64_V3 - cpu_flags()
         if missing:
             ap.error(f"--isa {args.isa}: this CPU does not list {', '.join(sorted(missing))}")
+        from ditto_quant_kmeans import native
+        try:
+            kernels = native.use_march("x86-64-v3")
+        except (OSError, subprocess.CalledProcessError) as exc:
+            ap.error(f"--isa {args.isa}: the kmeans kernels for x86-64-v3 are unavailable "
+                     f"({(getattr(exc, 'stderr', None) or exc)!s:.500})")
+    else:
+        kernels = None
 
     def log(s):
         print(f"[bench_scale] {s}", file=sys.stderr, flush=True)
@@ -210,9 +218,8 @@ def main(argv=None) -> int:
     if args.rate_only:
         args.no_main = args.no_ablation = True
         result["isa"] = args.isa
-        if args.isa == "avx2":
-            from ditto_quant_kmeans import native
-            log(f"kmeans kernels for x86-64-v3: {native.use_march('x86-64-v3')}")
+        if kernels:
+            log(f"kmeans kernels for x86-64-v3: {kernels}")
         result["quant_rate"] = quant_rate(args.layers, args.dim, args.ffn, c["vocab"], log)
     if not args.no_main:
         model = synth(args.workdir, args.layers, args.dim, args.ffn, log)
