@@ -7,6 +7,7 @@ import os
 import re
 import struct
 
+import numpy as np
 import pytest
 
 from tests.fixtures_native import (EXIT_IO, EXIT_MODEL, EXIT_OK, EXIT_PROMPT, EXIT_USAGE,
@@ -59,6 +60,40 @@ def test_asan_generate_score_tokens_chat(native_build, native_synth, tmp_path):
                      re.M), err
     assert "time to first token" not in err and "tok/s" not in err
     assert json.loads(err.split("stats ", 1)[1].splitlines()[0])["generated_tokens"] == 0
+
+
+def _huge_pages_on() -> bool:
+    """Whether Linux backs memory marked MADV_HUGEPAGE with 2 MiB pages (model.c reads the
+    model into such memory then)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def test_read_and_mmap_loads_give_the_same_logits(native_build, native_synth, tmp_path):
+    # the default reads the file into 2 MiB pages where Linux gives them; --mmap (or
+    # DITTO_MMAP=1) maps it: the same bytes in memory, so the same logits to the bit
+    m = native_synth.quant_qwen2
+    ids = [1, 40, 41, 42, 100, 200, 3]
+    kinds, logits = [], []
+    for extra, env in [((), None), (("--mmap",), None), ((), {"DITTO_MMAP": "1"})]:
+        out = tmp_path / f"l{len(kinds)}.f32"
+        p = run_native(native_build.asan, "-m", m.path, "--ids", token_file(tmp_path / "t", ids),
+                       "--dump-logits", out, *extra, env=env)
+        err = check(p, EXIT_OK)
+        kinds.append(json.loads(err.split("stats ", 1)[1].splitlines()[0])["load"])
+        logits.append(out.read_bytes())
+    assert kinds == ["read" if _huge_pages_on() else "mmap", "mmap", "mmap"]
+    assert logits[0] == logits[1] == logits[2]
+    assert rel_error(np.frombuffer(logits[0], "<f4").reshape(len(ids), -1),
+                     reference_logits(m.cfg, m.weights, ids)).max() <= 1e-4
+    # a bad file is refused the same way on both paths
+    (tmp_path / "short.ditto").write_bytes(m.path.read_bytes()[:-64])
+    for extra in ((), ("--mmap",)):
+        p = run_native(native_build.asan, "-m", tmp_path / "short.ditto", "-p", "hi", *extra)
+        check(p, EXIT_MODEL, "short.ditto", "file is truncated")
 
 
 def test_tokens_prompt_file_is_byte_exact(native_build, native_synth, tmp_path):

@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     Model m;
     char err[1024];
-    if (model_open(&m, path, err, sizeof err) == 0) {
+    if (model_open(&m, path, MODEL_LOAD_AUTO, err, sizeof err) == 0) {
         const DittoConfig *c = &m.config;
         Tokenizer *tok = tokenizer_new(m.tokenizer_block, m.tokenizer_block_len, c->vocab_size,
                                        err, sizeof err);

@@ -30,7 +30,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         static Model models[MAX_FIXED]; /* kept mapped for the whole run */
         char err[1024];
         Model *m = &models[n_fixed];
-        if (model_open(m, p, err, sizeof err) != 0) {
+        if (model_open(m, p, MODEL_LOAD_AUTO, err, sizeof err) != 0) {
             fprintf(stderr, "fuzz_tokenizer: %s\n", err);
             abort();
         }

@@ -1,5 +1,6 @@
-/* model.c: map a Ditto model file and validate everything before use (docs/FORMAT.md). */
-#define _POSIX_C_SOURCE 200809L
+/* model.c: bring a Ditto model file into memory and validate everything before use
+ * (docs/FORMAT.md). */
+#define _DEFAULT_SOURCE 1 /* madvise and MADV_HUGEPAGE (Linux) */
 #include "model.h"
 
 #include <errno.h>
@@ -423,7 +424,60 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
 
 /* ---------------------------------------------------------------- open / close */
 
-int model_open(Model *m, const char *path, char *err, size_t errlen) {
+/* Decode reads every weight once per token, start to end of each tensor. On 4 KiB pages the
+ * hardware prefetchers stop at every page boundary and each page costs a TLB walk; in 2 MiB
+ * pages they run on (Qwen2.5-Coder-1.5B decodes 10 % faster: docs/RUNTIME.md "Loading"). A
+ * file mapping gets only 4 KiB pages from ext4's page cache, so by default the file is read
+ * into anonymous memory marked MADV_HUGEPAGE, which Linux backs with 2 MiB pages when its
+ * transparent huge pages are on ("always" or "madvise"). */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* Whether Linux gives 2 MiB pages to memory marked MADV_HUGEPAGE. */
+static int huge_pages_on(void) {
+#ifdef MADV_HUGEPAGE
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return 0;
+    char line[128] = "";
+    int on = fgets(line, sizeof line, f) != NULL && strstr(line, "[never]") == NULL;
+    fclose(f);
+    return on;
+#else
+    return 0;
+#endif
+}
+
+/* The size bytes of fd read into a buffer of 2 MiB pages (free()d by model_close). Returns
+ * NULL with *read_errno = 0 when there is no memory for it (the caller maps the file
+ * instead), or NULL with the read error in *read_errno (EIO, or ENODATA when the file
+ * ends early). */
+static uint8_t *read_into_huge_pages(int fd, size_t size, int *read_errno) {
+    void *p = NULL;
+    size_t whole = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    *read_errno = 0;
+    if (posix_memalign(&p, HUGE_PAGE, whole) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, whole, MADV_HUGEPAGE); /* advice only: on failure, 4 KiB pages */
+#endif
+    for (size_t got = 0; got < size;) {
+        size_t want = size - got < ((size_t)64 << 20) ? size - got : ((size_t)64 << 20);
+        ssize_t n = read(fd, (uint8_t *)p + got, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            *read_errno = n < 0 ? errno : ENODATA;
+            free(p);
+            return NULL;
+        }
+        got += (size_t)n;
+    }
+    return p;
+}
+
+ModelLoad model_load_from_env(void) {
+    const char *v = getenv("DITTO_MMAP");
+    return v && !strcmp(v, "1") ? MODEL_LOAD_MMAP : MODEL_LOAD_AUTO;
+}
+
+int model_open(Model *m, const char *path, ModelLoad load, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     snprintf(m->path, sizeof m->path, "%s", path);
     struct stat st;
@@ -438,10 +492,27 @@ int model_open(Model *m, const char *path, char *err, size_t errlen) {
         close(fd);
         return fail(m, err, errlen, "too small to be a Ditto model file (%zu bytes)", m->size);
     }
-    void *p = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (load == MODEL_LOAD_AUTO && huge_pages_on()) {
+        int read_errno;
+        m->map = read_into_huge_pages(fd, m->size, &read_errno);
+        if (!m->map && read_errno) {
+            close(fd);
+            return fail(m, err, errlen, "cannot read: %s", read_errno == ENODATA
+                        ? "the file ended early (changed while being read?)"
+                        : strerror(read_errno));
+        }
+    }
+    if (!m->map) {
+        void *p = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return fail(m, err, errlen, "cannot mmap: %s", strerror(e));
+        }
+        m->map = p;
+        m->mapped = 1;
+    }
     close(fd);
-    if (p == MAP_FAILED) return fail(m, err, errlen, "cannot mmap: %s", strerror(errno));
-    m->map = p;
 
     DittoHeader h;
     memcpy(&h, m->map, sizeof h);
@@ -514,7 +585,10 @@ bad:
 void model_close(Model *m) {
     for (uint32_t i = 0; m->tensors && i < m->n_tensors; i++)
         free(m->tensors[i].w8); /* decoded weights (kernels_decode_tensor), malloc'd */
-    if (m->map) munmap(m->map, m->size);
+    if (m->map && m->mapped)
+        munmap(m->map, m->size);
+    else
+        free(m->map);
     free(m->tensors);
     free(m->layers);
     m->map = NULL;

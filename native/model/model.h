@@ -1,8 +1,8 @@
 /* model.h: open a Ditto model file (docs/FORMAT.md), validate it, and give typed access to its
  * tensors.
  *
- * The file is mmapped read-only; f32 payloads are used in place (every payload is 64-byte
- * aligned), codebook payloads are decoded on the fly by the kernels in matmul.c. Nothing in the
+ * The file is read into memory in 2 MiB pages where Linux gives them, else mmapped read-only
+ * (model_open's ModelLoad); f32 payloads are used in place (every payload is 64-byte aligned), codebook payloads are decoded on the fly by the kernels in matmul.c. Nothing in the
  * file is trusted before model_open() has checked it: magic, version, size, CRC-32, config, and
  * every tensor's offset, length, alignment, encoding and shape.
  */
@@ -22,7 +22,7 @@ typedef struct {
     uint32_t bits;         /* b, 1..8 (codebook tensors) */
     uint32_t group_size;   /* G, >= 2 (codebook tensors) */
     uint64_t rows, cols;   /* [out_features, in_features]; a vector is rows = 1 */
-    const uint8_t *data;   /* payload start (mmapped) */
+    const uint8_t *data;   /* payload start (inside Model.map) */
     uint64_t nbytes;
     /* int8 codebooks: the weights decoded to int8 at load, [rows][roundup(cols, 32)] (the
      * centroid of each index, zero past cols; kernels_decode_tensor), or NULL */
@@ -48,7 +48,8 @@ typedef struct {
 
 typedef struct {
     char path[1024];         /* for messages */
-    uint8_t *map;            /* whole file, read-only */
+    uint8_t *map;            /* whole file, read-only after model_open */
+    int mapped;              /* map is an mmap of the file (munmap), else read into memory */
     size_t size;
     DittoConfig config;      /* copied out of the file */
     Tensor *tensors;         /* n_tensors entries, file order */
@@ -70,10 +71,25 @@ uint64_t tensor_expected_nbytes(uint32_t encoding, uint32_t codebook_type, uint3
  * (start with 0). Slice-by-8 table method. */
 uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t len);
 
-/* Map and validate the file at path. On success returns 0 and fills m. On failure returns -1
- * with a message naming the file and the problem in err (errlen bytes); m holds nothing that
- * needs freeing. */
-int model_open(Model *m, const char *path, char *err, size_t errlen);
+/* How model_open() brings the file into memory. */
+typedef enum {
+    /* read() into anonymous memory marked MADV_HUGEPAGE when Linux's transparent huge pages
+     * are on (decode reads the weights in 2 MiB pages: faster), else as MODEL_LOAD_MMAP; also
+     * MODEL_LOAD_MMAP when that memory cannot be had */
+    MODEL_LOAD_AUTO = 0,
+    /* mmap the file read-only: 4 KiB pages of the page cache, shared with other processes
+     * mapping the same file, no copy at open */
+    MODEL_LOAD_MMAP = 1,
+} ModelLoad;
+
+/* MODEL_LOAD_MMAP when the environment variable DITTO_MMAP is 1, else MODEL_LOAD_AUTO: the
+ * default of ditto-run (whose --mmap overrides it) and of ditto_model_open(). */
+ModelLoad model_load_from_env(void);
+
+/* Bring the file at path into memory (load) and validate it. On success returns 0 and fills
+ * m. On failure returns -1 with a message naming the file and the problem in err (errlen
+ * bytes); m holds nothing that needs freeing. */
+int model_open(Model *m, const char *path, ModelLoad load, char *err, size_t errlen);
 void model_close(Model *m);
 
 #endif

@@ -54,7 +54,9 @@ typedef struct {
 
 /* ---- model ---------------------------------------------------------------------------- */
 
-/* Map and validate the model file at path and build its tokenizer. kernel: the GEMV kernel
+/* Load and validate the model file at path and build its tokenizer: the file is read into
+ * 2 MiB pages where Linux gives them, mmapped when $DITTO_MMAP is 1 (as ditto-run --mmap).
+ * kernel: the GEMV kernel
  * table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
  * threads of every evaluation, <= 0 for the OpenMP default. The classifier is decoded to int8
  * at open where the kernel table reads that faster (as ditto-run does for generation).
