@@ -532,7 +532,12 @@ AVX2_FN void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
  * |q| unsigned, vpmaddubsw, vpmaddwd by m) with the activation loads shared. The int32 lanes
  * move to int64 every 128 chunks, as in the lookup kernels, and each row's sub-block sums are
  * combined by combine_f16c: the same bits. r0 is a multiple of DEC8_TILE (split_rows gives
- * multiples of 16); the zero rows that pad the last tile are summed and dropped. */
+ * multiples of 16); the zero rows that pad the last tile are summed and dropped.
+ * The two lines 2 KiB ahead of each step's 128 bytes are prefetched into L2: from DRAM the
+ * hardware prefetchers alone fed this loop at 77 % of a STREAM read, these prefetches at 86 %
+ * (docs/KERNELS.md "Decoded classifier"). A prefetch past the tensor's end is harmless (no
+ * fault, nothing read into registers). */
+#define DEC8_PREFETCH_AHEAD 2048
 AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
     const size_t stride = dec8_stride(cols);
@@ -552,6 +557,8 @@ AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                     __m256i aq = _mm256_abs_epi8(q);
                     __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
                     const int8_t *w = tile + (size_t)c * DEC8_TILE; /* chunk c / 32 */
+                    _mm_prefetch((const char *)w + DEC8_PREFETCH_AHEAD, _MM_HINT_T1);
+                    _mm_prefetch((const char *)w + DEC8_PREFETCH_AHEAD + 64, _MM_HINT_T1);
 #define DEC8_DOT(i, acc)                                                                       \
     acc = _mm256_add_epi32(                                                                    \
         acc, _mm256_madd_epi16(                                                                \
