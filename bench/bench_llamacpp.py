@@ -21,7 +21,8 @@ is the GGUF file the bundled package ships, unchanged. Every round also measures
 (bench/bench_gemv.py's harness, the same threads): ``ceiling`` = decode tok/s x file bytes /
 STREAM bytes/s, the fraction of the memory-read ceiling when every weight byte is read once
 per token (the embedding table is counted although decode reads one row of it, unless it is
-the tied classifier).
+the tied classifier). The STREAM array is NumPy memory, which NumPy marks MADV_HUGEPAGE: 2 MiB
+pages, as ditto-run reads the model into (docs/RUNTIME.md "Loading"); llama.cpp maps its file.
 
 Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
 (``bash ../shared/tools/build-llama-cpp.sh`` prints the bin directory; or ``--llama-bin DIR``).
