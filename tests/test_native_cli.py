@@ -72,28 +72,35 @@ def _huge_pages_on() -> bool:
         return False
 
 
-def test_read_and_mmap_loads_give_the_same_logits(native_build, native_synth, tmp_path):
+def test_read_and_mmap_loads_give_the_same_logits(native_build, native_synth, tmp_path,
+                                                  monkeypatch):
     # the default reads the file into 2 MiB pages where Linux gives them; --mmap (or
-    # DITTO_MMAP=1) maps it: the same bytes in memory, so the same logits to the bit
+    # DITTO_MMAP=1) maps it, DITTO_MMAP=0 always reads it: the same bytes in memory, so the
+    # same logits to the bit
+    monkeypatch.delenv("DITTO_MMAP", raising=False)
     m = native_synth.quant_qwen2
     ids = [1, 40, 41, 42, 100, 200, 3]
     kinds, logits = [], []
-    for extra, env in [((), None), (("--mmap",), None), ((), {"DITTO_MMAP": "1"})]:
+    for extra, env in [((), None), (("--mmap",), None), ((), {"DITTO_MMAP": "1"}),
+                       ((), {"DITTO_MMAP": "0"})]:
         out = tmp_path / f"l{len(kinds)}.f32"
         p = run_native(native_build.asan, "-m", m.path, "--ids", token_file(tmp_path / "t", ids),
                        "--dump-logits", out, *extra, env=env)
         err = check(p, EXIT_OK)
         kinds.append(json.loads(err.split("stats ", 1)[1].splitlines()[0])["load"])
         logits.append(out.read_bytes())
-    assert kinds == ["read" if _huge_pages_on() else "mmap", "mmap", "mmap"]
-    assert logits[0] == logits[1] == logits[2]
+    assert kinds == ["read" if _huge_pages_on() else "mmap", "mmap", "mmap", "read"]
+    assert logits[0] == logits[1] == logits[2] == logits[3]
     assert rel_error(np.frombuffer(logits[0], "<f4").reshape(len(ids), -1),
                      reference_logits(m.cfg, m.weights, ids)).max() <= 1e-4
     # a bad file is refused the same way on both paths
     (tmp_path / "short.ditto").write_bytes(m.path.read_bytes()[:-64])
-    for extra in ((), ("--mmap",)):
-        p = run_native(native_build.asan, "-m", tmp_path / "short.ditto", "-p", "hi", *extra)
+    for env in ({"DITTO_MMAP": "0"}, {"DITTO_MMAP": "1"}):
+        p = run_native(native_build.asan, "-m", tmp_path / "short.ditto", "-p", "hi", env=env)
         check(p, EXIT_MODEL, "short.ditto", "file is truncated")
+    p = run_native(native_build.asan, "-m", m.path, "-p", "hi", env={"DITTO_MMAP": "yes"})
+    check(p, EXIT_USAGE, "DITTO_MMAP must be 1 (map the model file) or 0 (read it into "
+          "memory), got 'yes'")
 
 
 def test_tokens_prompt_file_is_byte_exact(native_build, native_synth, tmp_path):

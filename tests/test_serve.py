@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from ditto_core.runtime.run import run_build
-from ditto_core.runtime.runtime_api import open_build
+from ditto_core.runtime.runtime_api import RuntimeAPIError, open_build
 from ditto_core.serve.engine import common_prefix, find_stop, ngram_draft, partial_stop
 
 KEY = "test-key-123"
@@ -134,6 +134,22 @@ def test_session_eval_truncate_and_batch_bits(tiny_build):
     assert s0.sample(la[-1]) == int(np.argmax(la[-1])) == s1.sample(la[-1])
     a.close(), b.close()
     m.close()
+
+
+def test_ditto_mmap_chooses_how_the_library_loads(tiny_build, monkeypatch):
+    """DITTO_MMAP=1 maps the model file, 0 reads it into memory: the same logits to the bit;
+    any other value is refused by ditto_model_open with its message."""
+    logits = []
+    for value in ("1", "0"):
+        monkeypatch.setenv("DITTO_MMAP", value)
+        m = open_build(tiny_build, threads=1)
+        s = m.session(32, 32)
+        logits.append(s.eval(m.tokenize(PROMPT, add_bos=True), "all"))
+        s.close(), m.close()
+    assert np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32))
+    monkeypatch.setenv("DITTO_MMAP", "yes")
+    with pytest.raises(RuntimeAPIError, match="DITTO_MMAP must be 1 .* got 'yes'"):
+        open_build(tiny_build)
 
 
 def test_long_context_prefill_bits(tiny_build):

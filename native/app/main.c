@@ -106,9 +106,9 @@ static void usage(FILE *f) {
             "  --kernel NAME      GEMV kernel table: generic, avx2, avxvnni, avx512vnni,\n"
             "                     avx512vbmi (x86), neon (Arm); default: the best this CPU\n"
             "                     runs, or $DITTO_KERNEL\n"
-            "  --mmap             map the model file (4 KiB pages of the page cache, shared,\n"
-            "                     no copy) instead of reading it into 2 MiB pages, which\n"
-            "                     decodes faster; also $DITTO_MMAP=1\n"
+            "  --mmap             map the model file (shared page cache, no copy at start)\n"
+            "                     instead of reading it into memory in 2 MiB pages, which\n"
+            "                     decodes faster; also $DITTO_MMAP=1 (0: always read)\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 256; 1 = one token at a time)\n"
@@ -847,7 +847,11 @@ static int run(const Args *a, Run *r) {
                 err);
         return EXIT_USAGE;
     }
-    ModelLoad load = a->mmap ? MODEL_LOAD_MMAP : model_load_from_env();
+    ModelLoad load = MODEL_LOAD_MMAP;
+    if (!a->mmap && model_load_from_env(&load, err, sizeof err)) {
+        fprintf(stderr, "%s: error: %s\n", prog, err);
+        return EXIT_USAGE;
+    }
     if (model_open(&r->model, a->model_path, load, err, sizeof err)) {
         fprintf(stderr, "%s: error: %s\n", prog, err);
         return EXIT_MODEL;

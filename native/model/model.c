@@ -427,10 +427,12 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
 /* Decode reads every weight once per token, start to end of each tensor. On 4 KiB pages the
  * hardware prefetchers stop at every page boundary and each page costs a TLB walk; in 2 MiB
  * pages they run on (Qwen2.5-Coder-1.5B decodes 10 % faster: docs/RUNTIME.md "Loading"). A
- * file mapping gets only 4 KiB pages from ext4's page cache, so by default the file is read
- * into anonymous memory marked MADV_HUGEPAGE, which Linux backs with 2 MiB pages when its
+ * file mapping gets 2 MiB mappings only where ext4's page cache happens to hold 2 MiB folios
+ * (about half of that file, measured) and 4 KiB pages elsewhere, so by default the file is
+ * read into anonymous memory marked MADV_HUGEPAGE, which Linux backs with 2 MiB pages when its
  * transparent huge pages are on ("always" or "madvise"). */
 #define HUGE_PAGE ((size_t)2 << 20)
+#define READ_ENDED_EARLY (-1) /* read_into_memory's *read_errno when the file ends early */
 
 /* Whether Linux gives 2 MiB pages to memory marked MADV_HUGEPAGE. */
 static int huge_pages_on(void) {
@@ -446,14 +448,45 @@ static int huge_pages_on(void) {
 #endif
 }
 
-/* The size bytes of fd read into a buffer of 2 MiB pages (free()d by model_close). Returns
- * NULL with *read_errno = 0 when there is no memory for it (the caller maps the file
- * instead), or NULL with the read error in *read_errno (EIO, or ENODATA when the file
- * ends early). */
-static uint8_t *read_into_huge_pages(int fd, size_t size, int *read_errno) {
+/* The first unsigned number in file path after the text key (the whole file when key is
+ * ""), or -1 when there is none ("max", no such file). */
+static long long number_in_file(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    while (v < 0 && fgets(line, sizeof line, f)) {
+        const char *at = *key ? strstr(line, key) : line;
+        if (at && sscanf(at + strlen(key), " %lld", &v) != 1) v = -1;
+    }
+    fclose(f);
+    return v;
+}
+
+/* Whether a private copy of size bytes fits the memory the process can have without evicting
+ * what others use: Linux's MemAvailable (/proc/meminfo), and under a cgroup v2 limit (a
+ * container) memory.max - memory.current, each with 64 MiB to spare. Unknown limits count as
+ * no limit. The file's own page-cache pages are in MemAvailable (reclaimable), so a copy may
+ * evict them. */
+static int copy_fits_in_memory(size_t size) {
+    const long long spare = 64ll << 20;
+    long long avail_kib = number_in_file("/proc/meminfo", "MemAvailable:");
+    if (avail_kib >= 0 && (long long)(size / 1024) + spare / 1024 > avail_kib) return 0;
+    long long max = number_in_file("/sys/fs/cgroup/memory.max", "");
+    long long used = number_in_file("/sys/fs/cgroup/memory.current", "");
+    if (max >= 0 && used >= 0 && (long long)size + spare > max - used) return 0;
+    return 1;
+}
+
+/* The size bytes of fd read into a 2 MiB-aligned buffer marked MADV_HUGEPAGE (free()d by
+ * model_close). Returns NULL with *read_errno = 0 when the buffer cannot be allocated (the
+ * caller maps the file instead), or NULL with *read_errno the read error (errno, or
+ * READ_ENDED_EARLY when the file ends before size bytes). */
+static uint8_t *read_into_memory(int fd, size_t size, int *read_errno) {
     void *p = NULL;
-    size_t whole = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     *read_errno = 0;
+    if (size > SIZE_MAX - HUGE_PAGE) return NULL;
+    size_t whole = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     if (posix_memalign(&p, HUGE_PAGE, whole) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
     madvise(p, whole, MADV_HUGEPAGE); /* advice only: on failure, 4 KiB pages */
@@ -463,7 +496,7 @@ static uint8_t *read_into_huge_pages(int fd, size_t size, int *read_errno) {
         ssize_t n = read(fd, (uint8_t *)p + got, want);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-            *read_errno = n < 0 ? errno : ENODATA;
+            *read_errno = n < 0 ? errno : READ_ENDED_EARLY;
             free(p);
             return NULL;
         }
@@ -472,9 +505,20 @@ static uint8_t *read_into_huge_pages(int fd, size_t size, int *read_errno) {
     return p;
 }
 
-ModelLoad model_load_from_env(void) {
+int model_load_from_env(ModelLoad *load, char *err, size_t errlen) {
     const char *v = getenv("DITTO_MMAP");
-    return v && !strcmp(v, "1") ? MODEL_LOAD_MMAP : MODEL_LOAD_AUTO;
+    *load = MODEL_LOAD_AUTO;
+    if (!v || !*v) return 0;
+    if (!strcmp(v, "1")) {
+        *load = MODEL_LOAD_MMAP;
+    } else if (!strcmp(v, "0")) {
+        *load = MODEL_LOAD_READ;
+    } else {
+        snprintf(err, errlen, "DITTO_MMAP must be 1 (map the model file) or 0 (read it into "
+                 "memory), got '%s'", v);
+        return -1;
+    }
+    return 0;
 }
 
 int model_open(Model *m, const char *path, ModelLoad load, char *err, size_t errlen) {
@@ -487,17 +531,23 @@ int model_open(Model *m, const char *path, ModelLoad load, char *err, size_t err
             return fail(m, err, errlen, "not a regular file");
         return fail(m, err, errlen, "cannot open: %s", strerror(errno));
     }
+    if ((uint64_t)st.st_size > SIZE_MAX) {
+        close(fd);
+        return fail(m, err, errlen, "%lld bytes do not fit this program's address space",
+                    (long long)st.st_size);
+    }
     m->size = (size_t)st.st_size;
     if (m->size < DITTO_HEADER_BYTES) {
         close(fd);
         return fail(m, err, errlen, "too small to be a Ditto model file (%zu bytes)", m->size);
     }
-    if (load == MODEL_LOAD_AUTO && huge_pages_on()) {
+    if (load == MODEL_LOAD_READ ||
+        (load == MODEL_LOAD_AUTO && huge_pages_on() && copy_fits_in_memory(m->size))) {
         int read_errno;
-        m->map = read_into_huge_pages(fd, m->size, &read_errno);
+        m->map = read_into_memory(fd, m->size, &read_errno);
         if (!m->map && read_errno) {
             close(fd);
-            return fail(m, err, errlen, "cannot read: %s", read_errno == ENODATA
+            return fail(m, err, errlen, "cannot read: %s", read_errno == READ_ENDED_EARLY
                         ? "the file ended early (changed while being read?)"
                         : strerror(read_errno));
         }

@@ -73,18 +73,22 @@ uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t len);
 
 /* How model_open() brings the file into memory. */
 typedef enum {
-    /* read() into anonymous memory marked MADV_HUGEPAGE when Linux's transparent huge pages
-     * are on (decode reads the weights in 2 MiB pages: faster), else as MODEL_LOAD_MMAP; also
-     * MODEL_LOAD_MMAP when that memory cannot be had */
+    /* MODEL_LOAD_READ when Linux's transparent huge pages are on and a copy fits the memory
+     * available (MemAvailable, a cgroup v2 memory.max), else MODEL_LOAD_MMAP */
     MODEL_LOAD_AUTO = 0,
-    /* mmap the file read-only: 4 KiB pages of the page cache, shared with other processes
-     * mapping the same file, no copy at open */
+    /* mmap the file read-only: page-cache pages (2 MiB only where the cache holds 2 MiB
+     * folios), shared with other processes mapping the same file, no copy at open */
     MODEL_LOAD_MMAP = 1,
+    /* read() the file into anonymous memory marked MADV_HUGEPAGE (2 MiB pages where Linux
+     * gives them: decode reads the weights faster); mapped instead when that memory cannot be
+     * allocated */
+    MODEL_LOAD_READ = 2,
 } ModelLoad;
 
-/* MODEL_LOAD_MMAP when the environment variable DITTO_MMAP is 1, else MODEL_LOAD_AUTO: the
- * default of ditto-run (whose --mmap overrides it) and of ditto_model_open(). */
-ModelLoad model_load_from_env(void);
+/* *load from the environment variable DITTO_MMAP: 1 MODEL_LOAD_MMAP, 0 MODEL_LOAD_READ, unset
+ * or empty MODEL_LOAD_AUTO (the default of ditto-run, whose --mmap overrides it, and of
+ * ditto_model_open()). Returns 0, or -1 with a message in err for any other value. */
+int model_load_from_env(ModelLoad *load, char *err, size_t errlen);
 
 /* Bring the file at path into memory (load) and validate it. On success returns 0 and fills
  * m. On failure returns -1 with a message naming the file and the problem in err (errlen

@@ -86,7 +86,13 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
         set_err(err, errlen, "out of memory");
         return DITTO_ERR_OOM;
     }
-    if (model_open(&m->model, path, model_load_from_env(), msg, sizeof msg)) {
+    ModelLoad load;
+    if (model_load_from_env(&load, msg, sizeof msg)) {
+        free(m);
+        set_err(err, errlen, "%s", msg);
+        return DITTO_ERR_ARG;
+    }
+    if (model_open(&m->model, path, load, msg, sizeof msg)) {
         free(m);
         set_err(err, errlen, "%s", msg);
         return DITTO_ERR_MODEL;
