@@ -392,12 +392,12 @@ static long peak_rss_kib(void) {
     return kib;
 }
 
-/* The stats line on stderr (machine-readable for bench/bench_runtime.py), after a
- * human-readable line: for generation (eval_what NULL) TTFT and tok/s; for --score and
- * --dump-logits, "<eval_what> N tokens in X ms" (N = n_eval, X = prompt_s). */
 /* How model_open() brought the model into memory: "read" (2 MiB pages) or "mmap". */
 static const char *load_kind = "mmap";
 
+/* The stats line on stderr (machine-readable for bench/bench_runtime.py), after a
+ * human-readable line: for generation (eval_what NULL) TTFT and tok/s; for --score and
+ * --dump-logits, "<eval_what> N tokens in X ms" (N = n_eval, X = prompt_s). */
 static void print_stats(const char *eval_what, long n_eval, double load_s, long n_prompt,
                         double prompt_s, double ttft_s, long n_gen, double gen_s, long ctx) {
     int threads = 1;

@@ -1,15 +1,13 @@
 /* kernels.c: the GEMV kernel tables, their selection by CPU features, and the threaded int8
  * codebook GEMV (kernels.h). */
-#define _DEFAULT_SOURCE 1 /* madvise and MADV_HUGEPAGE (Linux) */
+#define _DEFAULT_SOURCE 1 /* madvise and MADV_HUGEPAGE (Linux), for huge_pages.h */
 #include "kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "../io/huge_pages.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -314,25 +312,11 @@ static void decode_i8(const KernelTable *K, int8_t *w8, const I8Layout *L, int r
 }
 
 /* The decoded weights are read once per token, start to end: a classifier of 136 MB
- * (Qwen2.5-Coder's 151936 x 896) streams from DRAM. On 4 KiB pages the hardware prefetchers
- * stop at every page boundary; 2 MiB pages (transparent huge pages, which Linux gives only to
- * regions marked MADV_HUGEPAGE when it runs in "madvise" mode) let them run on. */
-#define HUGE_PAGE ((size_t)2 << 20)
+ * (Qwen2.5-Coder's 151936 x 896) streams from DRAM, so a copy of 2 MiB or more goes in 2 MiB
+ * pages (huge_pages.h). */
 static int8_t *decoded_copy(const KernelTable *K, const I8Layout *L, int rows, int cols) {
     size_t bytes = dec8_bytes(rows, cols);
-    int8_t *w8 = NULL;
-    if (bytes >= HUGE_PAGE) {
-        void *p = NULL;
-        size_t whole = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-        if (posix_memalign(&p, HUGE_PAGE, whole) == 0) {
-            w8 = p;
-#ifdef MADV_HUGEPAGE
-            madvise(p, whole, MADV_HUGEPAGE); /* advice only: on failure, small pages */
-#endif
-        }
-    } else {
-        w8 = malloc(bytes);
-    }
+    int8_t *w8 = bytes >= HUGE_PAGE ? huge_pages_alloc(bytes) : malloc(bytes);
     if (!w8) return NULL;
     if (rows % DEC8_TILE) { /* the padding rows of the last tile are zeros */
         size_t last = (size_t)(rows / DEC8_TILE) * DEC8_TILE * dec8_stride(cols);

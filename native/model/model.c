@@ -1,6 +1,6 @@
 /* model.c: bring a Ditto model file into memory and validate everything before use
  * (docs/FORMAT.md). */
-#define _DEFAULT_SOURCE 1 /* madvise and MADV_HUGEPAGE (Linux) */
+#define _DEFAULT_SOURCE 1 /* madvise and MADV_HUGEPAGE (Linux), for huge_pages.h */
 #include "model.h"
 
 #include <errno.h>
@@ -14,9 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../io/huge_pages.h"
 #include "../io/input.h"
 
-/* ---------------------------------------------------------------- CRC-32 (slice-by-8; PCLMULQDQ folding on x86) */
+/* ------------------------------------------- CRC-32 (PCLMULQDQ folding on x86, slice-by-8) */
 
 static uint32_t crc_table[8][256];
 static int crc_table_ready = 0;
@@ -424,14 +425,10 @@ static int bind_weights(Model *m, char *err, size_t errlen) {
 
 /* ---------------------------------------------------------------- open / close */
 
-/* Decode reads every weight once per token, start to end of each tensor. On 4 KiB pages the
- * hardware prefetchers stop at every page boundary and each page costs a TLB walk; in 2 MiB
- * pages they run on (Qwen2.5-Coder-1.5B decodes 10 % faster: docs/RUNTIME.md "Loading"). A
- * file mapping gets 2 MiB mappings only where ext4's page cache happens to hold 2 MiB folios
- * (about half of that file, measured) and 4 KiB pages elsewhere, so by default the file is
- * read into anonymous memory marked MADV_HUGEPAGE, which Linux backs with 2 MiB pages when its
- * transparent huge pages are on ("always" or "madvise"). */
-#define HUGE_PAGE ((size_t)2 << 20)
+/* A file mapping gets 2 MiB mappings only where ext4's page cache happens to hold 2 MiB
+ * folios (about half of Qwen2.5-Coder-1.5B's file, measured) and 4 KiB pages elsewhere, so by
+ * default the file is read into 2 MiB pages (huge_pages.h) when Linux's transparent huge pages
+ * are on ("always" or "madvise"): that model decodes 10 % faster (docs/RUNTIME.md "Loading"). */
 #define READ_ENDED_EARLY (-1) /* read_into_memory's *read_errno when the file ends early */
 
 /* Whether Linux gives 2 MiB pages to memory marked MADV_HUGEPAGE. */
@@ -483,17 +480,12 @@ static int copy_fits_in_memory(size_t size) {
  * caller maps the file instead), or NULL with *read_errno the read error (errno, or
  * READ_ENDED_EARLY when the file ends before size bytes). */
 static uint8_t *read_into_memory(int fd, size_t size, int *read_errno) {
-    void *p = NULL;
+    uint8_t *p = huge_pages_alloc(size);
     *read_errno = 0;
-    if (size > SIZE_MAX - HUGE_PAGE) return NULL;
-    size_t whole = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-    if (posix_memalign(&p, HUGE_PAGE, whole) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, whole, MADV_HUGEPAGE); /* advice only: on failure, 4 KiB pages */
-#endif
+    if (!p) return NULL;
     for (size_t got = 0; got < size;) {
         size_t want = size - got < ((size_t)64 << 20) ? size - got : ((size_t)64 << 20);
-        ssize_t n = read(fd, (uint8_t *)p + got, want);
+        ssize_t n = read(fd, p + got, want);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             *read_errno = n < 0 ? errno : READ_ENDED_EARLY;

@@ -2,8 +2,9 @@
  * tensors.
  *
  * The file is read into memory in 2 MiB pages where Linux gives them, else mmapped read-only
- * (model_open's ModelLoad); f32 payloads are used in place (every payload is 64-byte aligned), codebook payloads are decoded on the fly by the kernels in matmul.c. Nothing in the
- * file is trusted before model_open() has checked it: magic, version, size, CRC-32, config, and
+ * (model_open's ModelLoad); f32 payloads are used in place (every payload is 64-byte aligned),
+ * codebook payloads are decoded on the fly by the kernels in matmul.c. Nothing in the file is
+ * trusted before model_open() has checked it: magic, version, size, CRC-32, config, and
  * every tensor's offset, length, alignment, encoding and shape.
  */
 #ifndef DITTO_MODEL_H

@@ -57,9 +57,7 @@ typedef struct {
 /* Load and validate the model file at path and build its tokenizer: the file is read into
  * 2 MiB pages where Linux gives them and a copy fits the memory available, mmapped when
  * $DITTO_MMAP is 1 (as ditto-run --mmap); $DITTO_MMAP=0 always reads it, any other value is
- * DITTO_ERR_ARG.
- * kernel: the GEMV kernel
- * table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
+ * DITTO_ERR_ARG. kernel: the GEMV kernel table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
  * threads of every evaluation, <= 0 for the OpenMP default. The classifier is decoded to int8
  * at open where the kernel table reads that faster (as ditto-run does for generation).
  * On success *out is the model (free with ditto_model_free). */
