@@ -6,6 +6,7 @@ import json
 import os
 import re
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -101,6 +102,82 @@ def test_read_and_mmap_loads_give_the_same_logits(native_build, native_synth, tm
     p = run_native(native_build.asan, "-m", m.path, "-p", "hi", env={"DITTO_MMAP": "yes"})
     check(p, EXIT_USAGE, "DITTO_MMAP must be 1 (map the model file) or 0 (read it into "
           "memory), got 'yes'")
+
+
+# read() of the file named by READ_FAULT_FILE fails as READ_FAULT says: "eio" every call;
+# "early" returns 1000 bytes, then end of file; "slow" alternates EINTR and reads of at most
+# 1000 bytes (the loader must retry and continue until the file is read)
+READ_FAULT_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int on_target(int fd) {
+    const char *want = getenv("READ_FAULT_FILE");
+    char link[64], path[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (!want || n < 0) return 0;
+    path[n] = 0;
+    return strcmp(path, want) == 0;
+}
+
+ssize_t read(int fd, void *buf, size_t count) {
+    static ssize_t (*real)(int, void *, size_t);
+    static int calls;
+    const char *mode = getenv("READ_FAULT");
+    if (!real) real = (ssize_t (*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+    if (mode && on_target(fd)) {
+        calls++;
+        if (!strcmp(mode, "eio")) {
+            errno = EIO;
+            return -1;
+        }
+        if (!strcmp(mode, "early") && calls > 1) return 0;
+        if (!strcmp(mode, "slow") && calls % 2) {
+            errno = EINTR;
+            return -1;
+        }
+        if (count > 1000) count = 1000;
+    }
+    return real(fd, buf, count);
+}
+"""
+
+
+def test_read_errors_while_loading_are_reported(native_build, native_synth, tmp_path):
+    # the read-into-memory load: an I/O error or a file that ends early is a clear error
+    # naming the file; interrupted and partial reads are retried, giving the mapped file's
+    # logits to the bit (the uninstrumented build: ASan's own read() would shadow the shim)
+    shim = tmp_path / "read_fault.so"
+    (tmp_path / "read_fault.c").write_text(READ_FAULT_SHIM)
+    subprocess.run(["clang-22", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+                    str(shim), str(tmp_path / "read_fault.c"), "-ldl"], check=True)
+    m = native_synth.quant_qwen2
+    ids = token_file(tmp_path / "t", [1, 40, 41, 42])
+    env = {"LD_PRELOAD": str(shim), "READ_FAULT_FILE": str(m.path.resolve()),
+           "DITTO_MMAP": "0"}
+    p = run_native(native_build.run, "-m", m.path, "-p", "hi", env={**env, "READ_FAULT": "eio"})
+    check(p, EXIT_MODEL, m.path.name, "cannot read: Input/output error")
+    p = run_native(native_build.run, "-m", m.path, "-p", "hi",
+                   env={**env, "READ_FAULT": "early"})
+    check(p, EXIT_MODEL, m.path.name,
+          "cannot read: the file ended early (changed while being read?)")
+    logits = []
+    for mode, load in [("slow", "0"), ("", "1")]:
+        out = tmp_path / f"{load}.f32"
+        p = run_native(native_build.run, "-m", m.path, "--ids", ids, "--dump-logits", out,
+                       env={**env, "READ_FAULT": mode, "DITTO_MMAP": load})
+        err = check(p, EXIT_OK)
+        assert json.loads(err.split("stats ", 1)[1].splitlines()[0])["load"] == \
+            ("read" if load == "0" else "mmap")
+        logits.append(out.read_bytes())
+    assert logits[0] == logits[1] and len(logits[0]) > 0
 
 
 def test_tokens_prompt_file_is_byte_exact(native_build, native_synth, tmp_path):
