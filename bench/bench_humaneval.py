@@ -61,7 +61,7 @@ from ditto_core.api import build as ditto_build  # noqa: E402
 from ditto_core.eval import humaneval  # noqa: E402
 from ditto_core.eval.builds import baseline_for  # noqa: E402
 
-from bench_llamacpp import ggml_cpu_without_amx, llama_bin, llama_env, llama_models  # noqa: E402
+from bench_llamacpp import ggml_cpu_for_isa, llama_bin, llama_env, llama_models  # noqa: E402
 
 DITTO = {"fp32": dict(quantizer="none"), "ditto-default": dict(quantizer="kmeans"),
          "ditto-calibrated": dict(quantizer="kmeans", calibration="stdlib")}
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
             bin_dir = llama_bin(args.llama_bin)
             gguf = llama_models(bin_dir, args.work, [c.removeprefix("llama-")], args.model)
             path = next(iter(gguf.values()))
-            env = llama_env(ggml_cpu_without_amx(bin_dir, args.work))
+            env = llama_env(ggml_cpu_for_isa(bin_dir, args.work))
             gens[c] = (lambda prompt, temp=0.0, seed=0, path=path, bin_dir=bin_dir, env=env:
                        llama_generate(bin_dir, path, prompt, args.threads, max_new, env, stop))
         elif c == "torch-int8":

