@@ -76,9 +76,17 @@ void runstate_free(RunState *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* Σ x² in double over eight partial sums (element i into sum i % 8, then summed pairwise in
+ * a fixed order): each (double)x·x is exact, and the fixed order lets the compiler keep the
+ * sums in vector registers without changing a bit, where one running sum would be a chain of
+ * dependent adds (~4 cycles per element). */
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += (double)x[i + l] * x[i + l];
+    for (; i < n; i++) s[i % 8] += (double)x[i] * x[i];
+    double ss = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     float scale = (float)(1.0 / sqrt(ss / n + eps));
     for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * scale);
 }

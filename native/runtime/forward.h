@@ -45,7 +45,8 @@ float *forward(const Model *m, RunState *s, int token, int pos);
  * NULL (Llama). */
 void add_bias(float *y, const Tensor *b);
 
-/* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019). */
+/* y[n] = w[n] * x[n] / sqrt(mean(x^2) + eps) (RMSNorm, Zhang & Sennrich 2019); the mean of the
+ * squares in double, summed in a fixed order (forward.c). */
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
 /* g[i] = silu(g[i]) * up[i] = g[i] / (1 + e^-g[i]) * up[i] for i < n (SwiGLU, Shazeer 2020). */
