@@ -177,14 +177,18 @@ def ditto_server(name: str, build: Path, threads: int, ctx: int, work: Path,
 
 
 def llama_server(name: str, bin_dir: Path, gguf: Path, threads: int, ctx: int, work: Path,
-                 spec: bool = False, lib_dir: Path | None = None):
+                 spec: bool = False, lib_dir: Path | None = None, cache_reuse: int = 0):
     """llama-server on ``gguf``; ``lib_dir`` goes first on LD_LIBRARY_PATH (the binaries'
-    RUNPATH gives way to it) to load its libggml-cpu.so instead of the peer build's."""
+    RUNPATH gives way to it) to load its libggml-cpu.so instead of the peer build's;
+    ``cache_reuse`` > 0 passes ``--cache-reuse`` (KV chunks of at least that many tokens
+    reused by shifting them, as llama.vim's README recommends)."""
     port = free_port()
     cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
            str(port), "-np", "1", "-c", str(ctx), "-t", str(threads), "-tb", str(threads)]
     if spec:
         cmd += LLAMA_SPEC
+    if cache_reuse > 0:
+        cmd += ["--cache-reuse", str(cache_reuse)]
     from bench_llamacpp import llama_env
 
     return start_server(name, cmd, port, work / f"{name}.log", llama_env(lib_dir))
@@ -551,6 +555,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 6 editor steps, 2 edit prompts of 48 tokens, 1 round")
     ap.add_argument("--llama-bin", type=Path, default=DEFAULT_LLAMA_BIN)
+    ap.add_argument("--llama-cache-reuse", type=int, default=0, metavar="N",
+                    help="run llama-server with --cache-reuse N (0: without, as by default)")
     ap.add_argument("--ggml-cpu", default="noamx",
                     help="noamx: load libggml-cpu.so built without AMX (ggml_cpu_for_isa); "
                          "peer: the one of --llama-bin")
@@ -597,7 +603,7 @@ def main(argv=None) -> int:
     try:
         servers["ditto"] = ditto_server("ditto", build_dir, th, ctx, args.work)
         servers["llama"] = llama_server("llama", args.llama_bin, gguf, th, ctx, args.work,
-                                        lib_dir=lib_dir)
+                                        lib_dir=lib_dir, cache_reuse=args.llama_cache_reuse)
         out["server_commands"] = {n: s.cmd for n, s in servers.items()}
         if "editor" in parts:
             samples = editor_replay([servers["ditto"], servers["llama"]], args.first_line - 1,
