@@ -576,26 +576,30 @@ class _Tensor(ctypes.Structure):
                                          (1, 32, 64), (7, 32, 4200), (4, 4160, 4200)])
 def test_gemm_rows_equal_gemv_bits(lib, bits, G, cols):
     """gemm_i8 (batched prefill; with G % 32 == 0 the table's GEMM kernel, which decodes each
-    row once) gives each activation row exactly gemv()'s bits, which are the definition's:
-    70 rows (4 panels of 16 and a partial one), T = 1, 5, 13 inputs (blocks of 6 and rests)."""
+    row once) gives each activation row exactly the definition's bits, on every table this
+    CPU runs: 70 rows (4 panels of 16 and a partial one), T = 1, 5, 13, 20 inputs (blocks of 6
+    and rests; 20 is past the few-input path)."""
     rng = np.random.default_rng(bits * G)
     rows = 70
     ct = random_int8_tensor(rng, rows, cols, bits, G)
     payload = np.frombuffer(codebook_payload(ct), np.uint8)
     W = _Tensor(b"w", 1, 2, bits, G, rows, cols, payload.ctypes.data, payload.size)
-    X = rng.normal(size=(13, cols)).astype(np.float32)
+    X = rng.normal(size=(20, cols)).astype(np.float32)
     X[2] *= 1e3  # inputs of very different scales in one call
     X[3, : cols // 2] = 0
-    want = []
-    for t in range(13):
-        y = np.full(rows, np.nan, np.float32)
-        lib.gemv(y.ctypes.data, X[t].ctypes.data, ctypes.byref(W))
-        np.testing.assert_array_equal(y, i8_gemv_np(ct, X[t]))
-        want.append(y)
-    for T in (1, 5, 13):
-        Y = np.full((T, rows), np.nan, np.float32)
-        lib.gemm_i8_float_input(Y.ctypes.data, X[:T].ctypes.data, T, ctypes.byref(W))
-        np.testing.assert_array_equal(Y, np.array(want[:T]))
+    want = np.array([i8_gemv_np(ct, X[t]) for t in range(20)])
+    tables = [k for k in X86_TABLES if X86_TABLES[k] <= cpu_flags()] or [None]
+    err = ctypes.create_string_buffer(256)
+    try:
+        for kernel in tables:
+            if kernel:
+                assert lib.kernels_select(kernel.encode(), err, len(err)) == 0, err.value
+            for T in (1, 5, 13, 20):
+                Y = np.full((T, rows), np.nan, np.float32)
+                lib.gemm_i8_float_input(Y.ctypes.data, X[:T].ctypes.data, T, ctypes.byref(W))
+                np.testing.assert_array_equal(Y, want[:T], err_msg=f"{kernel} T={T}")
+    finally:
+        assert lib.kernels_select(None, err, len(err)) == 0, err.value
 
 
 def test_gemm_multi_equals_one_tensor_at_a_time(lib):
