@@ -468,6 +468,22 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 100}}, "logit_bias: not supported"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "presence_penalty": 3}, "presence_penalty"),
+    ("/completion", '{"prompt": "a", "temperature": Infinity}',
+     "temperature: Input should be a finite number"),
+    ("/completion", '{"prompt": "a", "repeat_penalty": NaN}',
+     "repeat_penalty: Input should be a finite number"),
+    ("/v1/completions", '{"prompt": "a", "frequency_penalty": -Infinity}',
+     "frequency_penalty: Input should be a finite number"),
+    ("/infill", {"input_prefix": "a", "input_extra": [{"filename": "f.py"}]},
+     "input_extra.0.text: Field required"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0: missing 'content'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages.0.content: a 'image_url' part: only text parts"),
+    ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of: not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools: not supported"),
 ])
 def test_bad_requests(server, path, body, needle):
     if isinstance(body, str):
@@ -583,6 +599,39 @@ def test_build_without_library_says_rebuild(tiny_build, tmp_path):
     assert proc.returncode == 1 and "libditto.so" in proc.stderr and "rebuild" in proc.stderr
 
 
+def test_address_in_use_and_empty_key_are_refused_before_serving(tiny_build):
+    cli = [sys.executable, "-c", "from ditto_core.cli.main import main; main()", "serve",
+           str(tiny_build)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run(cli + ["--port", str(port)], capture_output=True, text=True,
+                              timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == f"error: --host 127.0.0.1 --port {port}: the address is in use\n"
+    proc = subprocess.run(cli + ["--host", "no-such-host.invalid"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        "error: --host no-such-host.invalid: "), proc.stderr
+    proc = subprocess.run(cli + ["--api-key", " "], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--api-key: empty key" in proc.stderr
+
+
+def test_run_names_a_model_file_that_is_not_a_regular_file(tiny_build, tmp_path):
+    d = tmp_path / "b"
+    d.mkdir()
+    for name in ("ditto-run", "build.json"):
+        (d / name).symlink_to(tiny_build / name)
+    (d / "model.ditto").mkdir()
+    proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
+                           "run", str(d), "-p", "x"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr == f"error: {d / 'model.ditto'}: the build's model file is not a " \
+                          "regular file\n"
+
+
 def test_negative_spec_cost_is_a_usage_error(tiny_build):
     proc = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
                            "serve", str(tiny_build), "--spec", "ngram", "--spec-cost", "-1"],
@@ -600,15 +649,43 @@ def qwen_server(serve_build, qwen05_f32_ditto, tmp_path_factory):
     for name in ("ditto-run", "libditto.so", "build.json"):
         (d / name).symlink_to(serve_build / name)
     (d / "model.ditto").symlink_to(qwen05_f32_ditto)
-    srv = start_server(d, "--ctx", "1024")
+    srv = start_server(d, "--ctx", "1024", "--api-key", KEY)
     yield srv
     stop_server(srv)
+
+
+def test_qwen_tokenize_special_as_llama_server(qwen_server):
+    """/tokenize add_special adds what the vocabulary adds (Qwen2.5: no BOS), /detokenize
+    writes control tokens as their text, as llama-server and transformers do."""
+    plain = post(qwen_server, "/tokenize", {"content": "hi"}).json()["tokens"]
+    assert post(qwen_server, "/tokenize", {"content": "hi", "add_special": True}).json() == \
+        {"tokens": plain}
+    text = "<|im_start|>user\nhi<|im_end|>"
+    ids = post(qwen_server, "/tokenize", {"content": text}).json()["tokens"]
+    assert len(ids) == 5
+    assert post(qwen_server, "/detokenize", {"tokens": ids}).json() == {"content": text}
+
+
+def test_qwen_non_streamed_request_cancelled_when_the_client_goes(qwen_server):
+    """A non-streamed request whose client goes away (here: a 2 s timeout, behind the API key
+    check) stops generating and frees its slot, instead of running its 800 tokens."""
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(qwen_server.url + "/completion", headers=AUTH, timeout=2,
+                   json={"prompt": "def f():", "n_predict": 800, "ignore_eos": True})
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        slots = httpx.get(qwen_server.url + "/slots", headers=AUTH).json()
+        if not any(s["is_processing"] for s in slots):
+            break
+        time.sleep(0.1)
+    assert not any(s["is_processing"] for s in slots), slots
+    assert slots[0]["n_cached"] < 300  # stopped early: prompt + far fewer than 800 tokens
 
 
 def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
     import openai
 
-    assert httpx.get(qwen_server.url + "/props").json()["infill"] is True
+    assert httpx.get(qwen_server.url + "/props", headers=AUTH).json()["infill"] is True
     prefix = "def add(a, b):\n    return "
     suffix = "\n\n\nprint(add(2, 3))\n"
     req = {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "prompt": "",
@@ -618,13 +695,12 @@ def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
            "t_max_prompt_ms": 5000, "t_max_predict_ms": 20000,
            "response_fields": ["content", "timings/prompt_n", "timings/predicted_n",
                                "truncated", "tokens_cached"]}
-    warm = httpx.post(qwen_server.url + "/infill", json=req, timeout=300).json()
+    warm = post(qwen_server, "/infill", req).json()
     assert warm["content"] == "" and warm["timings/prompt_n"] > 10 and warm["truncated"] is False
-    got = httpx.post(qwen_server.url + "/infill", timeout=300,
-                     json={**req, "n_predict": 12, "top_k": 1}).json()  # greedy
+    got = post(qwen_server, "/infill", {**req, "n_predict": 12, "top_k": 1}).json()  # greedy
     assert got["tokens_cached"] == warm["timings/prompt_n"] - 1  # the warm-up is reused
     assert got["content"].startswith("a + b"), got
-    client = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="none")
+    client = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key=KEY)
     c = client.completions.create(model="qwen", prompt=prefix, suffix=suffix, max_tokens=8,
                                   temperature=0)
     assert c.choices[0].text.startswith("a + b")

@@ -4,6 +4,8 @@ packages (fastapi, uvicorn) are installed."""
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 
 import click
@@ -56,26 +58,57 @@ def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file,
 
     if api_key is not None and api_key_file is not None:
         raise click.UsageError("give --api-key or --api-key-file, not both")
+    if api_key is not None and not api_key.strip():
+        raise click.UsageError("--api-key: empty key (every request would pass)")
     if api_key_file is not None:
         lines = api_key_file.read_text().splitlines()
         api_key = lines[0].strip() if lines else ""
         if not api_key:
             raise DittoError(f"{api_key_file}: empty API key file")
-    server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
-                         api_key=api_key, spec=spec, spec_k=spec_k, spec_cost=spec_cost,
-                         max_queue=max_queue, alias=alias)
+    sock = listen(host, port)
+    try:
+        server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
+                             api_key=api_key, spec=spec, spec_k=spec_k, spec_cost=spec_cost,
+                             max_queue=max_queue, alias=alias)
+    except BaseException:
+        sock.close()
+        raise
     if spec != "none" and not server.engine.batch_exact:
         click.echo("warning: --spec ngram: batched evaluation does not give the bits of "
                    "one-token decoding on this build; speculation is off so that greedy "
                    "output does not change", err=True)
     app = create_app(server)
+    port = sock.getsockname()[1]  # the port the system chose for --port 0
     click.echo(f"ditto serve: {build} on http://{host}:{port} ({slots} slot(s) of "
                f"{server.engine.n_ctx} positions, kernel {server.model.info['kernel']})",
                err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=10, lifespan="on")
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
     server.model.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` and listening, opened before the model loads so
+    that an address in use or a host that does not resolve is a clear error (DittoError) and
+    not uvicorn's log line and exit status 3."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise DittoError(f"--host {host}: {exc.strerror}") from None
+    family, type_, proto, _, addr = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        what = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used: {exc.strerror}"
+        raise DittoError(f"--host {host} --port {port}: the address {what}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def register(group: click.Group) -> None:

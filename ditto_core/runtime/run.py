@@ -59,6 +59,8 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
     if not exe.is_file() or not os.access(exe, os.X_OK):
         raise DittoError(f"{exe}: the build's executable is missing or not executable")
     if not model.is_file():
+        if model.exists():  # a directory, FIFO or device: as ditto-run refuses it
+            raise DittoError(f"{model}: the build's model file is not a regular file")
         raise DittoError(f"{model}: the build's model file is missing")
     return exe, model, meta
 

@@ -50,7 +50,8 @@ class ApiError(Exception):
 # ---------------------------------------------------------------------------- request models
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # JSON's Infinity and NaN (Python's json reads them) are refused as any other bad value
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 #: llama-server sampling options Ditto does not implement, with the value that turns each off:
@@ -59,7 +60,8 @@ UNSUPPORTED_NEUTRAL: dict[str, Any] = {
     "typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
     "top_n_sigma": -1.0, "dynatemp_range": 0.0, "n_probs": 0, "grammar": "",
     "json_schema": None, "logit_bias": None, "n_discard": 0, "logprobs": None,
-    "top_logprobs": None, "response_format": None}
+    "top_logprobs": None, "response_format": None, "tools": None, "functions": None,
+    "best_of": 1}
 
 #: The names (llama-server's aliases included) of the samplers Ditto runs, to their canonical
 #: name (engine.SAMPLERS). llama-server's other samplers (dry, typ_p, top_n_sigma, xtc: no-ops
@@ -74,7 +76,8 @@ SAMPLER_NAMES = {"penalties": "penalties", "top_k": "top_k", "top-k": "top_k", "
 def _neutral(name: str, value: Any, neutral: Any) -> bool:
     if value is None or value == neutral:
         return True
-    if name in ("logit_bias", "json_schema", "response_format", "grammar"):
+    if name in ("logit_bias", "json_schema", "response_format", "grammar", "tools",
+                "functions"):
         if name == "response_format" and isinstance(value, dict):
             return value.get("type", "text") == "text"
         return not value  # empty list / object / string
@@ -157,7 +160,7 @@ class CompletionRequest(CompletionParams):
 
 class ExtraChunk(_Req):
     filename: str = "tmp"
-    text: str = ""
+    text: str  # required, as llama-server requires it
 
 
 class InfillRequest(CompletionParams):
@@ -345,11 +348,17 @@ class Server:
         from ditto_core.text.chat_template import _environment
 
         contents = []
-        for msg in messages:
+        for k, msg in enumerate(messages):
             c = msg.content
+            if c is None:  # as llama-server: only a message with tool calls may leave it out
+                raise ApiError(400, f"messages.{k}: missing 'content'")
             if isinstance(c, list):
-                c = "".join(p.text for p in c if p.type == "text")
-            contents.append(c or "")
+                for part in c:
+                    if part.type != "text":
+                        raise ApiError(400, f"messages.{k}.content: a {part.type!r} part: only "
+                                            "text parts are supported by ditto serve")
+                c = "".join(part.text for part in c)
+            contents.append(c)
         marks = [f"\x00ditto-message-{k}-{uuid.uuid4().hex}\x00" for k in range(len(messages))]
         msgs = [{"role": m.role, "content": mk} for m, mk in zip(messages, marks)]
         try:
@@ -565,18 +574,6 @@ def create_app(server: Server):
         return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}",
                                        "server_error"), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if (server.api_key is not None and request.method != "OPTIONS"
-                and request.url.path not in ("/health", "/v1/health")):
-            auth = request.headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get(
-                "x-api-key", "")
-            if not secrets.compare_digest(given.encode(), server.api_key.encode()):
-                return JSONResponse(error_body(401, "Invalid API Key", "authentication_error"),
-                                    status_code=401)
-        return await call_next(request)
-
     # -- plain endpoints -------------------------------------------------------------------
     @app.get("/health")
     @app.get("/v1/health")
@@ -646,7 +643,10 @@ def create_app(server: Server):
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
         try:
-            ids = server.model.tokenize(req.content, add_bos=req.add_special,
+            # add_special adds what the vocabulary adds (llama_tokenize): BOS only where the
+            # model's add_bos is set (not Qwen2.5's)
+            ids = server.model.tokenize(req.content,
+                                        add_bos=req.add_special and server.model.info["add_bos"],
                                         parse_special=req.parse_special)
         except RuntimeAPIError as exc:
             raise ApiError(400, f"content: {exc}") from None
@@ -665,7 +665,9 @@ def create_app(server: Server):
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         try:
-            return {"content": server.model.detokenize(req.tokens)}
+            # control tokens as their text, as llama-server's /detokenize (and transformers'
+            # decode) give them
+            return {"content": server.model.detokenize(req.tokens, show_special=True)}
         except RuntimeAPIError as exc:
             raise ApiError(400, f"tokens: {exc}") from None
 
@@ -858,7 +860,34 @@ def create_app(server: Server):
         inc = bool(req.stream_options and req.stream_options.include_usage)
         return await oai(request, ids, params, req.stream, inc, chat=True)
 
-    return JsonBody(app)
+    outer = JsonBody(app)
+    return outer if server.api_key is None else ApiKeyAuth(outer, server.api_key)
+
+
+class ApiKeyAuth:
+    """ASGI middleware: every request but OPTIONS and /health carries ``key`` as ``Authorization:
+    Bearer KEY`` or ``X-Api-Key: KEY``, else 401 (as llama-server's --api-key). Plain ASGI, not
+    Starlette's BaseHTTPMiddleware: that one hides a client's disconnect from the endpoint, so
+    a non-streamed generation would run to its end for nobody."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
+                and scope.get("path") not in ("/health", "/v1/health")):
+            headers = {k.lower(): v for k, v in scope.get("headers", [])}
+            auth = headers.get(b"authorization", b"")
+            given = auth[7:] if auth.lower().startswith(b"bearer ") else headers.get(
+                b"x-api-key", b"")
+            if not secrets.compare_digest(given, self.key):
+                from fastapi.responses import JSONResponse
+
+                await JSONResponse(error_body(401, "Invalid API Key", "authentication_error"),
+                                   status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class JsonBody:
