@@ -303,9 +303,9 @@ def test_invalid_utf8_prompt(native_build, native_synth, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["-n", "0"], "-n must be a positive integer"),
-    (["-n", "-5"], "-n must be a positive integer"),
-    (["-n", "abc"], "-n must be a positive integer"),
+    (["-n", "0"], "-n must be an integer in 1..1073741824"),
+    (["-n", "-5"], "-n must be an integer in 1..1073741824"),
+    (["-n", "abc"], "-n must be an integer in 1..1073741824"),
     (["--bogus"], "unknown flag '--bogus'"),
     (["-n"], "flag '-n' needs a value"),
     (["--temp", "-1"], "--temp must be a number >= 0"),

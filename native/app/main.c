@@ -330,7 +330,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--suffix-file")) a->suffix_file = v;
         else if (!strcmp(o, "-n")) {
             if (parse_long(v, 1, 1L << 30, &a->n_gen))
-                return usage_error("-n must be a positive integer, got '%s'", v);
+                return usage_error("-n must be an integer in 1..1073741824, got '%s'", v);
         } else if (!strcmp(o, "--threads")) {
             if (parse_long(v, 1, 1024, &a->threads))
                 return usage_error("--threads must be an integer in 1..1024, got '%s'", v);
@@ -339,7 +339,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 return usage_error("--batch-size must be an integer in 1..512, got '%s'", v);
         } else if (!strcmp(o, "--ctx")) {
             if (parse_long(v, 1, 1L << 24, &a->ctx))
-                return usage_error("--ctx must be a positive integer, got '%s'", v);
+                return usage_error("--ctx must be an integer in 1..16777216, got '%s'", v);
         } else if (!strcmp(o, "--temp")) {
             if (parse_float(v, &a->temp) || a->temp < 0.0f)
                 return usage_error("--temp must be a number >= 0, got '%s'", v);
