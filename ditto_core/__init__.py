@@ -2,12 +2,12 @@
 
 The Python API (docs/PYTHON.md): ``ditto_core.build(model, quantizer=..., blas=..., out=...)``
 returns a ``Build`` with ``.run(prompt)``, ``.logits(token_ids)`` and ``.inspect()``;
-``Build.open(dir)`` opens an existing build directory.
+``Build.open(dir)`` opens an existing build directory; errors are ``ditto_core.DittoError``.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Build", "build", "__version__"]
+__all__ = ["Build", "DittoError", "build", "__version__"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name == "DittoError":  # the base of every error the API raises
+        from .base.errors import DittoError
+
+        return DittoError
     raise AttributeError(f"module 'ditto_core' has no attribute {name!r}")

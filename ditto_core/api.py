@@ -54,7 +54,11 @@ class Build:
     def _run(self, args: Sequence[str], timeout: float | None) -> subprocess.CompletedProcess:
         from ditto_core.runtime.run import run_build
 
-        proc = run_build(self.path, list(args), capture_output=True, timeout=timeout)
+        try:
+            proc = run_build(self.path, list(args), capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DittoError(f"{self.executable}: did not finish within {timeout:g} s; "
+                             "stopped") from None
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
             raise DittoError(f"{self.executable}: exit {proc.returncode}: {err}")
@@ -145,6 +149,12 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
 
     if codebook_type is None:
         codebook_type = DEFAULT_CODEBOOK_TYPE.get(quantizer, "f16")
+    # one name where a sequence is expected is that one name, not its characters
+    passes, keep_fp32, tensor_types = ([v] if isinstance(v, str) else v
+                                       for v in (passes, keep_fp32, tensor_types))
+    if max_size_of is not None and not Path(max_size_of).is_file():
+        raise DittoError(f"{max_size_of}: max_size_of must name an existing file (its size is "
+                         "the budget)")
     if out is None:
         out = tempfile.mkdtemp(prefix="ditto-build-")
     opts = BuildOptions(

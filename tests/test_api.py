@@ -82,3 +82,16 @@ def test_bad_names_and_options_fail_before_work(tmp_path):
     with pytest.raises(PluginError, match="unknown linker 'ld'; available: .*llvm"):
         ditto_core.build("tinycoder", quantizer="none", out=tmp_path / "x", linker="ld")
     assert not (tmp_path / "x").exists()
+
+
+def test_errors_are_ditto_errors(api_build, tmp_path):
+    """Every failure of the API is a ditto_core.DittoError naming what failed: a budget file
+    that does not exist (before any work), a run past its timeout (the executable stopped)."""
+    assert ditto_core.DittoError is DittoError
+    with pytest.raises(DittoError, match=r"^nofile: max_size_of must name an existing file"):
+        ditto_core.build("tinycoder", max_size_of="nofile", out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(DittoError, match=r"ditto-run: did not finish within 0.001 s; stopped$"):
+        api_build.run("def fib(n):", n=4000, threads=1, timeout=0.001)
+    with pytest.raises(PluginError, match="unknown pass .nope.; available"):  # not n, o, p, e
+        ditto_core.build("tinycoder", quantizer="none", out=tmp_path / "y", passes="nope")

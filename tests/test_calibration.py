@@ -153,3 +153,34 @@ def test_calibrate_command(tmp_path):
          ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
         + ["output.weight"])
     assert all(v.shape == (16,) or v.shape == (64,) for v in imp.vectors.values())
+
+
+def test_calibrate_output_is_checked_before_the_run(tmp_path, tiny_gguf):
+    """`ditto calibrate -o` follows the rule of every writing command (docs/RELIABILITY.md):
+    an output that is one of its inputs (the model, the calibration text), a device node or a
+    directory is refused before any work, and so is a missing directory; the inputs stay."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from ditto_core.cli.eval import register
+    from ditto_core.cli.main import cli
+
+    register(cli)
+    model = tmp_path / "t.gguf"
+    shutil.copyfile(tiny_gguf, model)
+    text = tmp_path / "cal.txt"
+    text.write_text("x = 1\n" * 3000)
+    before = model.read_bytes(), text.read_bytes()
+    for out, message in [
+            (model, f"{model}: the importance file would overwrite the input {model}"),
+            (text, f"{text}: the importance file would overwrite the input {text}"),
+            ("/dev/null", "/dev/null: is a character device; the importance file must be a "
+                          "regular file, refusing to replace it"),
+            (tmp_path / "no" / "x.npz", f"{tmp_path / 'no' / 'x.npz'}: the directory "
+                                        f"{tmp_path / 'no'} does not exist")]:
+        res = CliRunner().invoke(cli, ["calibrate", str(model), "-o", str(out), "--calibration",
+                                       str(text), "-q"])
+        assert res.exit_code == 1 and f"error: {message}" in res.output, res.output
+    assert (model.read_bytes(), text.read_bytes()) == before
+    assert not (tmp_path / "no").exists()

@@ -302,14 +302,21 @@ def calibrate_cmd(model, calibration, out, blas, threads, quiet):
     """Run MODEL's fp32 model over a calibration text and save, per linear layer, the mean
     squared activation of each input channel (llama.cpp's imatrix statistic) as an importance
     file for `ditto build --importance FILE.npz` (docs/QUANT.md)."""
+    from ditto_core.base.outputs import input_files, output_target
     from ditto_core.eval import calibration as cal
 
+    # the output is checked before the (long) run, as export and build check theirs
+    inputs = [*(input_files(model) if Path(model).exists() else []),
+              *([calibration] if Path(calibration).is_file() else [])]
+    target = output_target(out, "importance file", inputs)
+    if not target.parent.is_dir():
+        raise DittoError(f"{out}: the directory {target.parent} does not exist")
     update, stop = progress_callback("calibration", quiet)
     try:
         imp = cal.calibrate(model, calibration, blas=blas, threads=threads, progress=update)
     finally:
         stop()
-    cal.save_importance(imp, out)
+    cal.save_importance(imp, target)
     m = imp.meta
     click.echo(f"{out}: {len(imp.vectors)} tensors, {m['chunks']} chunks of {m['n_ctx']} tokens "
                f"of {m['calibration']['name']} (sha256 {m['calibration']['sha256'][:16]}…)",

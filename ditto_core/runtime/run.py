@@ -73,17 +73,43 @@ def run_command(build_dir: Path, args: Sequence[str]) -> list[str]:
     return [str(exe), "-m", str(model), *args]
 
 
-def run_build(build_dir: Path, args: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
-    """Run the build's executable with ``args`` (subprocess.run keyword arguments pass
-    through, e.g. ``capture_output=True, text=True``). Returns the CompletedProcess."""
-    return subprocess.run(run_command(build_dir, args), **kwargs)
+def run_build(build_dir: Path, args: Sequence[str] = (), *, input=None,  # noqa: A002
+              capture_output: bool = False, timeout: float | None = None,
+              check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """Run the build's executable with ``args``, as subprocess.run does (its keyword
+    arguments pass through, e.g. ``capture_output=True, text=True``). Returns the
+    CompletedProcess. Past ``timeout`` seconds the executable is stopped with SIGTERM (it
+    cleans up and exits; SIGKILL 5 s later if it has not), not killed outright as
+    subprocess.run kills it, and subprocess.TimeoutExpired is raised."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    with subprocess.Popen(run_command(build_dir, args), **kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 def run_stats(build_dir: Path, args: Sequence[str], timeout: float = 1200) -> dict:
     """Run the build's executable with ``args`` and return its ``stats`` JSON line (stderr):
     ``tok_per_s`` (decode tok/s), ``ttft_ms``, ``load_ms``, ``peak_rss_kib``, ... (native/README.md).
     Raises DittoError naming the build if it fails or prints no stats line."""
-    proc = run_build(build_dir, args, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = run_build(build_dir, args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DittoError(f"{build_dir}: did not finish within {timeout:g} s; stopped") from None
     if proc.returncode != 0:
         raise DittoError(f"{build_dir}: exit {proc.returncode}: {proc.stderr.strip()}")
     for line in proc.stderr.splitlines():
