@@ -34,6 +34,13 @@ def test_bad_calibration_text(tmp_path):
     (tmp_path / "e.txt").write_text("  \n")
     with pytest.raises(DittoError, match=r"e.txt: the calibration text is empty"):
         cal.calibration_text(tmp_path / "e.txt")
+    (tmp_path / "b.bin").write_bytes(b"ok\n\xff\xfe")
+    with pytest.raises(DittoError, match=r"b.bin: the calibration text is not UTF-8 \(invalid "
+                                         r"byte at offset 3\)"):
+        cal.calibration_text(tmp_path / "b.bin")
+    (tmp_path / "short.txt").write_text("x = 1\n")
+    with pytest.raises(DittoError, match=r"short.txt: .*at least"):
+        cal.calibrate("tinycoder", tmp_path / "short.txt")
 
 
 def test_importance_equals_the_reference_forward(tiny_gguf):

@@ -62,6 +62,11 @@ def calibration_text(spec: str | os.PathLike) -> tuple[bytes, dict]:
                          f"{exc.strerror or exc}") from None
     if not data.strip():
         raise DittoError(f"{path}: the calibration text is empty")
+    try:  # checked here, so that the message names this file and not a tokenizer's input
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DittoError(f"{path}: the calibration text is not UTF-8 (invalid byte at offset "
+                         f"{exc.start})") from None
     digest = hashlib.sha256(data).hexdigest()
     if str(spec) == STDLIB and digest != CALIBRATION_SHA256:
         raise DittoError(f"{path}: the shipped calibration text has sha256 {digest}, expected "
@@ -168,7 +173,10 @@ def calibrate(model, calibration, *, blas: str = "openblas", exporter=None,
     exp = exporter or pipeline.choose_exporter(path)
     sha = pipeline.model_fingerprint(path, exp)
     tokens, tok = tokenize_with_fp32_build(model, path, sha, text, blas)
-    chunks = corpus.chunks(tokens, N_CTX, None, bos_id=tok.bos_id if tok.add_bos else None)
+    try:
+        chunks = corpus.chunks(tokens, N_CTX, None, bos_id=tok.bos_id if tok.add_bos else None)
+    except DittoError as exc:  # too short: name the text
+        raise DittoError(f"{calibration}: {exc}") from None
     ck = pipeline.load_checkpoint(exp, path)
     vectors = collect_importance(ck, chunks, threads=threads, progress=progress)
     meta = {"format": FORMAT, "version": VERSION, "statistic": STATISTIC,
