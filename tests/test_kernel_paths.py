@@ -106,7 +106,9 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     lay = {(e["bits"], e["group_size"]): (e["kernel"], e["tensors"]) for e in s["layouts"]}
     assert lay[(4, 32)] == ("avx2:i8_b4", 1) and lay[(3, 7)] == ("generic", 1)
     r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx9", str(out)])
-    assert r.exit_code != 0 and "avx9" in r.output
+    assert r.exit_code == 2  # a usage error, as README says of a bad flag value
+    assert "Invalid value for '--kernel': no kernel table 'avx9' (the runtimes have: " \
+        "avx512vbmi, avx512vnni, avxvnni, avx2, generic, neon)" in r.output
     env = {k: v for k, v in os.environ.items() if k != "DITTO_KERNEL"}
     p = subprocess.run(["ditto", "inspect", "--json", str(out)], capture_output=True, text=True,
                        env=env, check=True)

@@ -25,7 +25,8 @@ def _fmt(v, spec: str = ".4f") -> str:
               help="Reference build for KL divergence (default: the fp32 build of the same "
                    "model, `--quantizer none`, built once and cached).")
 @click.option("--chunks", type=click.IntRange(min=1), default=None,
-              help="Evaluate the first N 512-token chunks of the corpus (default: all 200).")
+              help="Evaluate the first N 512-token chunks of the corpus (default: all of them; "
+                   "how many depends on the model's tokenizer).")
 @click.option("--humaneval", is_flag=True, help="Also run HumanEval (pass@1 greedy, pass@1 / "
               "pass@5 over 5 sampling seeds).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
@@ -115,10 +116,11 @@ def print_eval(r: dict) -> None:
         he = r["humaneval"]
         k = he["seeds"]
         pass_k = r[f"pass@{k}_sampled"]
-        con.print(f"HumanEval ({he['problems']} problems): pass@1 greedy {100 * r['pass@1']:.2f} %"
-                  f"; over {k} sampling seeds (temperature {he['temperature']}, top-p "
-                  f"{he['top_p']}): pass@1 {100 * r['pass@1_sampled']:.2f} %, pass@{k} "
-                  f"{100 * pass_k:.2f} %")
+        line = (f"HumanEval ({he['problems']} problems): pass@1 greedy "
+                f"{100 * r['pass@1']:.2f} %; over {k} sampling seed{'s' if k > 1 else ''} "
+                f"(temperature {he['temperature']}, top-p {he['top_p']}): pass@1 "
+                f"{100 * r['pass@1_sampled']:.2f} %")
+        con.print(line + (f", pass@{k} {100 * pass_k:.2f} %" if k > 1 else ""))
 
 
 # --------------------------------------------------------------------------------------------

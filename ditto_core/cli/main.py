@@ -77,8 +77,8 @@ def inspect_cmd(file, as_json, no_verify, kernel):
 
     try:
         kt = KP.table(kernel) if kernel else None
-    except KeyError as exc:
-        raise DittoError(f"--kernel: {exc.args[0]}") from None
+    except KeyError as exc:  # a bad flag value: a usage error (exit 2), as click's own
+        raise click.BadParameter(str(exc.args[0]), param_hint="'--kernel'") from None
 
     if file.is_dir():
         hint = ""
