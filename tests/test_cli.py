@@ -3,6 +3,7 @@ inspect's size/bpw arithmetic on a codebook file, error reporting."""
 
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,3 +119,18 @@ def test_build_output_under_a_regular_file(tmp_path):
         assert r.exit_code == 1, r.output
         assert r.stderr == f"error: {afile}: is not a directory, so -o {out} cannot be created\n"
         assert afile.read_text() == "user data" and sorted(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.parametrize("command", [["build", "tinycoder", "--quantizer", "none", "--blas",
+                                      "openblas", "-o", "x"],
+                                     ["cc", "prog.c", "-o", "x"]])
+def test_pass_with_no_rewrite_is_a_usage_error(command, tmp_path):
+    """--pass NAME with --no-rewrite would silently run no pass: refused (exit 2) before any
+    work, for `ditto build` and `ditto cc` alike."""
+    (tmp_path / "prog.c").write_text("int main(void) { return 0; }\n")
+    r = subprocess.run([sys.executable, "-c", "from ditto_core.cli.main import main; main()",
+                        *command, "--no-rewrite", "--pass", "gemv-blas"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "give --pass or --no-rewrite, not both (--no-rewrite runs no pass)" in r.stderr
+    assert not (tmp_path / "x").exists()

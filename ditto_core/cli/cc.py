@@ -37,6 +37,9 @@ from .common import compile_stage_options
 def cc_command(sources, include_dirs, defines, openmp, blas, out, report, rewrite, emitter,
                passes, linker, component_options, ir_out, flags):
     """Compile C SOURCES to an executable: clang-22 -O1 → IR passes → O3 host + BLAS."""
+    if passes and not rewrite:
+        raise click.UsageError("give --pass or --no-rewrite, not both (--no-rewrite runs no "
+                               "pass)")
     from ditto_core.base.options import parse_assignments
     from ditto_core.stages.cc import compile_c, split_report, summary_lines
     from ditto_core.stages.plugins import get_registry

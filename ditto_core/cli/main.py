@@ -282,6 +282,9 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
         raise click.UsageError("give --calibration or --importance, not both")
     if target_bpw is not None and max_size_of is not None:
         raise click.UsageError("give --target-bpw or --max-size-of, not both")
+    if passes and not rewrite:
+        raise click.UsageError("give --pass or --no-rewrite, not both (--no-rewrite runs no "
+                               "pass)")
     from ditto_core.api import build
 
     record = build(model, quantizer=quantizer, blas=blas, out=out_dir, bits=bits,
