@@ -170,3 +170,18 @@ def test_compare_tables_write_through_symlinks(tmp_path):
     compare.write_tables(out, [{"config": "none", "bpw": 32.0}])
     assert (out / "results.csv").is_symlink()
     assert (tmp_path / "kept.csv").read_text().startswith("config,")
+
+
+def test_special_files_as_model_inputs_are_named(tmp_path):
+    """A FIFO or device node given where a model is read (`ditto inspect`, `ditto export`) is
+    refused as not a regular file, without blocking on it (docs/INPUTS.md)."""
+    fifo = tmp_path / "m.ditto"
+    os.mkfifo(fifo)
+    for args, path, kind in [(["inspect", str(fifo)], fifo, "a FIFO"),
+                             (["inspect", "/dev/null"], "/dev/null", "a character device"),
+                             (["export", str(fifo), "-o", str(tmp_path / "o.ditto")], fifo,
+                              "a FIFO")]:
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 1, r.output
+        assert f"error: {path}: not a regular file ({kind})" in r.output
+    assert not (tmp_path / "o.ditto").exists()

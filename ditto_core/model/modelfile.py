@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import tempfile
 import zlib
 from pathlib import Path
@@ -23,6 +24,7 @@ import attrs
 import numpy as np
 
 from ditto_core.base.errors import DittoError
+from ditto_core.base.outputs import file_kind
 from ditto_core.base.types import ModelConfig, TokenizerSpec
 from . import codebook as CB
 from . import format as F
@@ -668,9 +670,12 @@ class ModelFile:
         self.path = Path(path)
         where = str(self.path)
         try:
-            size = self.path.stat().st_size
+            st = self.path.stat()
         except OSError as exc:
             raise DittoError(f"{where}: cannot open model file: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device: refused as ditto-run refuses it
+            raise DittoError(f"{where}: not a regular file ({file_kind(st.st_mode)})")
+        size = st.st_size
         if size < F.HEADER_BYTES:
             raise DittoError(f"{where}: not a Ditto model file (only {size} bytes)")
         try:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import attrs
 import numpy as np
 
 from ditto_core.base.errors import DittoError
+from ditto_core.base.outputs import file_kind
 from ditto_core.base.options import normalize
 from ditto_core.base.progress import progress_bar
 from ditto_core.base.signals import deferred, pid_tag, sweep_stale
@@ -89,6 +91,9 @@ def choose_exporter(path: Path, name: str | None = None, registry: Registry | No
         if exp.can_load(path):
             return exp
     names = ", ".join(e.name for e in exporters)
+    mode = path.stat().st_mode if path.exists() else None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise DittoError(f"{path}: not a regular file ({file_kind(mode)})")
     if path.is_dir():
         raise DittoError(f"{path}: not a model directory any exporter reads ({names}); an HF "
                          f"directory needs config.json")
