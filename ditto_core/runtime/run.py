@@ -88,7 +88,7 @@ def run_build(build_dir: Path, args: Sequence[str] = (), *, input=None,  # noqa:
     with subprocess.Popen(run_command(build_dir, args), **kwargs) as proc:
         try:
             out, err = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # the timeout, or Ctrl-C here: the executable stops too
             proc.terminate()
             try:
                 proc.communicate(timeout=5)
