@@ -253,6 +253,10 @@ def test_run_and_inspect_hints(tmp_path, tiny_builds):
                         f" `ditto build MODEL --quantizer kmeans --blas openblas -o "
                         f"{tmp_path / 'nowhere'}`)\n")
     d = tiny_builds["rewrite"][0]
+    r = CliRunner().invoke(run_mod.run_command_cli, [str(d / "model.ditto")])
+    assert r.exit_code == 1  # the model file, not its build: name the build directory
+    assert r.stderr == (f"error: {d / 'model.ditto'}: a file inside a build; give the build "
+                        f"directory {d}\n")
     r = CliRunner().invoke(cli, ["inspect", str(d)])
     assert r.exit_code == 1
     assert r.stderr == (f"error: {d}: is a directory, not a model file; did you mean "

@@ -116,18 +116,20 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
 
 
 def test_build_refuses_unknown_speed_table_before_work(tmp_path, monkeypatch):
-    """`ditto build --speed-aware TABLE` with a table no runtime has: exit 1, one error line
-    naming the flag, the value and the tables there are, and no output directory."""
+    """`ditto build --speed-aware TABLE` with a table no runtime has: a usage error (exit 2)
+    naming the flag, the value and the tables there are, with or without a budget, and no
+    output directory."""
     from ditto_core.stages import pipeline
 
     def no_work(*a, **k):
         raise AssertionError("the build started")
 
     monkeypatch.setattr(pipeline, "_prepare_out_dir", no_work)
-    r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "kmeans", "--blas",
-                                 "openblas", "--target-bpw", "5", "--speed-aware", "avx9",
-                                 "-o", str(tmp_path / "b")])
-    assert r.exit_code == 1
-    assert r.stderr == ("error: --speed-aware: no kernel table 'avx9' (the runtimes have: "
-                        "avx512vbmi, avx512vnni, avxvnni, avx2, generic, neon)\n")
-    assert not (tmp_path / "b").exists()
+    for budget in (["--target-bpw", "5"], []):
+        r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "kmeans", "--blas",
+                                     "openblas", *budget, "--speed-aware", "avx9",
+                                     "-o", str(tmp_path / "b")])
+        assert r.exit_code == 2
+        assert "Invalid value for '--speed-aware': no kernel table 'avx9' (the runtimes " \
+            "have: avx512vbmi, avx512vnni, avxvnni, avx2, generic, neon)" in r.stderr
+        assert not (tmp_path / "b").exists()

@@ -206,6 +206,18 @@ def plugins_cmd(as_json, with_options):
 
 
 # --------------------------------------------------------------------------------------------
+def _speed_table_name(ctx, param, value):
+    """--speed-aware: auto, off or a kernel table's name; another is a usage error."""
+    if value in (None, "auto", "off"):
+        return value
+    from ditto_core.model import kernel_paths as KP
+
+    try:
+        return KP.table(value).name
+    except KeyError as exc:
+        raise click.BadParameter(str(exc.args[0])) from None
+
+
 @cli.command("build", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--quantizer", required=True, help="Quantizer name (see `ditto plugins`).")
@@ -244,7 +256,7 @@ def plugins_cmd(as_json, with_options):
               help="As --target-bpw, with the byte size of FILE (e.g. a llama.cpp GGUF) as "
                    "the budget.")
 @click.option("--speed-aware", "speed_aware", default="auto", show_default=True,
-              metavar="auto|off|TABLE",
+              metavar="auto|off|TABLE", callback=_speed_table_name,
               help="With a budget, also hold the plan's modelled GEMV time on this kernel table "
                    "to at most the default plan's (`ditto inspect` shows each tensor's "
                    "path): auto = this CPU's table, off = the byte budget alone (the most "

@@ -33,6 +33,8 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
     Raises DittoError naming the directory when it, its build.json, the executable or the
     model file is missing."""
     d = Path(build_dir)
+    if d.is_file() and (d.parent / "build.json").is_file():  # a build's file, not the build
+        raise DittoError(f"{d}: a file inside a build; give the build directory {d.parent}")
     if not d.is_dir():
         raise DittoError(f"{d}: not a build directory (build one first: `ditto build MODEL "
                          f"--quantizer kmeans --blas openblas -o {d}`)")
