@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -131,3 +132,15 @@ def sweep_stale(directory: Path, prefix: str) -> list[Path]:
             continue
         removed.append(p)
     return removed
+
+
+def stop_child(proc: subprocess.Popen, grace: float) -> None:
+    """Stop a child this process is waiting on after a timeout or an interrupt: SIGTERM, so it
+    cleans up as on Ctrl-C (temporary files, libomp's /dev/shm entry), and SIGKILL when it has
+    not exited ``grace`` seconds later; its pipes, if any, are drained and it is reaped."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()

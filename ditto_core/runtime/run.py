@@ -22,6 +22,7 @@ from typing import Sequence
 import click
 
 from ditto_core.base.errors import DittoError
+from ditto_core.base.signals import stop_child
 
 MODEL_NAME = "model.ditto"
 EXE_NAME = "ditto-run"
@@ -91,12 +92,7 @@ def run_build(build_dir: Path, args: Sequence[str] = (), *, input=None,  # noqa:
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except BaseException:  # the timeout, or Ctrl-C here: the executable stops too
-            proc.terminate()
-            try:
-                proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+            stop_child(proc, 5)
             raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check:

