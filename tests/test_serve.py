@@ -84,6 +84,16 @@ def post(srv, path, body, **kw):
     return httpx.post(srv.url + path, json=body, headers=AUTH, timeout=120, **kw)
 
 
+def slots_when_idle(srv, seconds: float) -> list:
+    """/slots once no slot is processing, or as it stands after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        slots = httpx.get(srv.url + "/slots", headers=AUTH).json()
+        if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+            return slots
+        time.sleep(0.1)
+
+
 def sse_events(srv, path, body) -> list:
     """The JSON payloads of a streamed response, in order ("[DONE]" kept as a string)."""
     out = []
@@ -553,12 +563,7 @@ def test_concurrent_load_with_disconnects(server):
     for t in threads:
         t.join(timeout=300)
     assert sorted(results) == [200] * 6 and not errors
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        slots = httpx.get(server.url + "/slots", headers=AUTH).json()
-        if not any(s["is_processing"] for s in slots):
-            break
-        time.sleep(0.2)
+    slots = slots_when_idle(server, 30)
     assert not any(s["is_processing"] for s in slots)
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert "llamacpp:requests_processing 0" in metrics
@@ -672,12 +677,7 @@ def test_qwen_non_streamed_request_cancelled_when_the_client_goes(qwen_server):
     with pytest.raises(httpx.TimeoutException):
         httpx.post(qwen_server.url + "/completion", headers=AUTH, timeout=2,
                    json={"prompt": "def f():", "n_predict": 800, "ignore_eos": True})
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        slots = httpx.get(qwen_server.url + "/slots", headers=AUTH).json()
-        if not any(s["is_processing"] for s in slots):
-            break
-        time.sleep(0.1)
+    slots = slots_when_idle(qwen_server, 5)
     assert not any(s["is_processing"] for s in slots), slots
     assert slots[0]["n_cached"] < 300  # stopped early: prompt + far fewer than 800 tokens
 
