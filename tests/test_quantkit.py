@@ -207,6 +207,30 @@ class Grid(CodebookQuantizer):
         return idx.reshape(rows, cols).astype(np.uint8), cb
 
 
+def test_patterns_that_match_no_tensor_are_reported(capsys):
+    from ditto_core.base.types import Checkpoint
+
+    W = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    shapes = {"blk.0.attn_norm.weight": (32,), "blk.0.ffn_up.weight": (8, 32)}
+    ck = Checkpoint(config=None, tokenizer=None,
+                    tensors={"blk.0.attn_norm.weight": lambda: W[0],
+                             "blk.0.ffn_up.weight": lambda: W},
+                    shapes=shapes, source=Path("x"))
+    opts = QuantOptions(bits=2, group_size=16, keep_fp32=("model.layers.*", "blk.0.ffn_up*"),
+                        tensor_types=("*.ffn_upp.weight=b3", "blk.*=G32"))
+    q = Grid().quantize(ck, opts)
+    assert q.report["unmatched_patterns"] == ["--tensor-type '*.ffn_upp.weight=b3'",
+                                              "--keep-fp32 'model.layers.*'"]
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: --tensor-type '*.ffn_upp.weight=b3' matches no tensor of this model, so it "
+        "changes nothing (this model's tensors are named like 'blk.0.ffn_up.weight')",
+        "warning: --keep-fp32 'model.layers.*' matches no tensor of this model, so it changes "
+        "nothing (this model's tensors are named like 'blk.0.ffn_up.weight')"]
+    assert dict(q.tensors())["blk.0.ffn_up.weight"].group_size == 32  # the matching rule holds
+    Grid().quantize(ck, QuantOptions(bits=2, group_size=16, keep_fp32=("blk.0.ffn_up*",)))
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("cb_type", ["f32", "f16", "int8"])
 def test_kit_rounds_codebooks_to_their_storage_type(cb_type):
     from ditto_core.base.types import Checkpoint

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 import time
 from typing import Any, Sequence
 
@@ -165,6 +166,27 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
             continue
         plan[name], reasons[name] = ("codebook", params), {"rule": why}
     return plan, reasons
+
+
+def unmatched_patterns(names: Sequence[str], rules: Sequence[TensorRule],
+                       keep_fp32: Sequence[str]) -> list[str]:
+    """The ``--tensor-type`` rules and ``--keep-fp32`` globs that match none of ``names`` (the
+    checkpoint's tensor names), as the flag and its argument (``"--tensor-type 'X=b5'"``), in
+    the order given. Such a pattern changes nothing: most often a typo or another model's
+    naming (HF ``model.layers.0.*`` against GGUF ``blk.0.*``)."""
+    def hit(glob):
+        return any(fnmatch.fnmatchcase(n, glob) for n in names)
+    return ([f"--tensor-type {str(r)!r}" for r in rules if not hit(r.glob)]
+            + [f"--keep-fp32 {g!r}" for g in keep_fp32 if not hit(g)])
+
+
+def unmatched_warning(unmatched: Sequence[str], shapes: dict) -> str:
+    """The stderr warning for ``unmatched_patterns``: each pattern, and the name of one of the
+    model's matrices (``shapes``: name → shape) to show its naming."""
+    example = next((n for n, sh in shapes.items() if len(sh) == 2 and n not in EMBEDDING_NAMES),
+                   next(iter(shapes), ""))
+    return "\n".join(f"warning: {u} matches no tensor of this model, so it changes nothing "
+                     f"(this model's tensors are named like {example!r})" for u in unmatched)
 
 
 def int8_codebooks(cent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -308,6 +330,10 @@ class CodebookQuantizer:
         rules = parse_rules(options.tensor_types)
         plan, reasons = plan_tensors(checkpoint.shapes, options, rules,
                                      self.embedding_extra_bits)
+        unmatched = unmatched_patterns(list(checkpoint.shapes), rules, options.keep_fp32)
+        if unmatched:
+            print(unmatched_warning(unmatched, checkpoint.shapes), file=sys.stderr,
+                  flush=True)
 
         def sample_quantize(S, b, g, name, imp):  # Ŵ of sampled rows, for the allocator
             q = self._quantize_tensor(np.ascontiguousarray(S, np.float32), name,
@@ -318,7 +344,7 @@ class CodebookQuantizer:
                                                           sample_quantize, EMBEDDING_NAMES)
         report = {"quantizer": self.name, "method": method, "bits": options.bits,
                   "group_size": options.group_size, "codebook_type": options.codebook_type,
-                  "rules": [str(r) for r in rules],
+                  "rules": [str(r) for r in rules], "unmatched_patterns": unmatched,
                   "importance": options.importance, "allocation": allocation,
                   **({} if self.embedding_extra_bits is None else
                      {"embedding_bits": min(8, options.bits + self.embedding_extra_bits)}),
