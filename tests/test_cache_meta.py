@@ -3,6 +3,7 @@ removed with one warning, rebuilt and stored again (issue: reliability, cache-me
 never a crash of every later build nor a permanent silent miss."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,57 @@ def test_put_replaces_an_entry_without_meta(cache, tmp_path):
 ])
 def test_compile_entry_pass_reports_are_checked(passes, ok):
     assert (pass_reports_problem({"passes": passes}, True) is None) is ok
+
+
+def test_plugin_fingerprint_covers_every_module_of_the_plugin_and_its_bases(tmp_path,
+                                                                          monkeypatch):
+    """Editing a helper module in a subfolder, or a C source, of a plugin package changes its
+    fingerprint (so the stage cache misses); the key does not depend on where it is installed."""
+    import importlib
+    import sys
+
+    from ditto_core.stages.compile import plugin_fingerprint
+
+    def make(root):
+        pkg = root / "fp_plugin"
+        (pkg / "algo").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("from .algo.grid import SCALE\n"
+                                         "class Q:\n    name = 'q'\n")
+        (pkg / "algo" / "__init__.py").write_text("")
+        (pkg / "algo" / "grid.py").write_text("SCALE = 1.0\n")
+        (pkg / "kernel.c").write_text("int f(void) { return 1; }\n")
+        return pkg
+
+    def fingerprint(root):
+        monkeypatch.syspath_prepend(str(root))
+        for m in [m for m in sys.modules if m.split(".")[0] == "fp_plugin"]:
+            del sys.modules[m]
+        mod = importlib.import_module("fp_plugin")
+        fp = plugin_fingerprint(mod.Q())
+        monkeypatch.undo()
+        return fp
+
+    pkg = make(tmp_path / "a")
+    base = fingerprint(tmp_path / "a")
+    assert base not in ("?", "") and fingerprint(tmp_path / "a") == base
+    make(tmp_path / "b")
+    assert fingerprint(tmp_path / "b") == base  # same code elsewhere: same key
+    (pkg / "algo" / "grid.py").write_text("SCALE = 0.25\n")
+    edited = fingerprint(tmp_path / "a")
+    assert edited != base
+    (pkg / "kernel.c").write_text("int f(void) { return 2; }\n")
+    assert fingerprint(tmp_path / "a") not in (base, edited)
+
+    from ditto_core.kit.quantkit import CodebookQuantizer
+
+    class Sub(CodebookQuantizer):  # defined here: its work comes from the kit
+        name = "sub"
+
+    fp_sub = plugin_fingerprint(Sub())
+    kit = tmp_path / "kit"
+    import ditto_core.kit as kit_pkg
+    import shutil
+    shutil.copytree(Path(kit_pkg.__file__).parent, kit, ignore=shutil.ignore_patterns("__pycache__"))
+    (kit / "quantkit.py").write_text((kit / "quantkit.py").read_text() + "\n# edited\n")
+    monkeypatch.setattr(kit_pkg, "__file__", str(kit / "__init__.py"))
+    assert plugin_fingerprint(Sub()) != fp_sub

@@ -7,9 +7,10 @@ flags of ``native/Makefile``; the executable reads any model file given with ``-
 
 from __future__ import annotations
 
-import inspect
+import hashlib
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,14 +86,49 @@ class CompileResult:
         return [r.to_json() for r in self.reports]
 
 
+#: The files of a package that are its code: Python, and C/C++/Cython a plugin may compile.
+SOURCE_SUFFIXES = frozenset({".py", ".c", ".h", ".cc", ".cpp", ".pyx", ".pxd"})
+#: A package tree with more code files than this is hashed by its defining module only (a
+#: large third-party base class, not a plugin).
+MAX_TREE_FILES = 2000
+
+
+def _code_files(module_name: str) -> dict[str, Path]:
+    """The code files that define module ``module_name``'s behaviour, by a name that does not
+    depend on where the package is installed (``package/relative/path``): every source file
+    under its top-level package (for ``ditto_core``, under its subpackage such as
+    ``ditto_core.kit``), or the module's own file when that package is a single module or too
+    large."""
+    parts = module_name.split(".")
+    root = ".".join(parts[:2]) if parts[0] == "ditto_core" and len(parts) > 1 else parts[0]
+    f = getattr(sys.modules.get(root), "__file__", None)
+    g = getattr(sys.modules.get(module_name), "__file__", None)
+    own = {f"{module_name}:{Path(g).name}": Path(g)} if g else {}
+    if f is None or Path(f).name != "__init__.py":
+        return own if f is None else {f"{root}:{Path(f).name}": Path(f)}
+    base = Path(f).parent
+    files = {f"{root}:{p.relative_to(base).as_posix()}": p for p in base.rglob("*")
+             if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts and p.is_file()}
+    return own if len(files) > MAX_TREE_FILES else files
+
+
 def plugin_fingerprint(component) -> str:
-    """Hash of the source files of the package defining ``component`` (so editing a pass or
-    the linker invalidates cached executables)."""
-    try:
-        mod_file = Path(inspect.getfile(type(component)))
-    except TypeError:
+    """Hash of the code of ``component``: the source files (``SOURCE_SUFFIXES``, in every
+    subfolder) of the package defining its class and of the packages of its base classes
+    (stdlib ones aside), by package-relative path and content, so editing any module of a
+    plugin, or a base class it inherits its work from, invalidates cached stage outputs. "?"
+    when no file is found (a class defined interactively)."""
+    files: dict[str, Path] = {}
+    for cls in type(component).__mro__:
+        name = getattr(cls, "__module__", None) or "builtins"
+        if name.split(".")[0] not in sys.stdlib_module_names:
+            files.update(_code_files(name))
+    if not files:
         return "?"
-    return tree_hash(sorted(mod_file.parent.glob("*.py")))
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + file_hash(files[rel]).encode() + b"\n")
+    return h.hexdigest()
 
 
 def library_sources(sources) -> list[Path]:
