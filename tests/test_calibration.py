@@ -78,8 +78,14 @@ def test_importance_file_round_trip_and_errors(tmp_path):
     assert back.meta == imp.meta
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(DittoError, match=r"bad.npz: not an importance file"):
+    with pytest.raises(DittoError, match=r"bad.npz: not an importance file \(.npz\): not a zip "
+                                         r"archive \(`ditto calibrate` writes them\)$"):
         imp_mod.load_importance(bad)
+    txt = tmp_path / "notes.txt"  # numpy alone would suggest allow_pickle for this one
+    txt.write_text("hello\n")
+    with pytest.raises(DittoError, match=r"notes.txt: not an importance file \(.npz\): not a "
+                                         r"zip archive"):
+        imp_mod.load_importance(txt)
     np.savez(tmp_path / "other.npz", x=np.ones(2))
     with pytest.raises(DittoError, match=r"other.npz: not a Ditto importance file"):
         imp_mod.load_importance(tmp_path / "other.npz")

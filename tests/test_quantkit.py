@@ -81,10 +81,22 @@ class Broken(CodebookQuantizer):
     (lambda W, b, g: (np.full(W.shape, 4, np.uint8), np.zeros((W.shape[0], 1, 1 << b))),
      r"returned an index 4 >= 2\^2"),
     (lambda W, b, g: (np.zeros(W.shape, np.uint8), np.zeros((W.shape[0], 2, 1 << b))),
-     r"returned codebooks of shape \[8, 2, 4\], expected \[8, 4\]"),
+     r"returned codebooks of shape \[8, 2, 4\], expected \[8, 1, 4\] or \[8, 4\] "
+     r"\(rows, sub-blocks, 2\^b\)$"),
+    # the right number of values in the wrong order: [rows, 2^b, S] at S = 2
+    (lambda W, b, g: (np.zeros(W.shape, np.uint8), np.zeros((W.shape[0], 1 << b, 2))),
+     r"returned codebooks of shape \[8, 4, 2\], expected \[8, 2, 4\] or \[16, 4\]"),
+    (lambda W, b, g: (np.zeros(W.shape, np.uint8),
+                      np.where(np.arange(1 << b) == 2, np.nan, 0.0)[None, None, :].repeat(8, 0)),
+     r"returned a non-finite centroid nan \(row 0, sub-block 0, centroid 2\)$"),
+    (lambda W, b, g: None, r"returned NoneType, expected \(indices, codebooks\) or "
+     r"StoredCodebooks$"),
+    (lambda W, b, g: (np.zeros(W.shape, np.uint8), np.full((W.shape[0], 1, 1 << b), "x")),
+     r"returned codebooks of dtype <U1, expected floats$"),
 ])
 def test_kit_checks_quantize_matrix_results(result, message, tiny_checkpoint_8x8):
-    q = Broken(result).quantize(tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=8))
+    g = 4 if "8, 4, 2" in message else 8  # two sub-blocks per row for the transposed case
+    q = Broken(result).quantize(tiny_checkpoint_8x8, QuantOptions(bits=2, group_size=g))
     with pytest.raises(DittoError, match=f"broken: tensor 'blk.0.attn_q.weight': quantize_matrix {message}"):
         list(q.tensors())
 

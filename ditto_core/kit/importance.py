@@ -75,6 +75,11 @@ def load_importance(path) -> Importance:
 @functools.lru_cache(maxsize=4)
 def _load(path: str, _size: int, _mtime: int) -> Importance:
     try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # np.load would read other bytes as .npy or pickle
+            raise DittoError(f"{path}: not an importance file (.npz): not a zip archive "
+                             "(`ditto calibrate` writes them)")
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:

@@ -240,7 +240,8 @@ def round_codebooks(cent: np.ndarray, codebook_type: str, name: str = "tensor"
         pos = tuple(int(i) for i in np.argwhere(~np.isfinite(stored))[0])
         where = f" of row {pos[0]} sub-block {pos[1]}" if len(pos) == 3 else ""
         raise DittoError(f"tensor {name!r}: centroid {cent[pos]:.6g}{where} overflows "
-                         f"{codebook_type}; use --codebook-type f32")
+                         f"{codebook_type}" + ("" if codebook_type == "f32" else
+                                               "; use --codebook-type f32"))
     return stored, scales
 
 
@@ -397,18 +398,28 @@ class CodebookQuantizer:
         with deferred():  # native kernels run here: stop signals wait for the tensor
             result = self.quantize_matrix(W, bits, group, mopts)
         stored = isinstance(result, StoredCodebooks)
+        what = f"{self.name}: tensor {name!r}: quantize_matrix returned"
+        if not stored and not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise DittoError(f"{what} {type(result).__name__}, expected (indices, codebooks) "
+                             "or StoredCodebooks")
         indices, codebooks = (result.indices, result.codebooks) if stored else result
         indices = np.asarray(indices)
         codebooks = np.asarray(codebooks)
-        what = f"{self.name}: tensor {name!r}: quantize_matrix returned"
         if indices.shape != (rows, cols) or indices.dtype != np.uint8:
             raise DittoError(f"{what} indices {indices.dtype}{list(indices.shape)}, expected "
                              f"uint8[{rows}, {cols}]")
         if int(indices.max(initial=0)) >= k:
             raise DittoError(f"{what} an index {int(indices.max())} >= 2^{bits}")
-        if codebooks.size != rows * s * k:
+        if codebooks.shape not in ((rows, s, k), (rows * s, k)):
             raise DittoError(f"{what} codebooks of shape {list(codebooks.shape)}, expected "
-                             f"[{rows * s}, {k}]")
+                             f"[{rows}, {s}, {k}] or [{rows * s}, {k}] (rows, sub-blocks, 2^b)")
+        if codebooks.dtype.kind not in "fiu":
+            raise DittoError(f"{what} codebooks of dtype {codebooks.dtype}, expected floats")
+        if not np.isfinite(codebooks).all():
+            bad = np.argwhere(~np.isfinite(codebooks.reshape(rows, s, k)))[0]
+            raise DittoError(f"{what} a non-finite centroid "
+                             f"{codebooks.reshape(rows, s, k)[tuple(bad)]} (row {bad[0]}, "
+                             f"sub-block {bad[1]}, centroid {bad[2]})")
         if not stored:
             cb, scales = round_codebooks(codebooks.reshape(rows, s, k), cb_type, name)
             sse = norm2 = None
