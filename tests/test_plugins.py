@@ -3,6 +3,7 @@ and can be used; duplicate component names and broken plugins are reported clear
 
 import json
 import subprocess
+import re
 import types
 from importlib import metadata
 
@@ -83,11 +84,63 @@ def quantizer_plugin(modname, qname):
 
 def test_duplicate_component_names_both_distributions():
     eps = [FakeEP("alpha", quantizer_plugin("alpha_mod", "same"), "dist-alpha"),
-           FakeEP("beta", quantizer_plugin("beta_mod", "same"), "dist-beta")]
-    with pytest.raises(PluginError) as err:
-        build_registry(eps)
-    msg = str(err.value)
-    assert "'same'" in msg and "dist-alpha" in msg and "dist-beta" in msg
+           FakeEP("beta", quantizer_plugin("beta_mod", "same"), "dist-beta"),
+           FakeEP("gamma", quantizer_plugin("gamma_mod", "other"), "dist-gamma")]
+    msg = ("two quantizers are named 'same': one from plugin 'alpha' (distribution "
+           "dist-alpha), one from plugin 'beta' (distribution dist-beta)")
+    with pytest.warns(UserWarning, match=re.escape(msg)):
+        reg = build_registry(eps)
+    with pytest.raises(PluginError, match=re.escape(msg) + "; uninstall one of them to use "
+                       "'same'$"):
+        reg.get("quantizer", "same")
+    assert reg.get("quantizer", "other").name == "other"  # the rest stays usable
+    assert reg.conflicts == {"quantizer": {"same": msg}}
+
+
+def test_a_plugin_whose_hook_raises_or_registers_a_bad_component_is_skipped():
+    raising = types.ModuleType("raising_mod")
+
+    class HalfDone:
+        name = "half-done"
+
+        def quantize(self, checkpoint, options):
+            raise NotImplementedError
+
+    @hookimpl
+    def register_quantizers(register):
+        register(HalfDone())  # registered before the hook fails: dropped with the rest
+        raise RuntimeError("boom")
+
+    raising.register_quantizers = register_quantizers
+    bad = types.ModuleType("bad_mod")
+
+    class NoMethod:
+        name = "nomethod"
+
+    class Nameless:
+        def quantize(self, checkpoint, options):
+            raise NotImplementedError
+
+    @hookimpl
+    def register_bad(register):
+        register(NoMethod())
+        register(Nameless())
+
+    bad.register_quantizers = register_bad
+    eps = [FakeEP("raising", raising, "dist-raising"), FakeEP("bad", bad, "dist-bad"),
+           FakeEP("good", quantizer_plugin("good_mod", "fine"), "dist-good")]
+    with pytest.warns(UserWarning) as caught:
+        reg = build_registry(eps)
+    failed = dict(reg.failed)
+    assert failed["raising"] == ("register_quantizers raised RuntimeError: boom; none of its "
+                                 "quantizers are registered")
+    assert [e for e, _ in reg.failed].count("bad") == 2
+    assert ("quantizer 'nomethod' has no quantize method (see docs/PLUGINS.md); not "
+            "registered") in [w for e, w in reg.failed if e == "bad"]
+    assert any(w.startswith("registered a quantizer without a name: ") for e, w in reg.failed
+               if e == "bad")
+    assert len(caught) == 3
+    assert sorted(reg.components["quantizer"]) == ["fine"]
 
 
 def test_broken_plugin_warns_and_others_work():

@@ -171,8 +171,11 @@ def plugins_cmd(as_json, with_options):
         rows.append({"plugin": ep, "distribution": dist, "version": version,
                      "components": comps})
     failed = [{"plugin": ep, "error": err} for ep, err in reg.failed]
+    conflicts = [{"kind": stage, "name": name, "error": msg}
+                 for stage, names in reg.conflicts.items() for name, msg in names.items()]
     if as_json:
-        click.echo(json.dumps({"plugins": rows, "failed": failed}, indent=2))
+        click.echo(json.dumps({"plugins": rows, "failed": failed, "conflicts": conflicts},
+                              indent=2))
         return
     con = _stdout()
     table = Table("plugin", "distribution", "version", "components")
@@ -192,7 +195,9 @@ def plugins_cmd(as_json, with_options):
                       "\n".join(parts) or "(none)")
     con.print(table)
     for f in failed:
-        con.print(Text.assemble(("failed to load", "red"), f" {f['plugin']}: {f['error']}"))
+        con.print(Text.assemble(("skipped", "red"), f" {f['plugin']}: {f['error']}"))
+    for c in conflicts:
+        con.print(Text.assemble(("unusable name", "red"), f" {c['error']}"))
     if with_options:
         table = Table("option (-O)", "type", "default", "meaning")
         for r in rows:

@@ -2,8 +2,10 @@
 components each registers, per stage.
 
 Loading follows simonw/llm's ``llm/plugins.py``: the default plugins are ordinary entry points
-of this distribution. A plugin that fails to import is skipped with a warning naming it; two
-components of one stage with one name are an error naming both distributions.
+of this distribution. A plugin that fails to import, whose hook raises, or that registers a
+component without a name or without the methods of its kind is skipped (that hook's components)
+with a warning naming it; two components of one stage with one name make that name an error
+naming both distributions, while every other component stays usable.
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ STAGES = {
     "pass": ("register_passes", "pass"),
     "linker": ("register_linkers", "linker"),
     "blas": ("register_blas", "BLAS target"),
+}
+
+#: the methods every component of a kind must have (ditto_core/kit/components.py)
+REQUIRED_METHODS = {
+    "exporter": ("can_load", "load"),
+    "quantizer": ("quantize",),
+    "packer": ("pack",),
+    "emitter": ("emit",),
+    "pass": ("run",),
+    "linker": ("link",),
+    "blas": ("available", "symbol", "compile_flags", "link_flags", "thread_control"),
 }
 
 #: earlier hook names, still called: kind -> hook name
@@ -59,10 +72,16 @@ class Registry:
     components: dict[str, dict[str, Registered]]
     plugins: list[tuple[str, str, str]]  # (entry point, distribution, version)
     failed: list[tuple[str, str]]  # (entry point, error)
+    #: stage -> component name registered more than once -> the error naming the distributions
+    conflicts: dict[str, dict[str, str]] = attrs.field(factory=dict)
 
     def get(self, stage: str, name: str):
-        """The component of ``stage`` called ``name``; PluginError listing the choices if none."""
+        """The component of ``stage`` called ``name``; PluginError listing the choices if none,
+        or naming both distributions if two plugins registered that name."""
         stage = _KIND_ALIASES.get(stage, stage)
+        clash = self.conflicts.get(stage, {}).get(name)
+        if clash is not None:
+            raise PluginError(f"{clash}; uninstall one of them to use {name!r}")
         found = self.components[stage].get(name)
         if found is None:
             choices = ", ".join(sorted(self.components[stage])) or "none"
@@ -84,7 +103,11 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str, str]:
 
 def build_registry(entry_points=None) -> Registry:
     """Load plugins from ``entry_points`` (default: the installed group ``ditto``) and collect
-    their components. Raises PluginError on a duplicate component name within a stage."""
+    their components. Nothing a plugin does makes this fail: a plugin that fails to load,
+    a hook that raises, or a component without a name or its kind's methods
+    (``REQUIRED_METHODS``) is skipped with a warning and listed in ``failed``; a name two
+    plugins register for one stage goes to ``conflicts`` (``get`` then raises PluginError
+    naming both distributions)."""
     pm = pluggy.PluginManager("ditto")
     pm.add_hookspecs(hookspecs)
     eps = list(md.entry_points(group=GROUP)) if entry_points is None else list(entry_points)
@@ -103,29 +126,54 @@ def build_registry(entry_points=None) -> Registry:
         origin[id(module)] = (ep.name, dist, version)
 
     components: dict[str, dict[str, Registered]] = {s: {} for s in STAGES}
+    conflicts: dict[str, dict[str, str]] = {s: {} for s in STAGES}
+    claimed: dict[str, dict[str, Registered]] = {s: {} for s in STAGES}  # every name's first
+
+    def skip(ep_name, dist, why):
+        warnings.warn(f"ditto: plugin {ep_name!r} from {dist}: {why}", stacklevel=3)
+        failed.append((ep_name, why))
+
     for stage, (hook_name, human) in STAGES.items():
         impls = list(getattr(pm.hook, hook_name).get_hookimpls())
         if stage in LEGACY_HOOKS:
             impls += getattr(pm.hook, LEGACY_HOOKS[stage]).get_hookimpls()
         for impl in impls:
             ep_name, dist, version = origin.get(id(impl.plugin), (impl.plugin_name, "?", "?"))
+            mine: list[Registered] = []
 
             def register(component, _stage=stage, _ep=ep_name, _dist=dist, _ver=version,
-                         _human=human):
+                         _human=human, _mine=mine):
                 name = getattr(component, "name", None)
                 if not isinstance(name, str) or not name:
-                    raise PluginError(f"plugin {_ep!r} ({_dist}) registered a {_human} "
-                                      f"without a name: {component!r}")
-                prev = components[_stage].get(name)
-                if prev is not None:
-                    raise PluginError(
-                        f"two {_human}s are named {name!r}: one from plugin {prev.plugin!r} "
-                        f"(distribution {prev.dist}), one from plugin {_ep!r} "
-                        f"(distribution {_dist})")
-                components[_stage][name] = Registered(component, _stage, _ep, _dist, _ver)
+                    skip(_ep, _dist, f"registered a {_human} without a name: {component!r}")
+                    return
+                missing = [m for m in REQUIRED_METHODS[_stage]
+                           if not callable(getattr(component, m, None))]
+                if missing:
+                    skip(_ep, _dist, f"{_human} {name!r} has no {', '.join(missing)} method "
+                                     f"(see docs/PLUGINS.md); not registered")
+                    return
+                _mine.append(Registered(component, _stage, _ep, _dist, _ver))
 
-            impl.function(register=register)
-    return Registry(pm, components, plugins, failed)
+            try:
+                impl.function(register=register)
+            except Exception as exc:  # a broken third-party hook must not break the others
+                skip(ep_name, dist, f"{hook_name} raised {type(exc).__name__}: {exc}; none of "
+                                    f"its {human}s are registered")
+                continue
+            for r in mine:
+                name = r.component.name
+                prev = claimed[stage].get(name)
+                if prev is None:
+                    claimed[stage][name] = components[stage][name] = r
+                    continue
+                components[stage].pop(name, None)
+                msg = (f"two {human}s are named {name!r}: one from plugin {prev.plugin!r} "
+                       f"(distribution {prev.dist}), one from plugin {r.plugin!r} "
+                       f"(distribution {r.dist})")
+                conflicts[stage][name] = msg
+                warnings.warn(f"ditto: {msg}", stacklevel=2)
+    return Registry(pm, components, plugins, failed, {s: c for s, c in conflicts.items() if c})
 
 
 @lru_cache(maxsize=1)
