@@ -82,6 +82,23 @@ def test_sweep_writes_tables_and_resumes(tmp_path, cache_env):
     path.write_text(json.dumps(saved_km))
     assert compare.finished(tmp_path, "kmeans:bits=2,group_size=32", SETTINGS) is None
     assert compare.finished(tmp_path, "none", SETTINGS) is not None
+    # and a result made by other component code or component defaults (a plugin changed)
+    assert compare.finished(tmp_path, "none", SETTINGS, "tinycoder") is not None
+    path = tmp_path / "results" / "none.json"
+    saved_none = json.loads(path.read_text())
+    assert saved_none["components"]["quantizer"] == {"name": "none", "options": {}}
+    assert len(saved_none["components_code"]) >= 5
+    saved_none["components_code"][0] = "0" * 64
+    path.write_text(json.dumps(saved_none))
+    assert compare.finished(tmp_path, "none", SETTINGS, "tinycoder") is None
+    meta = json.loads((tmp_path / "builds" / "none" / "build.json").read_text())
+    assert builds.build_matches(tmp_path / "builds" / "none", builds.parse_config("none"),
+                                "tinycoder")
+    meta["components"]["linker"]["options"]["opt_level"] = 2
+    (tmp_path / "builds" / "none" / "build.json").write_text(json.dumps(meta))
+    assert not builds.build_matches(tmp_path / "builds" / "none", builds.parse_config("none"),
+                                    "tinycoder")
+    assert builds.build_matches(tmp_path / "builds" / "none", builds.parse_config("none"))
 
 
 def test_bad_config_fails_before_any_work(tmp_path):

@@ -73,17 +73,25 @@ def options_record(options) -> dict:
             "openmp": options.openmp, "options": attrs.asdict(options.quant)}
 
 
-def build_matches(out_dir: Path, options) -> bool:
-    """True when ``out_dir`` holds a complete build made with ``options``."""
+def build_matches(out_dir: Path, options, model=None) -> bool:
+    """True when ``out_dir`` holds a complete build made with ``options`` and, when ``model``
+    is given, by the components a build of it would take now: the same resolved component
+    options and the same component code (``pipeline.chosen_components``), so a build made
+    before a plugin changed is not reused."""
     try:
         meta = json.loads((Path(out_dir) / "build.json").read_text())
     except (OSError, ValueError):
         return False
-    rec = options_record(options)
-    have = {k: meta.get(k) for k in rec}
-    if isinstance(have.get("options"), dict) and "keep_fp32" in have["options"]:
-        have["options"]["keep_fp32"] = tuple(have["options"]["keep_fp32"])
-    return meta.get("status") == "complete" and have == rec
+    rec = json.loads(json.dumps(options_record(options)))  # as build.json holds it
+    if meta.get("status") != "complete" or {k: meta.get(k) for k in rec} != rec:
+        return False
+    if model is None:
+        return True
+    from ditto_core.stages import pipeline
+
+    components, code = pipeline.chosen_components(model, options)
+    return (json.loads(json.dumps(components)) == meta.get("components")
+            and code == meta.get("components_code"))
 
 
 def ensure_build(model, out_dir: Path, options, *, show_progress: bool = False) -> Path:
@@ -92,7 +100,7 @@ def ensure_build(model, out_dir: Path, options, *, show_progress: bool = False) 
     from ditto_core.stages import pipeline
 
     out_dir = Path(out_dir)
-    if not build_matches(out_dir, options):
+    if not build_matches(out_dir, options, model):
         pipeline.build(model, out_dir, options, show_progress=show_progress)
     return out_dir
 

@@ -3,7 +3,8 @@ write a table and plots (docs/RESULTS.md).
 
 Output directory layout::
 
-    DIR/builds/<label>/        one build per configuration (reused when its options match)
+    DIR/builds/<label>/        one build per configuration (reused when its options, its
+                               components' resolved options and their code match)
     DIR/builds/baseline/       the fp32 reference build (--quantizer none) for KL divergence
     DIR/results/<label>.json   one finished configuration (its presence makes a rerun skip it)
     DIR/results.json, DIR/results.csv, DIR/bpw_vs_kld.png, DIR/bpw_vs_tok_s.png
@@ -75,6 +76,8 @@ def run_config(model: str, spec: str, out_dir: str, baseline: str, settings: dic
               "quantizer": options.quantizer, "bits": options.quant.bits,
               "group_size": options.quant.group_size, "settings": settings,
               "build_options": _plain(builds_mod.options_record(options)),
+              "components": meta.get("components"),
+              "components_code": meta.get("components_code"),
               "build_seconds": meta.get("total_seconds")}
     if settings.get("eval", True):
         result["eval"] = evaluate_fidelity(build_dir, Path(baseline),
@@ -116,10 +119,12 @@ def _plain(record: dict):
     return json.loads(json.dumps(record))
 
 
-def finished(out_dir: Path, spec: str, settings: dict) -> dict | None:
+def finished(out_dir: Path, spec: str, settings: dict, model=None) -> dict | None:
     """The saved result of ``spec`` when it was made with the same settings and (for a Ditto
-    build) the same build options as ``spec`` gives now, else None: a result made under other
-    defaults (e.g. another default codebook type) is run again."""
+    build) the same build options as ``spec`` gives now and, when ``model`` is given, by the
+    same components (resolved options and code, ``pipeline.chosen_components``), else None: a
+    result made under other defaults (e.g. another default codebook type) or before a plugin
+    changed is run again."""
     path = Path(out_dir) / "results" / f"{builds_mod.config_label(spec)}.json"
     try:
         r = json.loads(path.read_text())
@@ -130,6 +135,13 @@ def finished(out_dir: Path, spec: str, settings: dict) -> dict | None:
     if spec != TORCH_INT8 and r.get("build_options") != _plain(
             builds_mod.options_record(builds_mod.parse_config(spec))):
         return None
+    if spec != TORCH_INT8 and model is not None:
+        from ditto_core.stages import pipeline
+
+        components, code = pipeline.chosen_components(model, builds_mod.parse_config(spec))
+        if (r.get("components") != _plain(components)
+                or r.get("components_code") != code):
+            return None
     return r
 
 
@@ -210,7 +222,7 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
 
         baseline = str(builds_mod.ensure_build(model, out_dir / "builds" / "baseline",
                                                BuildOptions(quantizer="none", blas="openblas")))
-    results = {s: finished(out_dir, s, settings) for s in specs}
+    results = {s: finished(out_dir, s, settings, model) for s in specs}
     todo = [s for s in specs if results[s] is None]
     done = len(specs) - len(todo)
     if progress:

@@ -302,6 +302,37 @@ def model_key(path: Path, exporter: Chosen, quantizer: Chosen, packer: Chosen,
     })
 
 
+def _components_record(exporter, quantizer, packer, compile_stages) -> tuple[dict, list]:
+    """build.json's ``components`` (each stage's name and resolved options) and
+    ``components_code`` (the sorted code fingerprints of every chosen component,
+    ``compile.plugin_fingerprint``)."""
+    from .compile import plugin_fingerprint
+
+    chosen = [exporter, quantizer, packer, *compile_stages.all()]
+    return ({"exporter": exporter.record(), "quantizer": quantizer.record(),
+             "packer": packer.record(), **compile_stages.record()},
+            sorted({plugin_fingerprint(c.component) for c in chosen}))
+
+
+def chosen_components(model, options: "BuildOptions", registry: Registry | None = None
+                      ) -> tuple[dict, list]:
+    """What a build of ``model`` with ``options`` would record as ``components`` and
+    ``components_code`` in build.json, without building: the components the registry gives
+    now, their resolved options and code. A finished build whose record differs was made by
+    other code or other component defaults. Raises what ``build`` raises for unknown
+    components or bad options."""
+    registry = registry or get_registry()
+    given = normalize(options.options)
+    compile_stages = choose_compile(registry, blas=options.blas, emitter=options.emitter,
+                                    passes=options.passes, linker=options.linker,
+                                    rewrite=options.rewrite, options=given)
+    quantizer = choose(registry, "quantizer", options.quantizer, given)
+    exp = choose_exporter(resolve_model(model), options.exporter, registry)
+    exporter = choose(registry, "exporter", exp.name, given)
+    packer = choose(registry, "packer", options.packer or DEFAULT_PACKER, given)
+    return _components_record(exporter, quantizer, packer, compile_stages)
+
+
 #: What a build directory holds; only a directory holding nothing else is replaced.
 BUILD_OUTPUTS = frozenset({EXECUTABLE, LIBRARY, MODEL_FILE, "build.json"})
 
@@ -534,14 +565,14 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     cache = Cache(root=cache_root, enabled=None if options.cache else False)
 
     timings = Timings()
-    components = {"exporter": exporter.record(), "quantizer": quantizer.record(),
-                  "packer": packer.record(), **compile_stages.record()}
+    components, code = _components_record(exporter, quantizer, packer, compile_stages)
     record: dict = {"model": str(model), "model_path": str(path), "executable": EXECUTABLE,
                     "library": LIBRARY, "model_file": MODEL_FILE, "quantizer": quantizer.name,
                     "exporter": exporter.name, "packer": packer.name,
                     "blas": options.blas, "rewrite": options.rewrite,
                     "openmp": options.openmp, "options": attrs.asdict(options.quant),
-                    "components": components, "stages": timings.seconds, "cached": {}}
+                    "components": components, "components_code": code,
+                    "stages": timings.seconds, "cached": {}}
     quant = options.quant
     if options.calibration is not None and options.quantizer != "none":
         if quant.importance:
