@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import os
 import subprocess
 import sys
@@ -27,6 +28,12 @@ def test_parse_config():
     assert builds.parse_config("kmeans:codebook_type=f16").quant.codebook_type == "f16"
     assert builds.parse_config("rtn:bits=4").quant.codebook_type == "f16"
     assert builds.config_label("kmeans:bits=4,group_size=256") == "kmeans_bits=4_group_size=256"
+    # COMPONENT.KEY items are component options, as ditto build -O takes them
+    assert builds.parse_config("kmeans:bits=3,kmeans.lloyd-restarts=2").options == \
+        {"kmeans": {"lloyd_restarts": "2"}}
+    with pytest.raises(DittoError, match=r"^config 'kmeans:bits=4,bits=2': 'bits' is given "
+                                         r"twice$"):
+        builds.parse_config("kmeans:bits=4,bits=2")
     with pytest.raises(DittoError, match=r"config 'kmeans:bitz=4': unknown key 'bitz'"):
         builds.parse_config("kmeans:bitz=4")
     with pytest.raises(DittoError, match=r"config 'kmeans:bits=four': bits=four is not a valid"):
@@ -99,6 +106,17 @@ def test_sweep_writes_tables_and_resumes(tmp_path, cache_env):
     assert not builds.build_matches(tmp_path / "builds" / "none", builds.parse_config("none"),
                                     "tinycoder")
     assert builds.build_matches(tmp_path / "builds" / "none", builds.parse_config("none"))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("kmeans:bits=99", "bit width b must be an integer in 1..8, got 99"),
+    ("kmeans:kmeans.lloyd_restarts=0", "kmeans.lloyd_restarts: 'lloyd_restarts' must be >= 1: 0"),
+    ("kmeans:nope.x=1", "nope.x: no component is named 'nope'"),
+])
+def test_bad_config_values_fail_before_any_work(tmp_path, spec, message):
+    with pytest.raises(DittoError, match=re.escape(f"config {spec!r}: {message}")):
+        compare.compare("tinycoder", [spec], tmp_path / "o", SETTINGS)
+    assert not (tmp_path / "o").exists()
 
 
 def test_bad_config_fails_before_any_work(tmp_path):

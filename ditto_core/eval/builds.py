@@ -32,6 +32,7 @@ def _bool(key: str, v: str) -> bool:
 
 def parse_config(spec: str):
     """``QUANTIZER[:key=value,...]`` → pipeline.BuildOptions, with ``ditto build``'s defaults
+    (a ``COMPONENT.KEY=value`` item is a component option, ``ditto build -O``'s)
     for what the string leaves out (the codebook type: ``pipeline.DEFAULT_CODEBOOK_TYPE``, so
     ``kmeans:bits=4`` is the same build as ``ditto build --quantizer kmeans --bits 4``). Raises
     DittoError naming the configuration for an unknown key or a bad value."""
@@ -40,24 +41,35 @@ def parse_config(spec: str):
     name, _, rest = spec.partition(":")
     if not name:
         raise DittoError(f"config {spec!r}: no quantizer name before ':'")
-    quant, build = {}, {"blas": "openblas"}
+    quant, build, component = {}, {"blas": "openblas"}, {}
+    seen = set()
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq:
             raise DittoError(f"config {spec!r}: {item!r} is not key=value")
+        if key in seen:
+            raise DittoError(f"config {spec!r}: {key!r} is given twice")
+        seen.add(key)
         try:
-            if key in QUANT_KEYS:
+            if "." in key:  # COMPONENT.KEY: a component option, as ditto build -O takes it
+                component[key] = value
+            elif key in QUANT_KEYS:
                 quant[key] = QUANT_KEYS[key](value)
             elif key in BUILD_KEYS:
                 build[key] = _bool(key, value) if BUILD_KEYS[key] == "bool" else value
             else:
                 raise DittoError(f"config {spec!r}: unknown key {key!r} (known: "
-                                 f"{', '.join([*QUANT_KEYS, *BUILD_KEYS])})")
+                                 f"{', '.join([*QUANT_KEYS, *BUILD_KEYS])}, or "
+                                 "COMPONENT.KEY for a component option)")
         except ValueError:
             raise DittoError(f"config {spec!r}: {key}={value} is not a valid value") from None
     quant.setdefault("codebook_type", DEFAULT_CODEBOOK_TYPE.get(name, "f16"))
-    return BuildOptions(quantizer=name, quant=QuantOptions(**quant), **build)
+    try:
+        return BuildOptions(quantizer=name, quant=QuantOptions(**quant), options=component,
+                            **build)
+    except (ValueError, TypeError) as exc:  # QuantOptions' validators (b, G, ...)
+        raise DittoError(f"config {spec!r}: {exc}") from None
 
 
 def config_label(spec: str) -> str:

@@ -204,8 +204,15 @@ def compare(model: str, specs: list[str], out_dir: Path, settings: dict, *,
     out_dir = Path(out_dir)
     labels = {}
     for spec in specs:
-        if spec != TORCH_INT8:
-            builds_mod.parse_config(spec)  # bad keys fail now, not in a worker an hour later
+        if spec != TORCH_INT8:  # bad keys and values fail now, not in a worker an hour later
+            from ditto_core.stages import pipeline
+
+            try:
+                pipeline.chosen_components(model, builds_mod.parse_config(spec))
+            except DittoError as exc:
+                msg = str(exc)
+                raise DittoError(msg if msg.startswith(f"config {spec!r}")
+                                 else f"config {spec!r}: {msg}") from None
         label = builds_mod.config_label(spec)
         if label in labels:
             raise DittoError(f"configs {labels[label]!r} and {spec!r} have the same label {label}")

@@ -319,17 +319,25 @@ def chosen_components(model, options: "BuildOptions", registry: Registry | None 
     """What a build of ``model`` with ``options`` would record as ``components`` and
     ``components_code`` in build.json, without building: the components the registry gives
     now, their resolved options and code. A finished build whose record differs was made by
-    other code or other component defaults. Raises what ``build`` raises for unknown
-    components or bad options."""
+    other code or other component defaults. Raises what ``build`` raises before any work:
+    unknown components, bad component options (or options no chosen component takes), b, G
+    or codebook type out of the model file's range, the quantizer's own option checks."""
     registry = registry or get_registry()
     given = normalize(options.options)
     compile_stages = choose_compile(registry, blas=options.blas, emitter=options.emitter,
                                     passes=options.passes, linker=options.linker,
                                     rewrite=options.rewrite, options=given)
     quantizer = choose(registry, "quantizer", options.quantizer, given)
+    if options.quantizer != "none":
+        codebook.check_params(options.quant.bits, options.quant.group_size,
+                              options.quant.codebook_type)
+    check_options = getattr(quantizer.component, "check_options", None)
+    if check_options is not None:
+        check_options(options.quant)
     exp = choose_exporter(resolve_model(model), options.exporter, registry)
     exporter = choose(registry, "exporter", exp.name, given)
     packer = choose(registry, "packer", options.packer or DEFAULT_PACKER, given)
+    check_all_used(registry, given, [exporter, quantizer, packer, *compile_stages.all()])
     return _components_record(exporter, quantizer, packer, compile_stages)
 
 
