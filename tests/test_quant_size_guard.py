@@ -152,3 +152,19 @@ def test_rtn_plugin_applies_the_same_rule(rtn_registry):
     with pytest.raises(DittoError, match="rtn: bit width b must be an integer in 1..8, got 9"):
         rtn.check_options(QuantOptions(bits=9))
     assert rtn.check_options(QuantOptions()) == "rtn"
+
+
+def test_inspect_names_the_size_guard_after_the_rule_it_overrode():
+    from ditto_core.kit.quantkit import plan_tensors as kit_plan  # build.json's reasons
+    from ditto_core.model.summary import build_rules
+
+    shapes = {"token_embd.weight": (32000, 16), "blk.0.attn_q.weight": (16, 16),
+              "blk.0.attn_norm.weight": (16,)}
+    plan, why = kit_plan(shapes, QuantOptions(bits=4, group_size=16,
+                                              keep_fp32=("blk.0.attn_q*",)))
+    record = {"options": {"tensor_types": []},
+              "tensors": {n: {"encoding": plan[n][0], **r} for n, r in why.items()}}
+    assert build_rules(record)["tensors"] == {
+        "token_embd.weight": f"embedding (b+2, one codebook per row), kept f32: {LARGER}",
+        "blk.0.attn_q.weight": "keep_fp32 blk.0.attn_q*",
+        "blk.0.attn_norm.weight": "vector"}

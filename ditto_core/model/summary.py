@@ -14,15 +14,21 @@ from ditto_core.text.special_tokens import FIM_ROLES
 
 def build_rules(record: dict | None) -> dict | None:
     """The quantize rules of a build (its build.json ``record``): ``{"rules": the
-    --tensor-type rules, "tensors": name → the rule or reason that decided the tensor}``;
+    --tensor-type rules, "tensors": name → the rule or reason that decided the tensor (for a
+    matrix the size guard kept f32, the rule that planned it and that reason)}``;
     None without a record."""
     if not isinstance(record, dict):
         return None
     opts = record.get("options") if isinstance(record.get("options"), dict) else {}
     tensors = record.get("tensors") if isinstance(record.get("tensors"), dict) else {}
+    def decided(t):  # the size guard overrides the rule that planned a codebook
+        rule, reason = t.get("rule"), t.get("reason")
+        if rule and reason and reason != rule:
+            return f"{rule}, kept f32: {reason}"
+        return rule or reason
+
     return {"rules": list(opts.get("tensor_types") or []),
-            "tensors": {n: (t.get("rule") or t.get("reason")) for n, t in tensors.items()
-                        if isinstance(t, dict)}}
+            "tensors": {n: decided(t) for n, t in tensors.items() if isinstance(t, dict)}}
 
 
 def inspect_summary(mf, record: dict | None = None, kernel_table=None) -> dict:
