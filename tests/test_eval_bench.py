@@ -1,9 +1,11 @@
 """`ditto bench`: RAPL energy reading and a real (tiny) benchmark run."""
 
 import json
+import re
 import subprocess
 import sys
 
+import click
 import pytest
 
 from ditto_core.eval import bench
@@ -68,3 +70,13 @@ def test_bench_cli(eval_builds):
     proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
                            eval_builds["none"], "--threads", "0,x"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "'0,x': expected thread counts like 1,2" in proc.stderr
+
+
+def test_parse_threads_takes_only_positive_integers():
+    from ditto_core.cli.eval import parse_threads
+
+    assert parse_threads("1,2") == [1, 2] and parse_threads(" 4 ") == [4]
+    for bad in ("1,,2", "1,", "", "0", "-1", "2,x"):
+        with pytest.raises(click.BadParameter, match=f"^{re.escape(repr(bad))}: expected thread "
+                                                     "counts like 1,2$"):
+            parse_threads(bad)

@@ -125,9 +125,10 @@ def print_eval(r: dict) -> None:
 
 # --------------------------------------------------------------------------------------------
 def parse_threads(value: str) -> list[int]:
-    """``"1,2"`` → [1, 2]; raises click.BadParameter for anything but positive integers."""
+    """``"1,2"`` → [1, 2]; raises click.BadParameter for anything but a comma-separated list
+    of positive integers (an empty item, ``1,,2``, included)."""
     try:
-        out = [int(v) for v in value.split(",") if v.strip()]
+        out = [int(v) for v in value.split(",")]
     except ValueError:
         out = []
     if not out or min(out) < 1:
