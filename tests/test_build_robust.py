@@ -305,3 +305,21 @@ def test_build_md_summary_line_is_a_template_real_output_matches(tiny_builds):
     gemv = next(p for p in tiny_builds["rewrite"][1]["passes"] if p["name"] == "gemv-blas")
     assert int(m.group(1)) == gemv["rewritten"]
     assert int(m.group(2)) + int(m.group(3)) == gemv["total"]
+
+
+def test_a_file_no_exporter_reads_says_what_is_wrong_with_a_gguf(tmp_path):
+    from ditto_core.base.errors import DittoError
+    from ditto_core.stages.pipeline import choose_exporter
+
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "junk.gguf").write_bytes(b"hello world")
+    (tmp_path / "junk.bin").write_bytes(b"hello world")
+    cases = {"empty.gguf": ": it is empty",
+             "junk.gguf": ": it does not start with the GGUF magic (b'GGUF'; it starts with "
+                          "b'hell')",
+             "junk.bin": ""}
+    for name, tail in cases.items():
+        with pytest.raises(DittoError) as err:
+            choose_exporter(tmp_path / name)
+        assert str(err.value) == (f"{tmp_path / name}: not a model file any exporter reads "
+                                  f"(gguf, hf){tail}")

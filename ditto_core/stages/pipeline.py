@@ -97,7 +97,17 @@ def choose_exporter(path: Path, name: str | None = None, registry: Registry | No
     if path.is_dir():
         raise DittoError(f"{path}: not a model directory any exporter reads ({names}); an HF "
                          f"directory needs config.json")
-    raise DittoError(f"{path}: not a model file any exporter reads ({names})")
+    what = ""
+    if path.suffix.lower() == ".gguf":  # say what is wrong with the file it claims to be
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4)
+            what = (": it is empty" if not head else
+                    f": it does not start with the GGUF magic (b'GGUF'; it starts with {head!r})"
+                    if head != b"GGUF" else "")
+        except OSError as exc:
+            what = f": {exc.strerror or exc}"
+    raise DittoError(f"{path}: not a model file any exporter reads ({names}){what}")
 
 
 def export(model: str | os.PathLike, exporter: str | None = None,
