@@ -23,6 +23,15 @@ def test_help_on_every_command():
         r = subprocess.run(["ditto", cmd, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "Usage: ditto " + cmd in r.stdout, (cmd, r.stderr)
 
+def test_python_dash_m_ditto_core_is_the_ditto_command():
+    proc = subprocess.run([sys.executable, "-m", "ditto_core", "--version"],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "ditto, version 0.1.0\n")
+    proc = subprocess.run([sys.executable, "-m", "ditto_core", "nonsense"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Usage: ditto [OPTIONS] COMMAND" in proc.stderr
+
+
 def test_export_then_inspect_tiny(tiny_gguf, tmp_path):
     import gguf
 
