@@ -26,7 +26,9 @@ def test_help_on_every_command():
 def test_python_dash_m_ditto_core_is_the_ditto_command():
     proc = subprocess.run([sys.executable, "-m", "ditto_core", "--version"],
                           capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stdout) == (0, "ditto, version 0.1.0\n")
+    from importlib.metadata import version
+
+    assert (proc.returncode, proc.stdout) == (0, f"ditto, version {version('ditto-llm')}\n")
     proc = subprocess.run([sys.executable, "-m", "ditto_core", "nonsense"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Usage: ditto [OPTIONS] COMMAND" in proc.stderr
