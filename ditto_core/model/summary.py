@@ -21,6 +21,7 @@ def build_rules(record: dict | None) -> dict | None:
         return None
     opts = record.get("options") if isinstance(record.get("options"), dict) else {}
     tensors = record.get("tensors") if isinstance(record.get("tensors"), dict) else {}
+
     def decided(t):  # the size guard overrides the rule that planned a codebook
         rule, reason = t.get("rule"), t.get("reason")
         if rule and reason and reason != rule:

@@ -324,31 +324,41 @@ def _components_record(exporter, quantizer, packer, compile_stages) -> tuple[dic
             sorted({plugin_fingerprint(c.component) for c in chosen}))
 
 
-def chosen_components(model, options: "BuildOptions", registry: Registry | None = None
-                      ) -> tuple[dict, list]:
-    """What a build of ``model`` with ``options`` would record as ``components`` and
-    ``components_code`` in build.json, without building: the components the registry gives
-    now, their resolved options and code. A finished build whose record differs was made by
-    other code or other component defaults. Raises what ``build`` raises before any work:
-    unknown components, bad component options (or options no chosen component takes), b, G
-    or codebook type out of the model file's range, the quantizer's own option checks."""
-    registry = registry or get_registry()
+def choose_components(model, options: "BuildOptions", registry: Registry):
+    """Every component a build of ``model`` with ``options`` takes, configured, with every
+    check ``build`` makes before any work: unknown or unusable components, bad component
+    options (or options no chosen component takes), b, G or codebook type out of the model
+    file's range, the quantizer's own option checks (bad --method etc.). Returns (model path,
+    exporter, quantizer, packer, compile stages)."""
     given = normalize(options.options)
     compile_stages = choose_compile(registry, blas=options.blas, emitter=options.emitter,
                                     passes=options.passes, linker=options.linker,
                                     rewrite=options.rewrite, options=given)
     quantizer = choose(registry, "quantizer", options.quantizer, given)
-    if options.quantizer != "none":
+    if options.quantizer != "none":  # b, G, codebook type: the model file's own limits
         codebook.check_params(options.quant.bits, options.quant.group_size,
                               options.quant.codebook_type)
     check_options = getattr(quantizer.component, "check_options", None)
     if check_options is not None:
         check_options(options.quant)
-    exp = choose_exporter(resolve_model(model), options.exporter, registry)
+    path = resolve_model(model)
+    exp = choose_exporter(path, options.exporter, registry)
     exporter = choose(registry, "exporter", exp.name, given)
     packer = choose(registry, "packer", options.packer or DEFAULT_PACKER, given)
     check_all_used(registry, given, [exporter, quantizer, packer, *compile_stages.all()])
-    return _components_record(exporter, quantizer, packer, compile_stages)
+    return path, exporter, quantizer, packer, compile_stages
+
+
+def chosen_components(model, options: "BuildOptions", registry: Registry | None = None
+                      ) -> tuple[dict, list]:
+    """What a build of ``model`` with ``options`` would record as ``components`` and
+    ``components_code`` in build.json, without building: the components the registry gives
+    now, their resolved options and code. A finished build whose record differs was made by
+    other code or other component defaults. Raises what ``build`` raises before any work
+    (``choose_components``)."""
+    _, exporter, quantizer, packer, stages = choose_components(model, options,
+                                                               registry or get_registry())
+    return _components_record(exporter, quantizer, packer, stages)
 
 
 #: What a build directory holds; only a directory holding nothing else is replaced.
@@ -564,22 +574,8 @@ def build(model: str | os.PathLike, out_dir: Path, options: BuildOptions,
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
     # fail early, before any work: unknown or unusable components, unknown or bad options
-    given = normalize(options.options)
-    compile_stages = choose_compile(registry, blas=options.blas, emitter=options.emitter,
-                                    passes=options.passes, linker=options.linker,
-                                    rewrite=options.rewrite, options=given)
-    quantizer = choose(registry, "quantizer", options.quantizer, given)
-    if options.quantizer != "none":  # b, G, codebook type: the model file's own limits
-        codebook.check_params(options.quant.bits, options.quant.group_size,
-                              options.quant.codebook_type)
-    check_options = getattr(quantizer.component, "check_options", None)  # bad --method etc.
-    if check_options is not None:
-        check_options(options.quant)
-    path = resolve_model(model)
-    exp = choose_exporter(path, options.exporter, registry)
-    exporter = choose(registry, "exporter", exp.name, given)
-    packer = choose(registry, "packer", options.packer or DEFAULT_PACKER, given)
-    check_all_used(registry, given, [exporter, quantizer, packer, *compile_stages.all()])
+    path, exporter, quantizer, packer, compile_stages = choose_components(model, options,
+                                                                          registry)
     cache = Cache(root=cache_root, enabled=None if options.cache else False)
 
     timings = Timings()
