@@ -9,7 +9,10 @@
  * the reference GEMV of that input. Prints "ok N cases (M through the SIMD path, K through the
  * GEMM kernel)" and exits 0 (with -v, first one line "gemm b=B G=G cols=C T=T: equal" per
  * GEMM case that ran), or prints the first mismatch and
- * exits 1; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
+ * exits 1; before it, "tiled: N cases equal the reference": the b = 4 cases whose G and row
+ * length fit row tiles (qgemv.h i8_tiles_fit), on a fresh payload of a whole number of tiles
+ * put in tiles by kernels_tile_tensor when the table reads tiles, through gemv (the table's
+ * tiled kernel, then the scalar reference's fallback with "generic" selected) and the GEMM; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
  * natively, also under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
  */
 #include <stdint.h>
@@ -18,7 +21,67 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/matmul.h"
 #include "qdriver_rand.h"
+
+static int same_bits(const float *a, const float *b, int n, const char *what, int G, int cols) {
+    for (int r = 0; r < n; r++)
+        if (memcmp(&a[r], &b[r], sizeof(float)) != 0) {
+            printf("MISMATCH tiled %s G=%d cols=%d row %d: %.9g vs %.9g (reference)\n", what, G,
+                   cols, r, (double)a[r], (double)b[r]);
+            return 0;
+        }
+    return 1;
+}
+
+/* One tiled case (see the top): 1 when the table tiled and every result equals the reference,
+ * 0 when it did not tile, -1 on a mismatch, -3 out of memory. */
+static int tiled_case(const char *kernel, int G, int cols, int rows, const float *X, int T) {
+    uint8_t *p = random_i8cb_payload(4, G, rows, cols);
+    size_t nbytes = (size_t)ditto_cb_codebook_bytes((uint64_t)rows, (uint64_t)cols, 4u,
+                                                    (uint64_t)G, DITTO_CB_I8) +
+                    (size_t)rows * (size_t)ditto_cb_row_bytes((uint64_t)cols, 4u);
+    uint8_t *ref = malloc(nbytes);
+    float *y = malloc((size_t)rows * sizeof *y), *y0 = malloc((size_t)rows * sizeof *y0);
+    float *Y = malloc((size_t)T * (size_t)rows * sizeof *Y);
+    if (!p || !ref || !y || !y0 || !Y) return -3;
+    memcpy(ref, p, nbytes);
+    char err[256];
+    Tensor W = {.name = "w", .encoding = DITTO_ENC_CODEBOOK, .codebook_type = DITTO_CB_I8,
+                .bits = 4, .group_size = (uint32_t)G, .rows = (uint64_t)rows,
+                .cols = (uint64_t)cols, .data = p, .nbytes = nbytes, .ndim = 2};
+    int rc = 0;
+    if (kernels_select(kernel, err, sizeof err) || kernels_tile_tensor(&W) < 0) {
+        rc = -3;
+    } else if (W.tiled) {
+        rc = 1;
+        for (int pass = 0; pass < 2 && rc == 1; pass++) {
+            if (pass == 1 && kernels_select("generic", err, sizeof err)) rc = -3;
+            for (int t = 0; t < T && rc == 1; t++) {
+                const float *x = X + (size_t)t * (size_t)cols;
+                if (i8cb_gemv_with("generic", y0, x, ref, 4, G, rows, cols) < 0) rc = -3;
+                gemv(y, x, &W);
+                if (rc == 1 && !same_bits(y, y0, rows, pass ? "generic gemv" : "gemv", G, cols))
+                    rc = -1;
+            }
+        }
+        if (rc == 1 && kernels_select(kernel, err, sizeof err)) rc = -3;
+        if (rc == 1) gemm_i8_float_input(Y, X, T, &W);
+        for (int t = 0; t < T && rc == 1; t++) {
+            if (i8cb_gemv_with("generic", y0, X + (size_t)t * (size_t)cols, ref, 4, G, rows,
+                               cols) < 0)
+                rc = -3;
+            else if (!same_bits(Y + (size_t)t * (size_t)rows, y0, rows, "GEMM", G, cols))
+                rc = -1;
+        }
+    }
+    free(p);
+    free(ref);
+    free(y);
+    free(y0);
+    free(Y);
+    return rc;
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -68,7 +131,7 @@ int main(int argc, char **argv) {
     }
     static const int groups[] = {32, 64, 128, 256, 576, 4160, 2, 7, 48, 100};
     static const int lengths[] = {1, 7, 31, 32, 33, 63, 64, 65, 100, 257, 576, 1000, 4200};
-    int cases = 0, simd = 0, gemm = 0;
+    int cases = 0, simd = 0, gemm = 0, tiled = 0;
     for (int b = 1; b <= 8; b++) {
         for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
             for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
@@ -125,6 +188,11 @@ int main(int argc, char **argv) {
                 }
                 if (verbose && rg > 0)
                     printf("gemm b=%d G=%d cols=%d T=%d: equal\n", b, G, cols, T);
+                if (b == 4 && i8_tiles_fit(4, G < cols ? G : cols, 4, cols)) {
+                    int rt = tiled_case(kernel, G, cols, 4 * (1 + cases % 10), X, T);
+                    if (rt < 0) return rt == -1 ? 1 : 3;
+                    tiled += rt;
+                }
                 free(X);
                 free(Y);
                 free(p);
@@ -136,6 +204,7 @@ int main(int argc, char **argv) {
         }
     }
 done:
+    printf("tiled: %d cases equal the reference\n", tiled);
     printf("ok %d cases (%d through the SIMD path, %d through the GEMM kernel)\n", cases, simd,
            gemm);
     return 0;

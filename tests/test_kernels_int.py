@@ -60,6 +60,7 @@ def lib(tmp_path_factory):
     L.i8cb_gemv_decoded_with.argtypes = [ctypes.c_char_p, P, P, P] + [ctypes.c_int] * 4
     L.kernels_decode_tensor.argtypes = [P]
     L.kernels_free_tensor.argtypes = [P]
+    L.kernels_tile_tensor.argtypes = [P]
     L.act_quantize_copy.argtypes = [P, ctypes.c_int, P, P, P]
     L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int, P, P, P, P, P]
     L.kernel_name_at.restype = ctypes.c_char_p
@@ -317,11 +318,21 @@ def gemm_cases(kernel):
                for cols in DRIVER_LENGTHS)
 
 
+def tiled_cases(kernel):
+    """How many driver cases run through row tiles (qgemv.h i8_tiles_fit, with G clamped to
+    the row length, on a table that tiles)."""
+    if kernel not in TILING_TABLES:
+        return 0
+    return sum(cols % 64 == 0 and min(G, cols) % 64 == 0 and min(G, cols) <= 512
+               for G in DRIVER_GROUPS for cols in DRIVER_LENGTHS)
+
+
 def _check_driver_output(p, kernel):
     assert p.returncode == 0, (p.stdout, p.stderr)
-    assert p.stdout.splitlines()[-1] == \
+    assert p.stdout.splitlines()[-2:] == [
+        f"tiled: {tiled_cases(kernel)} cases equal the reference",
         (f"ok 1040 cases ({simd_cases(kernel)} through the SIMD path, "
-         f"{gemm_cases(kernel)} through the GEMM kernel)"), p.stdout
+         f"{gemm_cases(kernel)} through the GEMM kernel)")], p.stdout
 
 
 @pytest.fixture(scope="module")
@@ -568,7 +579,7 @@ class _Tensor(ctypes.Structure):
                 ("codebook_type", ctypes.c_uint32), ("bits", ctypes.c_uint32),
                 ("group_size", ctypes.c_uint32), ("rows", ctypes.c_uint64),
                 ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64),
-                ("w8", ctypes.c_void_p), ("ndim", ctypes.c_uint32)]
+                ("w8", ctypes.c_void_p), ("ndim", ctypes.c_uint32), ("tiled", ctypes.c_uint32)]
 
 
 @pytest.mark.parametrize("bits,G,cols", [(4, 256, 576), (6, 576, 576), (4, 32, 100), (3, 7, 50),
@@ -766,3 +777,69 @@ def _check_decoded_gemv(lib, decodes, rows=70, cols=576, huge=False):
         np.testing.assert_array_equal(y, i8_gemv_np(ct, x))
         lib.kernels_free_tensor(ctypes.byref(W))
         assert not W.w8
+
+
+#: the tables that put b = 4 indices in row tiles at load (kernels.c i8_b4_tiled)
+TILING_TABLES = {"avx2"}
+
+
+def row_tiles(idx_bytes: np.ndarray) -> np.ndarray:
+    """qgemv.h's row tiles of b = 4 index bytes [rows, row_bytes] (rows % 4 == 0, row_bytes %
+    32 == 0): per tile of 4 rows, chunk j (32 bytes) of row i at byte (4 j + i) 32."""
+    rows, rb = idx_bytes.shape
+    return idx_bytes.reshape(rows // 4, 4, rb // 32, 32).transpose(0, 2, 1, 3).reshape(-1)
+
+
+@pytest.mark.parametrize("rows,cols,G,tiled", [
+    (72, 576, 64, 1), (72, 640, 128, 1), (40, 1536, 256, 1), (8, 1024, 512, 1),
+    (72, 576, 576, 0),  # a sub-block past 512 columns: int32 sums no longer hold
+    (70, 576, 64, 0),   # rows not whole tiles
+    (72, 608, 32, 0),   # chunks and sub-blocks not whole 64-column runs
+])
+def test_row_tiles_give_the_reference_bits(lib, monkeypatch, rows, cols, G, tiled):
+    """kernels_tile_tensor puts a b = 4 tensor's index bytes in row tiles in place (exactly the
+    bytes of row_tiles) only on a table that reads them (avx2) and only where every tile,
+    chunk and sub-block is whole; then gemv (the tiled four-row kernel), gemm_i8_float_input
+    (the GEMM, T = 1, 5, 20) and, with another table selected afterwards, the scalar reference
+    reading the tiles all give the definition's bits. DITTO_TILES=0 turns tiling off."""
+    tables = [k for k in X86_TABLES if X86_TABLES[k] <= cpu_flags()]
+    rng = np.random.default_rng(rows + cols + G)
+    ct = random_int8_tensor(rng, rows, cols, 4, G)
+    X = rng.normal(size=(20, cols)).astype(np.float32)
+    X[1] *= 1e3
+    want = np.array([i8_gemv_np(ct, X[t]) for t in range(20)])
+    err = ctypes.create_string_buffer(256)
+    try:
+        for kernel in tables:
+            assert lib.kernels_select(kernel.encode(), err, len(err)) == 0, err.value
+            payload = np.frombuffer(codebook_payload(ct), np.uint8).copy()
+            file_order = payload.copy()
+            W = _Tensor(b"w", 1, 2, 4, G, rows, cols, payload.ctypes.data, payload.size)
+            monkeypatch.setenv("DITTO_TILES", "0")
+            assert lib.kernels_tile_tensor(ctypes.byref(W)) == 0 and W.tiled == 0
+            monkeypatch.delenv("DITTO_TILES")
+            expect = tiled if kernel in TILING_TABLES else 0
+            assert lib.kernels_tile_tensor(ctypes.byref(W)) == expect, kernel
+            assert W.tiled == expect
+            n_idx = rows * cols // 2
+            head = payload.size - n_idx
+            np.testing.assert_array_equal(payload[:head], file_order[:head])
+            if expect:
+                np.testing.assert_array_equal(
+                    payload[head:], row_tiles(file_order[head:].reshape(rows, cols // 2)))
+            else:
+                np.testing.assert_array_equal(payload, file_order)
+            readers = [kernel] + (["generic"] if expect else [])
+            for reader in readers:  # the tiles read through another table's fallback too
+                assert lib.kernels_select(reader.encode(), err, len(err)) == 0, err.value
+                y = np.full(rows, np.nan, np.float32)
+                lib.gemv(y.ctypes.data, X[0].ctypes.data, ctypes.byref(W))
+                np.testing.assert_array_equal(y, want[0], err_msg=f"{kernel}/{reader} gemv")
+                for T in (1, 5, 20):
+                    Y = np.full((T, rows), np.nan, np.float32)
+                    lib.gemm_i8_float_input(Y.ctypes.data, X[:T].ctypes.data, T,
+                                            ctypes.byref(W))
+                    np.testing.assert_array_equal(Y, want[:T],
+                                                  err_msg=f"{kernel}/{reader} T={T}")
+    finally:
+        assert lib.kernels_select(None, err, len(err)) == 0, err.value

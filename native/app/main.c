@@ -394,6 +394,8 @@ static long peak_rss_kib(void) {
 
 /* How model_open() brought the model into memory: "read" (2 MiB pages) or "mmap". */
 static const char *load_kind = "mmap";
+/* How many weight matrices tile_weights() put in row tiles (0: file order throughout). */
+static int tiled_tensors = 0;
 
 /* The stats line on stderr (machine-readable for bench/bench_runtime.py), after a
  * human-readable line: for generation (eval_what NULL) TTFT and tok/s; for --score and
@@ -417,9 +419,9 @@ static void print_stats(const char *eval_what, long n_eval, double load_s, long 
             "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
             "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
             "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld, \"peak_rss_kib\": %ld, "
-            "\"kernel\": \"%s\", \"load\": \"%s\"}\n",
+            "\"kernel\": \"%s\", \"load\": \"%s\", \"tiled_tensors\": %d}\n",
             load_s * 1e3, n_prompt, prompt_s * 1e3, ttft_s * 1e3, n_gen, gen_s * 1e3, tps,
-            threads, ctx, peak_rss_kib(), kernels_active()->name, load_kind);
+            threads, ctx, peak_rss_kib(), kernels_active()->name, load_kind, tiled_tensors);
 }
 
 /* What a run has opened and computed, shared by the modes below. */
@@ -870,6 +872,12 @@ static int run(const Args *a, Run *r) {
     rc = prepare_context(a, r);
     if (rc != EXIT_OK) return rc;
     if (!a->score_file && !a->dump_file) decode_classifier(&r->model);
+    tiled_tensors = tile_weights(&r->model);
+    if (tiled_tensors < 0) {
+        fprintf(stderr, "%s: warning: no memory to put the weights in row tiles; reading them "
+                "in file order\n", prog);
+        tiled_tensors = 0;
+    }
     r->t_loaded = now_s();
     if (a->score_file) return score(r);
     if (a->dump_file) return dump_logits(r, a);

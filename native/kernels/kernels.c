@@ -41,6 +41,8 @@ void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, 
                               int cols);
 void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
+void i8cb_b4_tiled_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                             int cols);
 void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
 void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
@@ -74,19 +76,19 @@ static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
      i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx512,
-     NULL, NULL, NULL},
+     NULL, NULL, NULL, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
      codebook_gemv_avx512, act_quantize_avx512, i8_dec8_rows_avx2, i8_decode_rows_avx2,
-     i8cb_b5_rows_avx2},
+     i8cb_b5_rows_avx2, NULL},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
-     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2},
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, NULL},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
      i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
-     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2},
+     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, i8cb_b4_tiled_rows_avx2},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL},
+     NULL, NULL},
 };
 
 #elif defined(__aarch64__)
@@ -109,15 +111,15 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL},
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL, NULL},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL},
+     NULL, NULL},
 };
 
 #else
 static const KernelTable TABLES[] = {
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL},
+     NULL, NULL},
 };
 #endif
 
@@ -245,6 +247,10 @@ static I8RowsFn gemv_i8_plan(const KernelTable *K, const QuantActs *qa, const Te
     int bits = (int)W->bits, rows = (int)W->rows, cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     *L = i8_layout(W->data, bits, G, rows, cols);
+    if (W->tiled) { /* the reference reads tiles too, should the table have changed since */
+        L->tiled = 1;
+        return K->i8_b4_tiled ? K->i8_b4_tiled : i8cb_rows_generic;
+    }
     if (W->w8 && K->i8_dec8 && G % 32 == 0) {
         L->w8 = W->w8;
         return K->i8_dec8;
@@ -336,6 +342,42 @@ int kernels_decode_tensor(Tensor *W) {
     return W->w8 ? 1 : -1;
 }
 
+int kernels_tile_tensor(Tensor *W) {
+    if (W->encoding != DITTO_ENC_CODEBOOK || W->codebook_type != DITTO_CB_I8 || W->tiled ||
+        !kernels_active()->i8_b4_tiled)
+        return 0;
+    const char *env = getenv("DITTO_TILES");
+    if (env && !strcmp(env, "0")) return 0;
+    int rows = (int)W->rows, cols = (int)W->cols;
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    if (!i8_tiles_fit((int)W->bits, G, rows, cols)) return 0;
+    I8Layout L = i8_layout(W->data, (int)W->bits, G, rows, cols);
+    uint8_t *indices = (uint8_t *)(uintptr_t)L.indices; /* the caller's writable copy */
+    const size_t tile = I8_TILE_ROWS * L.row_bytes;
+#ifdef _OPENMP
+    const int nt = omp_get_max_threads();
+#else
+    const int nt = 1;
+#endif
+    uint8_t *tmp = malloc((size_t)nt * tile); /* every thread's buffer before any row moves */
+    if (!tmp) return -1;
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        int r0, r1, t = omp_get_thread_num();
+        split_rows(rows, t, omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1)
+            i8_retile(indices + (size_t)r0 * L.row_bytes, r1 - r0, L.row_bytes, 1,
+                      tmp + (size_t)t * tile);
+    }
+#else
+    i8_retile(indices, rows, L.row_bytes, 1, tmp);
+#endif
+    free(tmp);
+    W->tiled = 1;
+    return 1;
+}
+
 void kernels_free_tensor(Tensor *W) {
     free(W->w8);
     W->w8 = NULL;
@@ -408,6 +450,11 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
     if (r0 >= r1) return;
     int vnni = 1;
     for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
+    if (L->tiled && !K->i8_b4_tiled) { /* tiled for another table: the reference reads tiles */
+        for (int t = 0; t < T; t++)
+            i8cb_rows_generic(Y + (size_t)t * (size_t)rows, &qa[t], L, r0, r1, cols);
+        return;
+    }
     if (K->i8_gemm && L->group_size % 32 == 0) {
         K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols);
         return;
@@ -422,8 +469,9 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
 
 /* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
 static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
-                      const uint8_t *payload, int bits, int G, int rows, int cols) {
+                      const uint8_t *payload, int bits, int G, int rows, int cols, int tiled) {
     I8Layout L = i8_layout(payload, bits, G, rows, cols);
+    L.tiled = tiled;
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
@@ -438,7 +486,8 @@ static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T
 void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
     int cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
-    gemm_i8_by(kernels_active(), Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, cols);
+    gemm_i8_by(kernels_active(), Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, cols,
+               (int)W->tiled);
 }
 
 int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
@@ -451,7 +500,7 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
         ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, K->vnni_acts) == 0;
     if (ok) {
         if (group_size > cols) group_size = cols; /* as gemm_i8() sees it */
-        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols);
+        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols, 0);
     }
     for (int t = 0; qa && t < T; t++) act_free(&qa[t]);
     free(qa);
@@ -489,6 +538,7 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
     for (int i = 0; i < n; i++) {
         int G = (int)(W[i]->group_size < W[i]->cols ? W[i]->group_size : W[i]->cols);
         L[i] = i8_layout(W[i]->data, (int)W[i]->bits, G, (int)W[i]->rows, (int)W[i]->cols);
+        L[i].tiled = (int)W[i]->tiled;
     }
 #ifdef _OPENMP
 #pragma omp parallel

@@ -55,6 +55,8 @@ typedef struct {
                              weights (L->w8), G % 32 == 0; NULL: the table decodes nothing */
     I8DecodeFn i8_decode; /* that decoding for rows [r0, r1); NULL: i8_decode_rows_generic */
     I8RowsFn i8_b5;       /* int8 codebooks, b = 5, G % 32 == 0; NULL: i8_any */
+    I8RowsFn i8_b4_tiled; /* b = 4 tensors whose indices this table has tiled at load
+                             (kernels_tile_tensor, qgemv.h i8_tiles_fit); NULL: none tiled */
 } KernelTable;
 
 /* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the
@@ -135,6 +137,14 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
  * 0 when not needed, -1 when out of memory (W unchanged). kernels_free_tensor() frees W->w8. */
 int kernels_decode_tensor(Tensor *W);
 void kernels_free_tensor(Tensor *W);
+
+/* Put W's b = 4 indices in row tiles in place (qgemv.h i8_b4_at; W->tiled = 1) when the active
+ * table reads tiles (i8_b4_tiled) and W fits them (i8_tiles_fit); W->data must be writable
+ * (the model read into memory, not mapped). DITTO_TILES=0 in the environment turns it off.
+ * Every int8 kernel path then reads the tiles (gemv_i8, gemm_i8, the scalar reference), with
+ * the same integer sums, so the same bits. Returns 1 when tiled, 0 when not, -1 when out of
+ * memory (W unchanged). Not for a tensor read by row (the embedding: tensor_row). */
+int kernels_tile_tensor(Tensor *W);
 
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);

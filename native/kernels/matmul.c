@@ -4,6 +4,7 @@
 #include "kernels.h"
 #include "qgemv.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,25 @@ void gemv_multi(float *const *y, const float *x, const Tensor *const *W, int n) 
     for (int i = 0; i < n; i++) gemv(y[i], x, W[i]);
 }
 
+int tile_weights(Model *m) {
+    if (m->mapped) return 0; /* the file's pages: read-only */
+    int n = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        Tensor *W = &m->tensors[i];
+        if (W == m->token_embd) continue; /* read by row (tensor_row) */
+        int rc = kernels_tile_tensor(W);
+        if (rc < 0) return -1;
+        n += rc;
+    }
+    return n;
+}
+
 void tensor_row(float *out, const Tensor *W, uint64_t r) {
+    if (W->tiled) { /* tile_weights() leaves the embedding alone */
+        fprintf(stderr, "ditto: internal error: row %" PRIu64 " of %s read from row tiles\n", r,
+                W->name);
+        abort();
+    }
     if (W->encoding == DITTO_ENC_F32) {
         memcpy(out, W->data + r * W->cols * sizeof(float), W->cols * sizeof(float));
     } else {

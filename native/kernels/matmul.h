@@ -50,4 +50,10 @@ void matmul_f32_batch(float *Y, const float *X, const float *W, int T, int n, in
 /* Row r of W decoded to float32 into out[W->cols] (embedding lookup). */
 void tensor_row(float *out, const Tensor *W, uint64_t r);
 
+/* Every int8 codebook matrix but the embedding (which tensor_row reads by row) put in row
+ * tiles for the active kernel table (kernels_tile_tensor), when the model was read into
+ * memory (a mapped file is read-only). Returns how many were tiled, or -1 when out of memory
+ * (the tensors tiled so far stay tiled; every kernel path reads either layout). */
+int tile_weights(Model *m);
+
 #endif

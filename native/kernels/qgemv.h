@@ -98,7 +98,35 @@ typedef struct {
     int bits, group_size, n_sub, k;
     size_t row_bytes;
     const int8_t *w8;      /* the decoded weights (Tensor.w8), NULL when not decoded */
+    int tiled;             /* b = 4 indices in row tiles (Tensor.tiled; i8_b4_at below) */
 } I8Layout;
+
+/* b = 4 index bytes in tiles of I8_TILE_ROWS rows (kernels_tile_tensor, at load): within a
+ * tile, the I8_TILE_CHUNK-byte chunk j (64 columns) of its row i sits at byte
+ * (j * I8_TILE_ROWS + i) * I8_TILE_CHUNK, so a kernel taking four rows at a time reads one
+ * sequential stream. Four concurrent row streams held the b = 4 GEMV at ~65 % of a
+ * sequential read from DRAM on the Zen 3 measured (docs/KERNELS.md "Row tiles"). Only
+ * tensors where every tile and chunk is whole are tiled (i8_tiles_fit). */
+#define I8_TILE_ROWS 4
+#define I8_TILE_CHUNK 32
+/* Whether a b-bit tensor of rows x cols with sub-blocks of G (G <= cols) can be tiled: b = 4,
+ * whole tiles (rows % 4), whole chunks (cols % 64), sub-blocks of whole chunks no longer than
+ * the four-row kernels take (G % 64, G <= 512: sub-block sums in int32). */
+static inline int i8_tiles_fit(int bits, int G, int rows, int cols) {
+    return bits == 4 && rows % I8_TILE_ROWS == 0 && cols % 64 == 0 && G % 64 == 0 && G <= 512;
+}
+/* The index byte of column c (even) of row r, tiled or not; 16 bytes on from it are the same
+ * row's when c % 32 == 0, 32 bytes when c % 64 == 0. */
+static inline const uint8_t *i8_b4_at(const I8Layout *L, int r, int c) {
+    if (!L->tiled) return L->indices + (size_t)r * L->row_bytes + (size_t)c / 2;
+    return L->indices + (size_t)(r - r % I8_TILE_ROWS) * L->row_bytes +
+           ((size_t)(c / 64) * I8_TILE_ROWS + (size_t)(r % I8_TILE_ROWS)) * I8_TILE_CHUNK +
+           (size_t)(c % 64) / 2;
+}
+/* Tile (to_tiles) or untile the b = 4 indices of rows x row_bytes in place, one tile at a time
+ * through tmp[I8_TILE_ROWS * row_bytes]; rows % I8_TILE_ROWS == 0, row_bytes % I8_TILE_CHUNK
+ * == 0. */
+void i8_retile(uint8_t *indices, int rows, size_t row_bytes, int to_tiles, uint8_t *tmp);
 
 I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, int cols);
 

@@ -3,6 +3,7 @@
 #include "qgemv.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,7 +159,23 @@ I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, i
                                                   (uint64_t)group_size, DITTO_CB_I8);
     L.end = L.indices + (size_t)rows * L.row_bytes;
     L.w8 = NULL;
+    L.tiled = 0;
     return L;
+}
+
+void i8_retile(uint8_t *indices, int rows, size_t row_bytes, int to_tiles, uint8_t *tmp) {
+    const size_t chunks = row_bytes / I8_TILE_CHUNK, tile = I8_TILE_ROWS * row_bytes;
+    for (int r = 0; r < rows; r += I8_TILE_ROWS) {
+        uint8_t *t = indices + (size_t)r * row_bytes;
+        memcpy(tmp, t, tile);
+        for (size_t i = 0; i < I8_TILE_ROWS; i++)
+            for (size_t j = 0; j < chunks; j++) {
+                size_t rowwise = i * row_bytes + j * I8_TILE_CHUNK;
+                size_t tiled = (j * I8_TILE_ROWS + i) * I8_TILE_CHUNK;
+                memcpy(t + (to_tiles ? tiled : rowwise), tmp + (to_tiles ? rowwise : tiled),
+                       I8_TILE_CHUNK);
+            }
+    }
 }
 
 float i8_combine(const I8Layout *L, int r, const int64_t *T, float D) {
@@ -190,8 +207,20 @@ static void unpack8(const uint8_t *row, int bits, int g, int idx[8]) {
 void i8cb_rows_generic(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols) {
     int64_t T[L->n_sub > 0 ? L->n_sub : 1];
+    /* a tiled tensor's row gathered into one run of bytes first */
+    uint8_t *gathered = L->tiled ? malloc(L->row_bytes) : NULL;
+    if (L->tiled && !gathered) {
+        fprintf(stderr, "ditto: out of memory gathering a row of %zu index bytes\n",
+                L->row_bytes);
+        abort();
+    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = L->indices + (size_t)r * L->row_bytes;
+        if (gathered) {
+            for (size_t j = 0; j < L->row_bytes / I8_TILE_CHUNK; j++)
+                memcpy(gathered + j * I8_TILE_CHUNK, i8_b4_at(L, r, (int)j * 64), I8_TILE_CHUNK);
+            row = gathered;
+        }
         for (int s = 0; s < L->n_sub; s++) {
             const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * (size_t)L->k;
             int c0 = s * L->group_size;
@@ -210,6 +239,7 @@ void i8cb_rows_generic(float *y, const QuantActs *qa, const I8Layout *L, int r0,
         }
         y[r] = i8_combine(L, r, T, qa->D);
     }
+    free(gathered);
 }
 
 void i8_decode_cols_generic(int8_t *w8, const I8Layout *L, int r, int c0, int cols) {

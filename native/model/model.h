@@ -29,6 +29,9 @@ typedef struct {
      * centroid of each index, zero past cols; kernels_decode_tensor), or NULL */
     int8_t *w8;
     uint32_t ndim;         /* 1 (a vector) or 2 (a matrix), as in the tensor table */
+    /* b = 4 int8 codebooks: the index bytes put in row tiles in place at load
+     * (kernels_tile_tensor, qgemv.h i8_b4_at), so the file's row order no longer holds */
+    uint32_t tiled;
 } Tensor;
 
 /* The tensors of one transformer block (FORMAT.md "Tensor names"). */

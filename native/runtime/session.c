@@ -121,6 +121,7 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
     Tensor *cls = &m->model.tensors[m->model.output - m->model.tensors];
     use_threads(threads);
     (void)kernels_decode_tensor(cls);
+    (void)tile_weights(&m->model); /* without the memory, file order gives the same bits */
     *out = m;
     return DITTO_OK;
 }

@@ -55,7 +55,7 @@ AVX2_BMI2_FN static void decode_row(int16_t *w16, uint8_t *u8, const I8Layout *L
             __m256i v;
             if (b == 4) { /* perm32 (even columns, then odd ones) back to column order */
                 uint8_t tail[16];
-                const uint8_t *ip = row + c / 2;
+                const uint8_t *ip = i8_b4_at(L, r, c); /* tiled: every chunk whole */
                 if (c >= full) {
                     i8_tail_indices(tail, row, c, cols);
                     ip = tail;
@@ -359,9 +359,16 @@ static void prefetch_panel_block(const I8Layout *L, int rp, int r1, int cols, in
     const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
     for (int i = 0; i < R; i++) {
         const uint8_t *row = L->indices + (size_t)(rp + i) * L->row_bytes;
-        for (uintptr_t a = (uintptr_t)(row + lo) & ~(uintptr_t)63; a < (uintptr_t)(row + hi);
-             a += 64)
-            __builtin_prefetch((const void *)a, 0, 2);
+        if (L->tiled) { /* the tile's run for these columns, once per tile (lo, hi: whole
+                           64-column chunks, as G % 64 == 0) */
+            if (i % I8_TILE_ROWS == 0)
+                for (size_t a = lo * I8_TILE_ROWS; a < hi * I8_TILE_ROWS; a += 64)
+                    __builtin_prefetch((const void *)(row + a), 0, 2);
+        } else {
+            for (uintptr_t a = (uintptr_t)(row + lo) & ~(uintptr_t)63; a < (uintptr_t)(row + hi);
+                 a += 64)
+                __builtin_prefetch((const void *)a, 0, 2);
+        }
         const int8_t *cb = L->cent + ((size_t)(rp + i) * (size_t)L->n_sub + (size_t)s0) *
                                          (size_t)L->k;
         const size_t cb_bytes = (size_t)(s1 - s0) * (size_t)L->k;
