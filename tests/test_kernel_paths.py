@@ -84,7 +84,7 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
                       tied_embeddings=True)
     layout = {"blk.0.ffn_down.weight": (5, 96), "blk.0.ffn_up.weight": (4, 32),
               "blk.0.attn_q.weight": (3, 7), "blk.0.attn_v.weight": (7, 32),
-              "token_embd.weight": (6, 64)}
+              "blk.0.attn_output.weight": (4, 64), "token_embd.weight": (6, 64)}
     infos = [TensorInfo(n, "codebook", s, *layout[n], "int8") if n in layout
              else TensorInfo(n, "f32", s) for n, s in expected_shapes(cfg).items()]
     rng = np.random.default_rng(0)
@@ -98,13 +98,15 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     got = {t["name"]: t["kernel"] for t in s["tensors"]}
     assert s["kernel_table"] == "avx2"
     assert got["blk.0.ffn_down.weight"] == "avx2:i8_b5"  # G = 96
-    assert got["blk.0.ffn_up.weight"] == "avx2:i8_b4"
+    assert got["blk.0.ffn_up.weight"] == "avx2:i8_b4"  # G = 32: not whole 64-column chunks
+    assert got["blk.0.attn_output.weight"] == "avx2:i8_b4-tiled"  # 64 x 64, G = 64
     assert got["blk.0.attn_q.weight"] == "generic"  # G = 7
     assert got["blk.0.attn_v.weight"] == "avx2:i8_any"
     assert got["token_embd.weight"] == "avx2:decoded-int8"  # the tied classifier, b = 6
     assert got["blk.0.attn_k.weight"] is None and got["output_norm.weight"] is None
     lay = {(e["bits"], e["group_size"]): (e["kernel"], e["tensors"]) for e in s["layouts"]}
     assert lay[(4, 32)] == ("avx2:i8_b4", 1) and lay[(3, 7)] == ("generic", 1)
+    assert lay[(4, 64)] == ("avx2:i8_b4-tiled", 1)
     r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx9", str(out)])
     assert r.exit_code == 2  # a usage error, as README says of a bad flag value
     assert "Invalid value for '--kernel': no kernel table 'avx9' (the runtimes have: " \

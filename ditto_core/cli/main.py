@@ -70,8 +70,9 @@ def inspect_cmd(file, as_json, no_verify, kernel):
     weight for fp32 tensors); the overhead % compares the tensor payloads (without the
     fixed header/metadata) to it. "kernel" is the GEMV path the runtime takes for each tensor
     on this CPU's kernel table (as ditto-run chooses it, DITTO_KERNEL included), e.g.
-    avx512vbmi:i8_b4, avx2:i8_any, generic (the scalar reference), decoded-int8 (the
-    classifier decoded at load), lookup (an embedding read row by row)."""
+    avx512vbmi:i8_b4, avx2:i8_b4-tiled (indices put in row tiles at load), avx2:i8_any,
+    generic (the scalar reference), decoded-int8 (the classifier decoded at load), lookup (an
+    embedding read row by row)."""
     from ditto_core.model import kernel_paths as KP
     from ditto_core.model.modelfile import ModelFile
 

@@ -31,6 +31,7 @@ class Table:
     any_b: bool  #: i8_any for any b, G % 32 == 0
     decodes: bool  #: the classifier with b >= DEC8_MIN_BITS, G % 32 == 0 decoded at load
     b5: bool = False  #: i8_b5 for b = 5, G % 32 == 0
+    tiles: bool = False  #: b = 4 matrices that fit row tiles are tiled at load (i8_b4_tiled)
 
 
 #: native/kernels/kernels.h DEC8_MIN_BITS
@@ -44,7 +45,7 @@ X86_TABLES = (
     Table("avx512vnni", _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
           32, True, True, True, True, True),
     Table("avxvnni", _AVX2 | {"avx_vnni"}, 32, True, True, True, True, True),
-    Table("avx2", _AVX2, 32, False, True, True, True, True),
+    Table("avx2", _AVX2, 32, False, True, True, True, True, True),
     Table("generic", frozenset(), None, False, False, False, False),
 )
 #: the aarch64 tables, best first
@@ -129,8 +130,18 @@ def kernel_path(t: Table, bits: int, group_size: int, cols: int,
     return "generic"
 
 
+def fits_tiles(bits: int, group_size: int, rows: int, cols: int) -> bool:
+    """Whether the runtime can put a tensor's b = 4 indices in row tiles (native/kernels/qgemv.h
+    ``i8_tiles_fit``, G clamped to the row length): whole tiles of 4 rows, rows of whole
+    64-column chunks, sub-blocks of whole chunks and at most 512 columns."""
+    G = min(group_size, cols)
+    return bits == 4 and rows % 4 == 0 and cols % 64 == 0 and G % 64 == 0 and G <= 512
+
+
 def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
-    """``"TABLE:SLOT"`` for a tensor of the model file (``modelfile.TensorInfo``), ``"lookup"``
+    """``"TABLE:SLOT"`` for a tensor of the model file (``modelfile.TensorInfo``; SLOT
+    ``i8_b4-tiled`` for a b = 4 matrix the runtime puts in row tiles, when the model is read
+    into memory rather than mapped), ``"lookup"``
     for an embedding table read row by row, or None for a tensor no GEMV reads as a matrix
     (vectors) or one outside the integer kernels (``f32`` tensors: BLAS / matmul; f16/f32
     codebooks: the float lookup kernel, ``TABLE:float-cb``)."""
@@ -145,6 +156,9 @@ def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
     rows, cols = (int(x) for x in info.shape)
     slot = kernel_path(t, int(info.bits), int(info.group_size), cols,
                        classifier=info.name == classifier_name)
+    if slot == "i8_b4" and t.tiles and fits_tiles(int(info.bits), int(info.group_size), rows,
+                                                   cols):
+        slot = "i8_b4-tiled"  # matmul.c tile_weights: every matrix but the embedding
     return "generic" if slot == "generic" else f"{t.name}:{slot}"
 
 
