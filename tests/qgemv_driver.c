@@ -6,14 +6,15 @@
  * fully random index bytes (including the padding of a row's last group), random centroids in
  * -127..127 and random f16 scales; x random with a few zero blocks and one large outlier.
  * Each case also runs the table's GEMM (gemm_i8) on 1..14 inputs, every one of them equal to
- * the reference GEMV of that input. Prints "ok N cases (M through the SIMD path, K through the
- * GEMM kernel)" and exits 0 (with -v, first one line "gemm b=B G=G cols=C T=T: equal" per
- * GEMM case that ran), or prints the first mismatch and
- * exits 1; before it, "tiled: N cases equal the reference": the b = 4 cases whose G and row
- * length fit row tiles (qgemv.h i8_tiles_fit), on a fresh payload of a whole number of tiles
- * put in tiles by kernels_tile_tensor when the table reads tiles, through gemv (the table's
- * tiled kernel, then the scalar reference's fallback with "generic" selected) and the GEMM; exits 2 when the kernel is unknown or this CPU cannot run it. Built for x86-64 (run
- * natively, also under ASan/UBSan) and for aarch64 (run under qemu-aarch64).
+ * the reference GEMV of that input. The b = 4 cases whose G and row length fit row tiles
+ * (qgemv.h i8_tiles_fit) also run on a fresh payload of a whole number of tiles, put in tiles
+ * by kernels_tile_tensor when the table reads them, through gemv (the table's tiled kernel, then
+ * the scalar reference's fallback with "generic" selected) and the GEMM. Prints "tiled: N cases
+ * equal the reference", then "ok N cases (M through the SIMD path, K through the GEMM kernel)"
+ * and exits 0 (with -v, first one line "gemm b=B G=G cols=C T=T: equal" per GEMM case that
+ * ran), or prints the first mismatch and exits 1; exits 2 when the kernel is unknown or this
+ * CPU cannot run it. Built for x86-64 (run natively, also under ASan/UBSan) and for aarch64
+ * (run under qemu-aarch64).
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -2,7 +2,8 @@
 table, ditto-run puts every b = 4 int8 weight matrix that fits whole tiles into row tiles at
 load, and its logits (batched prefill through the GEMM, one token at a time through the GEMV)
 and generated tokens are byte for byte those of the same run in file order (DITTO_TILES=0),
-also under ASan/UBSan; a mapped model file (read-only) is left in file order. The kernels
+also under ASan/UBSan; a mapped model file (read-only) is left in file order; a DITTO_TILES
+other than 0 or 1 is refused. The kernels
 themselves are checked against the definition in tests/test_kernels_int.py."""
 
 from __future__ import annotations
@@ -91,3 +92,14 @@ def test_tiled_run_equals_file_order(native_build, tiles_model, tmp_path, which)
     ids_map, st_map = _generate(exe, tiles_model, on, "--mmap")
     assert (st_map["load"], st_map["tiled_tensors"]) == ("mmap", 0)
     assert ids_map == ids_on
+
+
+def test_bad_ditto_tiles_is_refused(native_build, tiles_model):
+    """DITTO_TILES takes 0 or 1, as DITTO_MMAP does: another value is a usage error (exit 1)
+    that names the variable and the value, before any work."""
+    p = run_native(native_build.run, "-m", tiles_model, "-p", "x", "-n", "2",
+                   env={"DITTO_TILES": "yes"})
+    assert p.returncode == 1
+    assert p.stderr.decode() == ("ditto-run: error: DITTO_TILES must be 1 (b = 4 weight matrices "
+                                 "in row tiles where the kernel table reads them) or 0 (file "
+                                 "order), got 'yes'\n")

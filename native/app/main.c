@@ -850,7 +850,8 @@ static int run(const Args *a, Run *r) {
         return EXIT_USAGE;
     }
     ModelLoad load = MODEL_LOAD_MMAP;
-    if (!a->mmap && model_load_from_env(&load, err, sizeof err)) {
+    if ((!a->mmap && model_load_from_env(&load, err, sizeof err)) ||
+        kernels_tiles_env_check(err, sizeof err)) {
         fprintf(stderr, "%s: error: %s\n", prog, err);
         return EXIT_USAGE;
     }

@@ -342,6 +342,14 @@ int kernels_decode_tensor(Tensor *W) {
     return W->w8 ? 1 : -1;
 }
 
+int kernels_tiles_env_check(char *err, size_t errlen) {
+    const char *v = getenv("DITTO_TILES");
+    if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "1")) return 0;
+    snprintf(err, errlen, "DITTO_TILES must be 1 (b = 4 weight matrices in row tiles where the "
+             "kernel table reads them) or 0 (file order), got '%s'", v);
+    return -1;
+}
+
 int kernels_tile_tensor(Tensor *W) {
     if (W->encoding != DITTO_ENC_CODEBOOK || W->codebook_type != DITTO_CB_I8 || W->tiled ||
         !kernels_active()->i8_b4_tiled)

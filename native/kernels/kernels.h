@@ -146,6 +146,10 @@ void kernels_free_tensor(Tensor *W);
  * memory (W unchanged). Not for a tensor read by row (the embedding: tensor_row). */
 int kernels_tile_tensor(Tensor *W);
 
+/* DITTO_TILES from the environment: unset, empty or "1" (tile where the table reads tiles) or
+ * "0" (file order). Returns 0, or -1 with a message in err for any other value. */
+int kernels_tiles_env_check(char *err, size_t errlen);
+
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);
 

@@ -59,7 +59,9 @@ typedef struct {
  * $DITTO_MMAP is 1 (as ditto-run --mmap); $DITTO_MMAP=0 always reads it, any other value is
  * DITTO_ERR_ARG. kernel: the GEMV kernel table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
  * threads of every evaluation, <= 0 for the OpenMP default. The classifier is decoded to int8
- * at open where the kernel table reads that faster (as ditto-run does for generation).
+ * at open where the kernel table reads that faster (as ditto-run does for generation), and a
+ * model read into memory has its b = 4 weight matrices put in row tiles where the table reads
+ * them ($DITTO_TILES=0: file order; any value but 0 or 1 is DITTO_ERR_ARG).
  * On success *out is the model (free with ditto_model_free). */
 DITTO_API DittoStatus ditto_model_open(const char *path, const char *kernel, int threads,
                                        DittoModel **out, char *err, size_t errlen);

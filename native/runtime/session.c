@@ -87,7 +87,7 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
         return DITTO_ERR_OOM;
     }
     ModelLoad load;
-    if (model_load_from_env(&load, msg, sizeof msg)) {
+    if (model_load_from_env(&load, msg, sizeof msg) || kernels_tiles_env_check(msg, sizeof msg)) {
         free(m);
         set_err(err, errlen, "%s", msg);
         return DITTO_ERR_ARG;
