@@ -53,6 +53,45 @@ AVX2_FN static inline __m256i block64(const uint8_t *ip, __m256i tbl, __m256i qe
     return _mm256_add_epi32(pe, po);
 }
 
+/* The four rows' centroids of sub-block s (r..r+3), each 16-entry table in both halves. */
+__attribute__((always_inline)) AVX2_FN static inline void tables4(__m256i tbl[4],
+                                                                  const I8Layout *L, int r,
+                                                                  int s) {
+    for (int i = 0; i < 4; i++)
+        tbl[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+            (const __m128i *)(const void *)(L->cent +
+                                            ((size_t)(r + i) * (size_t)L->n_sub + (size_t)s) *
+                                                16u)));
+}
+
+/* The centroids of rows r+8..r+11 into L2: the four-row kernels' next tables. */
+static inline void prefetch_tables4(const I8Layout *L, int r) {
+    const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
+    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
+                   cent_bytes);
+}
+
+/* (m[c/32], m[c/32 + 1]) as one dword -> the first in the low half, the second in the high */
+#define M_PICK                                                                                 \
+    _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, \
+                     3, 2, 3, 2, 3, 2, 3)
+
+/* The activations of the 64 columns at c for block64: perm32 q and |q| of the even (qe, ae)
+ * and odd (qo, ao) columns of its two blocks, and the two blocks' multipliers m. */
+__attribute__((always_inline)) AVX2_FN static inline void
+acts64(const QuantActs *qa, int c, __m256i m_pick, __m256i *qe, __m256i *qo, __m256i *ae,
+       __m256i *ao, __m256i *m) {
+    const int8_t *qp = qa->qp + c;
+    const uint8_t *ap = qa->aqp + c;
+    *qe = LOAD2X128(qp + 32, qp);
+    *qo = LOAD2X128(qp + 48, qp + 16);
+    *ae = LOAD2X128(ap + 32, ap);
+    *ao = LOAD2X128(ap + 48, ap + 16);
+    int32_t mm;
+    memcpy(&mm, qa->m16 + c / 32, sizeof mm);
+    *m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
+}
+
 /* Full 32-column chunks [c, stop) of two rows (index bytes i0, i1 at column 0 of the rows):
  * int32 lanes added to *acc0 and *acc1. No calls inside, so the accumulators, tables and
  * activations stay in registers. */
@@ -136,35 +175,21 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
     const int full = cols & ~31;
     /* the centroids of the rows 8 ahead into L2 here, their index lines in the column loop */
-    const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
     const size_t ahead = i8_prefetch_ahead(L, row[3]);
-    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
-                   cent_bytes);
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    /* (m[c/32], m[c/32 + 1]) as one dword -> the first in the low half, the second in the high */
-    const __m256i m_pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
-                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    prefetch_tables4(L, r);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), m_pick = M_PICK;
     __m256d acc = _mm256_setzero_pd();
     for (int s = 0; s < L->n_sub; s++) {
         __m256i tbl[4];
-        for (int i = 0; i < 4; i++)
-            tbl[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                (const __m128i *)(const void *)(L->cent +
-                                                ((size_t)(r + i) * (size_t)L->n_sub + (size_t)s) *
-                                                    16u)));
+        tables4(tbl, L, r, s);
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
         int stop = c1 < full ? c1 : full;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         int c = c0;
         for (; c + 64 <= stop; c += 64) { /* no calls: everything stays in registers */
-            const int8_t *qp = qa->qp + c;
-            const uint8_t *ap = qa->aqp + c;
-            __m256i qe = LOAD2X128(qp + 32, qp), qo = LOAD2X128(qp + 48, qp + 16);
-            __m256i ae = LOAD2X128(ap + 32, ap), ao = LOAD2X128(ap + 48, ap + 16);
-            int32_t mm;
-            memcpy(&mm, qa->m16 + c / 32, sizeof mm);
-            __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
+            __m256i qe, qo, ae, ao, m;
+            acts64(qa, c, m_pick, &qe, &qo, &ae, &ao, &m);
             prefetch4_crossing(row, ahead, (size_t)c / 2, 32);
             a0 = _mm256_add_epi32(a0, block64(row[0] + c / 2, tbl[0], qe, qo, ae, ao, m, low4));
             a1 = _mm256_add_epi32(a1, block64(row[1] + c / 2, tbl[1], qe, qo, ae, ao, m, low4));
@@ -192,14 +217,10 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
             a2 = _mm256_add_epi32(a2, block32(t[2], tbl[2], q, a, m));
             a3 = _mm256_add_epi32(a3, block32(t[3], tbl[3], q, a, m));
         }
-        const uint16_t *sc = L->scale + (size_t)r * (size_t)L->n_sub + (size_t)s;
-        __m128i sh = _mm_setr_epi16((short)sc[0], (short)sc[L->n_sub], (short)sc[2 * L->n_sub],
-                                    (short)sc[3 * L->n_sub], 0, 0, 0, 0);
-        __m256d scale = _mm256_cvtps_pd(_mm_cvtph_ps(sh));
         __m256d T = _mm256_cvtepi32_pd(hsum4_epi32(a0, a1, a2, a3));
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, T));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), T));
     }
-    _mm_storeu_ps(y + r, _mm256_cvtpd_ps(_mm256_mul_pd(acc, _mm256_set1_pd((double)qa->D))));
+    store4_combined(y + r, acc, qa->D);
 }
 
 /* Four rows at once from tiled indices (qgemv.h i8_b4_at; i8_tiles_fit: G % 64 == 0, G <= 512,
@@ -211,31 +232,18 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
 AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
                                      int cols) {
     const uint8_t *tile = L->indices + (size_t)r * L->row_bytes;
-    const size_t cent_bytes = (size_t)((const int8_t *)(const void *)L->scale - L->cent);
-    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 16u, 4 * (size_t)L->n_sub * 16u,
-                   cent_bytes);
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    const __m256i m_pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
-                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    prefetch_tables4(L, r);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), m_pick = M_PICK;
     __m256d acc = _mm256_setzero_pd();
     for (int s = 0; s < L->n_sub; s++) {
         __m256i tbl[4];
-        for (int i = 0; i < 4; i++)
-            tbl[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                (const __m128i *)(const void *)(L->cent +
-                                                ((size_t)(r + i) * (size_t)L->n_sub + (size_t)s) *
-                                                    16u)));
+        tables4(tbl, L, r, s);
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         for (int c = c0; c < c1; c += 64) { /* no calls: everything stays in registers */
-            const int8_t *qp = qa->qp + c;
-            const uint8_t *ap = qa->aqp + c;
-            __m256i qe = LOAD2X128(qp + 32, qp), qo = LOAD2X128(qp + 48, qp + 16);
-            __m256i ae = LOAD2X128(ap + 32, ap), ao = LOAD2X128(ap + 48, ap + 16);
-            int32_t mm;
-            memcpy(&mm, qa->m16 + c / 32, sizeof mm);
-            __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
+            __m256i qe, qo, ae, ao, m;
+            acts64(qa, c, m_pick, &qe, &qo, &ae, &ao, &m);
             const uint8_t *w = tile + (size_t)(c / 64) * (I8_TILE_ROWS * I8_TILE_CHUNK);
             _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD, _MM_HINT_T1);
             _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD + 64, _MM_HINT_T1);
