@@ -162,6 +162,16 @@ def test_ditto_mmap_chooses_how_the_library_loads(tiny_build, monkeypatch):
         open_build(tiny_build)
 
 
+def test_bad_ditto_tiles_is_refused_by_the_library(tiny_build, monkeypatch):
+    """DITTO_TILES takes 0 or 1 (row tiles on or off): ditto_model_open refuses any other
+    value with its message, as ditto-run does."""
+    monkeypatch.setenv("DITTO_TILES", "2")
+    with pytest.raises(RuntimeAPIError, match=r"DITTO_TILES must be 1 \(b = 4 weight matrices "
+                                              r"in row tiles where the kernel table reads them\) "
+                                              r"or 0 \(file order\), got '2'"):
+        open_build(tiny_build)
+
+
 def test_long_context_prefill_bits(tiny_build):
     """Past one block of keys (512) and across token blocks, a prefill tile's logits are those
     of decoding one token at a time, bit for bit (the blocked attention of prefill.c)."""

@@ -375,11 +375,11 @@ int kernels_tile_tensor(Tensor *W) {
         int r0, r1, t = omp_get_thread_num();
         split_rows(rows, t, omp_get_num_threads(), &r0, &r1);
         if (r0 < r1)
-            i8_retile(indices + (size_t)r0 * L.row_bytes, r1 - r0, L.row_bytes, 1,
+            i8_retile(indices + (size_t)r0 * L.row_bytes, r1 - r0, L.row_bytes,
                       tmp + (size_t)t * tile);
     }
 #else
-    i8_retile(indices, rows, L.row_bytes, 1, tmp);
+    i8_retile(indices, rows, L.row_bytes, tmp);
 #endif
     free(tmp);
     W->tiled = 1;

@@ -56,7 +56,9 @@ typedef struct {
     I8DecodeFn i8_decode; /* that decoding for rows [r0, r1); NULL: i8_decode_rows_generic */
     I8RowsFn i8_b5;       /* int8 codebooks, b = 5, G % 32 == 0; NULL: i8_any */
     I8RowsFn i8_b4_tiled; /* b = 4 tensors whose indices this table has tiled at load
-                             (kernels_tile_tensor, qgemv.h i8_tiles_fit); NULL: none tiled */
+                             (kernels_tile_tensor, qgemv.h i8_tiles_fit); NULL: none tiled.
+                             The table's i8_gemm must read tiles too (qgemm_avx2.c decode_row
+                             does, through i8_b4_at) */
 } KernelTable;
 
 /* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the

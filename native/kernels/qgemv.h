@@ -123,10 +123,10 @@ static inline const uint8_t *i8_b4_at(const I8Layout *L, int r, int c) {
            ((size_t)(c / 64) * I8_TILE_ROWS + (size_t)(r % I8_TILE_ROWS)) * I8_TILE_CHUNK +
            (size_t)(c % 64) / 2;
 }
-/* Tile (to_tiles) or untile the b = 4 indices of rows x row_bytes in place, one tile at a time
- * through tmp[I8_TILE_ROWS * row_bytes]; rows % I8_TILE_ROWS == 0, row_bytes % I8_TILE_CHUNK
- * == 0. */
-void i8_retile(uint8_t *indices, int rows, size_t row_bytes, int to_tiles, uint8_t *tmp);
+/* Put the b = 4 indices of rows x row_bytes (file order) in row tiles in place, one tile at a
+ * time through tmp[I8_TILE_ROWS * row_bytes]; rows % I8_TILE_ROWS == 0, row_bytes %
+ * I8_TILE_CHUNK == 0. */
+void i8_retile(uint8_t *indices, int rows, size_t row_bytes, uint8_t *tmp);
 
 I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, int cols);
 

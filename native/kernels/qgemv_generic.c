@@ -163,18 +163,15 @@ I8Layout i8_layout(const uint8_t *payload, int bits, int group_size, int rows, i
     return L;
 }
 
-void i8_retile(uint8_t *indices, int rows, size_t row_bytes, int to_tiles, uint8_t *tmp) {
+void i8_retile(uint8_t *indices, int rows, size_t row_bytes, uint8_t *tmp) {
     const size_t chunks = row_bytes / I8_TILE_CHUNK, tile = I8_TILE_ROWS * row_bytes;
     for (int r = 0; r < rows; r += I8_TILE_ROWS) {
         uint8_t *t = indices + (size_t)r * row_bytes;
         memcpy(tmp, t, tile);
         for (size_t i = 0; i < I8_TILE_ROWS; i++)
-            for (size_t j = 0; j < chunks; j++) {
-                size_t rowwise = i * row_bytes + j * I8_TILE_CHUNK;
-                size_t tiled = (j * I8_TILE_ROWS + i) * I8_TILE_CHUNK;
-                memcpy(t + (to_tiles ? tiled : rowwise), tmp + (to_tiles ? rowwise : tiled),
-                       I8_TILE_CHUNK);
-            }
+            for (size_t j = 0; j < chunks; j++)
+                memcpy(t + (j * I8_TILE_ROWS + i) * I8_TILE_CHUNK,
+                       tmp + i * row_bytes + j * I8_TILE_CHUNK, I8_TILE_CHUNK);
     }
 }
 
