@@ -26,6 +26,8 @@ from ditto_quant_kmeans.quantizer import int8_codebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
+#: `make` over native/ at low priority, its independent targets on every core
+MAKE = ["nice", "make", "-s", f"-j{os.cpu_count() or 1}"]
 
 # exit codes of ditto-run (native/README.md)
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_PROMPT, EXIT_IO, EXIT_OOM = 0, 1, 2, 3, 4, 5
@@ -190,8 +192,8 @@ def native_build(tmp_path_factory) -> SimpleNamespace:
     """ditto-run (clang-22 -O3 -fopenmp), ditto-run-asan (ASan + UBSan) and
     libditto_kernels.so (matmul.c + model.c, for ctypes), built once per session."""
     build = tmp_path_factory.mktemp("native_build")
-    p = subprocess.run(["nice", "make", "-s", "-C", str(NATIVE), f"BUILD={build}", "all",
-                        "asan", "kernels"], capture_output=True, text=True)
+    p = subprocess.run([*MAKE, "-C", str(NATIVE), f"BUILD={build}", "all", "asan", "kernels"],
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     return SimpleNamespace(run=build / "ditto-run", asan=build / "ditto-run-asan",
                            kernels=build / "libditto_kernels.so", dir=build)

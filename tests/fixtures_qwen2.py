@@ -10,8 +10,10 @@ gives visibly different logits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from unittest import mock
 from types import SimpleNamespace
 
 import numpy as np
@@ -79,9 +81,37 @@ def qwen05_f32_ditto(qwen05_gguf, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen05_hf_tokenizer(qwen05_gguf):
+def qwen05_gguf_reader(qwen05_gguf):
+    """One ``gguf.GGUFReader`` of the 0.5B GGUF, shared by every transformers load of it."""
+    import gguf
+
+    return gguf.GGUFReader(qwen05_gguf)
+
+
+@contextlib.contextmanager
+def shared_gguf_reader(reader):
+    """Within the block, transformers' loaders get ``reader`` for its file instead of parsing
+    the file again. transformers builds a new ``gguf.GGUFReader`` in every ``from_pretrained``
+    (config, tokenizer, weights: three per model), and one parse of Qwen2.5's 151,936-token
+    vocabulary takes ~17 s; the reader is read-only (a memory map), so what transformers
+    builds from it is the same. Only for reference loads: Ditto's own export is not patched."""
+    import gguf
+
+    real = gguf.GGUFReader
+    path = Path(reader.data.filename).resolve()
+
+    def reader_for(file, *args, **kwargs):
+        return reader if Path(file).resolve() == path else real(file, *args, **kwargs)
+
+    with mock.patch.object(gguf, "GGUFReader", reader_for):
+        yield
+
+
+@pytest.fixture(scope="session")
+def qwen05_hf_tokenizer(qwen05_gguf, qwen05_gguf_reader):
     """The tokenizer transformers builds from the 0.5B GGUF (``AutoTokenizer``, gguf_file;
-    ~20 s to convert, so built once per session)."""
+    built once per session)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(qwen05_gguf.parent, gguf_file=qwen05_gguf.name)
+    with shared_gguf_reader(qwen05_gguf_reader):
+        return AutoTokenizer.from_pretrained(qwen05_gguf.parent, gguf_file=qwen05_gguf.name)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ditto_core.model import format as F
+from tests.fixtures_native import MAKE
 from tests.modelfile_edit import ModelImage
 from tests.script_module import load_script
 
@@ -29,7 +30,7 @@ TARGETS = ("model", "tokenizer", "tokenfile")
 def fuzz(tmp_path_factory):
     """Built fuzz targets, seed corpora (native/fuzz/make_seeds.py) and the env they run in."""
     build = tmp_path_factory.mktemp("fuzz_build")
-    p = subprocess.run(["nice", "make", "-s", "-C", str(NATIVE), f"BUILD={build}", "fuzz-build"],
+    p = subprocess.run([*MAKE, "-C", str(NATIVE), f"BUILD={build}", "fuzz-build"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     make_seeds = load_script(NATIVE / "fuzz" / "make_seeds.py")

@@ -5,12 +5,12 @@ import subprocess
 
 import numpy as np
 
-from tests.fixtures_native import NATIVE, dump_logits, rel_error
+from tests.fixtures_native import MAKE, NATIVE, dump_logits, rel_error
 
 
 def test_warning_free_under_gcc_and_clang(native_build, native_synth, tmp_path):
-    p = subprocess.run(["nice", "make", "-s", "-C", str(NATIVE), f"BUILD={tmp_path}",
-                        "warnings"], capture_output=True, text=True)
+    p = subprocess.run([*MAKE, "-C", str(NATIVE), f"BUILD={tmp_path}", "warnings"],
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "warning" not in (p.stdout + p.stderr).lower()
     ids = [1, 40, 41, 42, 100, 200]

@@ -24,7 +24,7 @@ from ditto_core.cli.main import cli
 from ditto_core.model.modelfile import ModelFile
 from tests.fixtures_compile import build_model
 from tests.fixtures_native import dump_logits, rel_error
-from tests.fixtures_qwen2 import hf_logits
+from tests.fixtures_qwen2 import hf_logits, shared_gguf_reader
 from tests.test_export_bad_input import assert_refused, run_export
 
 IDS = [5, 17, 99, 3, 250, 42, 42, 7, 311, 0, 128, 64, 1, 200, 33, 9, 180, 77, 260, 12]
@@ -244,14 +244,15 @@ QWEN_PROMPTS = ("def fibonacci(n):\n    if n < 2:\n        return n\n",
 
 
 @pytest.fixture(scope="module")
-def qwen05_transformers(qwen05_gguf, qwen05_hf_tokenizer):
+def qwen05_transformers(qwen05_gguf, qwen05_gguf_reader, qwen05_hf_tokenizer):
     """(tokenizer, Qwen2ForCausalLM fp32) that transformers reads from the 0.5B GGUF."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(qwen05_gguf.parent),
-                                                 gguf_file=qwen05_gguf.name,
-                                                 dtype=torch.float32)
+    with shared_gguf_reader(qwen05_gguf_reader):
+        model = AutoModelForCausalLM.from_pretrained(str(qwen05_gguf.parent),
+                                                     gguf_file=qwen05_gguf.name,
+                                                     dtype=torch.float32)
     return qwen05_hf_tokenizer, model.eval()
 
 
