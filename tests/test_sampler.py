@@ -41,6 +41,7 @@ def lib(tmp_path_factory):
                                  ctypes.c_float, ctypes.c_uint64]
     lib.sampler_sample.argtypes = [ctypes.POINTER(Sampler), ctypes.POINTER(ctypes.c_float)]
     lib.sampler_free.argtypes = [ctypes.POINTER(Sampler)]
+    lib.sample_argmax.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int]
     return lib
 
 
@@ -139,3 +140,35 @@ def test_ditto_run_tiny_temperature_equals_greedy(native_build, native_synth, te
     greedy = ids("--temp", "0")
     assert len(set(greedy.strip("[]\n").split(", "))) > 1  # not one token repeated
     assert ids("--temp", temp, "--top-p", topp, "--seed", "1") == greedy
+
+
+def serial_argmax(logits) -> int:
+    """The definition of greedy decoding: one pass from logits[0], moving on a strictly
+    larger value (the first of ties; a NaN never compares larger)."""
+    best = 0
+    for i in range(1, len(logits)):
+        if logits[i] > logits[best]:
+            best = i
+    return best
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(1, 80).flatmap(lambda n: st.lists(
+    st.one_of(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 7.0, -7.0]),
+              st.floats(-50, 50, width=32)), min_size=n, max_size=n)))
+def test_argmax_equals_the_serial_definition(lib, logits):
+    x = np.array(logits, np.float32)
+    got = lib.sample_argmax(x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size)
+    assert got == serial_argmax(x), x
+
+
+def test_argmax_on_a_qwen_sized_vocabulary(lib):
+    rng = np.random.default_rng(7)
+    for top in (0, 15, 16, 151_935, 77_777):
+        x = rng.standard_normal(151_936).astype(np.float32)
+        x[top] = 40.0
+        x[rng.integers(0, x.size, 50)] = np.nan
+        if top != 0:
+            x[top + 1 - 2 * (top == x.size - 1):][:1] = 40.0  # a tie after (or before) it
+        want = serial_argmax(x.tolist())
+        assert lib.sample_argmax(x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size) == want

@@ -64,10 +64,25 @@ void softmax_temperature(float *x, int n, float temperature) {
     for (int i = 0; i < n; i++) x[i] = (float)((double)x[i] / sum);
 }
 
+/* The first index of the largest logit, comparing with ">" from logits[0] on: NaNs never win
+ * (logits[0] = NaN gives 0). Two passes so that the compiler vectorises the first: the largest
+ * non-NaN value in ARGMAX_LANES independent running maxima (one serial compare chain over the
+ * 151,936 logits of Qwen2.5 costs ~0.5 ms a token), then the first index holding it. */
+#define ARGMAX_LANES 16
 int sample_argmax(const float *logits, int n) {
+    if (n <= 0 || isnan(logits[0])) return 0;
+    float lane[ARGMAX_LANES];
+    for (int k = 0; k < ARGMAX_LANES; k++) lane[k] = logits[0];
+    int i = 0;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int k = 0; k < ARGMAX_LANES; k++)
+            lane[k] = logits[i + k] > lane[k] ? logits[i + k] : lane[k];
+    float max = logits[0];
+    for (int k = 0; k < ARGMAX_LANES; k++) max = lane[k] > max ? lane[k] : max;
+    for (; i < n; i++) max = logits[i] > max ? logits[i] : max;
+    /* max is logits[0] or a larger non-NaN logit: it is found, and nothing before it is larger */
     int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+    while (!(logits[best] == max)) best++;
     return best;
 }
 

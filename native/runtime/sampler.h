@@ -24,7 +24,8 @@ typedef struct {
 int sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
 void sampler_free(Sampler *s);
 
-/* Index of the largest logit (the first one on ties, like torch.argmax). */
+/* Index of the largest logit (the first one on ties, like torch.argmax); NaNs never win, and
+ * logits[0] = NaN gives 0. */
 int sample_argmax(const float *logits, int n);
 
 /* Next token id from logits [vocab_size] (modified in place: turned into probabilities). */
