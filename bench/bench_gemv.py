@@ -9,7 +9,9 @@ Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/kernels/
 kernel table forced by name (``kernels_select``), so an int8 figure includes quantizing x once
 per call, as in decode. Formats: ``int8`` (int8 centroids + f16 scale per sub-block: 4.5625
 bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the float-lookup
-kernels), ``f32`` (the naive loop nest, not BLAS). The codebook formats run every layout of
+kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into row tiles as
+the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles"; on a table
+without tiled kernels, or a layout that does not fit them, the case is left out with a note). The codebook formats run every layout of
 ``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the whole row, as
 the runtime clamps it); each result names its layout and the kernel path of the table
 (ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the values).
@@ -56,8 +58,9 @@ NATIVE = ROOT / "native"
 KERNEL_FILES = KERNEL_SOURCES
 SHAPES = "576x576,1536x576,576x1536,49152x576,4096x4096,11008x4096,4096x11008"
 #: format name -> (encoding id, codebook type id) of the tensor table
-ENC = {"f32": F.ENC_F32, "int8": F.ENC_CODEBOOK, "f16": F.ENC_CODEBOOK}
-CBT = {"f32": 0, **codebook.TYPE_IDS}
+ENC = {"f32": F.ENC_F32, "int8": F.ENC_CODEBOOK, "int8-tiled": F.ENC_CODEBOOK,
+       "f16": F.ENC_CODEBOOK}
+CBT = {"f32": 0, **codebook.TYPE_IDS, "int8-tiled": codebook.TYPE_IDS["int8"]}
 
 #: timing harness: gemv() on a Tensor built from plain arguments, and the STREAM read sum
 HARNESS = r"""
@@ -73,10 +76,12 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* mean seconds per gemv() over a burst of about burst_s seconds, -1 if the kernel is refused */
+/* mean seconds per gemv() over a burst of about burst_s seconds, -1 if the kernel is refused,
+ * -2 if tiled is asked for and the table or the layout has no row tiles (the payload, then
+ * rearranged in place, must be the caller's own copy) */
 double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int G, int rows,
-                  int cols, const unsigned char *payload, unsigned long long nbytes,
-                  const float *x, float *y, double burst_s) {
+                  int cols, unsigned char *payload, unsigned long long nbytes, const float *x,
+                  float *y, double burst_s, int tiled) {
     char err[256];
     if (kernels_select(kernel, err, sizeof err)) return -1.0;
     Tensor W;
@@ -90,6 +95,7 @@ double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int 
     W.cols = (unsigned long long)cols;
     W.data = payload;
     W.nbytes = nbytes;
+    if (tiled && kernels_tile_tensor(&W) != 1) return -2.0;
     gemv(y, x, &W);
     double t0 = now();
     gemv(y, x, &W);
@@ -167,7 +173,7 @@ def build(tmp: Path, native: Path = NATIVE) -> ctypes.CDLL:
     P = ctypes.c_void_p
     lib.bench_gemv.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,
                                ctypes.c_int, ctypes.c_int, ctypes.c_int, P, ctypes.c_ulonglong,
-                               P, P, ctypes.c_double]
+                               P, P, ctypes.c_double, ctypes.c_int]
     lib.bench_gemv.restype = ctypes.c_double
     lib.bench_stream.argtypes = [P, ctypes.c_long, ctypes.c_double]
     lib.bench_stream.restype = ctypes.c_double
@@ -184,7 +190,7 @@ def payload_for(fmt: str, rows: int, cols: int, rng, b: int = 4, G: int = 256) -
     S, K = codebook.n_sub_blocks(cols, G), codebook.n_centroids(b)
     cent = rng.normal(size=(rows, S, K)).astype(np.float32)
     idx = rng.integers(0, K, size=(rows, cols), dtype=np.uint8)
-    if fmt == "int8":
+    if fmt in ("int8", "int8-tiled"):
         cb, sc = int8_codebooks(cent)
         ct = CodebookTensor(bits=b, group_size=G, codebooks=cb, indices=idx,
                             codebook_type="int8", scales=sc)
@@ -236,9 +242,14 @@ def main(argv=None) -> int:
                 for b, G in (layouts if fmt != "f32" else [(4, 256)]):
                     p = payload_for(fmt, rows, cols, rng, b, G)
                     lay = f"/b{b}G{G}" if fmt != "f32" and layouts != [(4, 256)] else ""
+                    if fmt == "int8-tiled":  # each kernel table tiles its own copy
+                        for k in kernels:
+                            cases.append((f"{fmt}/{k}{lay}", fmt, k, p.copy(), b, G, ""))
+                        continue
                     for k in (kernels if fmt == "int8" else [best]):
                         for suffix in (libs if fmt == "int8" else [""]):
                             cases.append((f"{fmt}/{k}{lay}{suffix}", fmt, k, p, b, G, suffix))
+            untiled = set()
             for t in threads:
                 lib.omp_set_num_threads(t)
                 samples = {c[0]: [] for c in cases}
@@ -247,10 +258,18 @@ def main(argv=None) -> int:
                     samples["stream_read"].append(
                         lib.bench_stream(stream.ctypes.data, stream.size, args.burst_s))
                     for label, fmt, k, p, b, G, suffix in cases:
+                        if label in untiled:
+                            continue
                         libs[suffix].omp_set_num_threads(t)
                         s = libs[suffix].bench_gemv(k.encode(), ENC[fmt], CBT[fmt], b, G, rows,
                                                     cols, p.ctypes.data, p.size, x.ctypes.data,
-                                                    y.ctypes.data, args.burst_s)
+                                                    y.ctypes.data, args.burst_s,
+                                                    int(fmt == "int8-tiled"))
+                        if s == -2.0:
+                            print(f"{rows}x{cols} {label}: no row tiles for this table or "
+                                  "layout; left out", file=sys.stderr)
+                            untiled.add(label)
+                            continue
                         if s < 0:
                             raise SystemExit(f"kernel {k} is not available on this CPU")
                         samples[label].append(s)
@@ -258,10 +277,14 @@ def main(argv=None) -> int:
                 row = {"rows": rows, "cols": cols, "threads": t,
                        "stream_read_GB_s": round(stream_gbs, 2), "kernels": {}}
                 for label, fmt, k, p, b, G, suffix in cases:
+                    if label in untiled:
+                        continue
                     med = statistics.median(samples[label])
                     gbs = p.size / med / 1e9
-                    path = (KP.kernel_path(KP.table(k), b, G, cols) if fmt == "int8"
-                            else None)
+                    path = (KP.kernel_path(KP.table(k), b, G, cols)
+                            if fmt.startswith("int8") else None)
+                    if fmt == "int8-tiled":  # bench_gemv returned -2 where it did not tile
+                        path += "-tiled"
                     row["kernels"][label] = {
                         "format": fmt, "kernel": k, "bits": b, "group_size": G,
                         "path": (f"{k}:{path}" if path != "generic" else path)
