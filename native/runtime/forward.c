@@ -21,6 +21,7 @@ size_t runstate_bytes(const DittoConfig *c, int ctx) {
     size_t q_dim = (size_t)c->n_heads * c->head_dim;
     size_t n = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim +
                (size_t)c->n_heads * ctx + c->vocab_size + 2 * kv_floats(c, ctx) +
+               2 * (size_t)c->n_kv_heads * c->head_dim +
                (size_t)ctx * c->head_dim; /* cos + sin tables */
     return n * sizeof(float);
 }
@@ -38,12 +39,14 @@ int runstate_init(RunState *s, const DittoConfig *c, int ctx) {
     s->hb2 = calloc(c->hidden_dim, sizeof(float));
     s->att = calloc((size_t)c->n_heads * ctx, sizeof(float));
     s->logits = calloc(c->vocab_size, sizeof(float));
+    s->k = calloc((size_t)c->n_kv_heads * c->head_dim, sizeof(float));
+    s->v = calloc((size_t)c->n_kv_heads * c->head_dim, sizeof(float));
     s->key_cache = calloc(kv_floats(c, ctx), sizeof(float));
     s->value_cache = calloc(kv_floats(c, ctx), sizeof(float));
     s->rope_cos = calloc((size_t)ctx * half, sizeof(float));
     s->rope_sin = calloc((size_t)ctx * half, sizeof(float));
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->att_out || !s->hb || !s->hb2 || !s->att ||
-        !s->logits || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        !s->logits || !s->k || !s->v || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
         runstate_free(s);
         return -1;
     }
@@ -69,6 +72,8 @@ void runstate_free(RunState *s) {
     free(s->hb2);
     free(s->att);
     free(s->logits);
+    free(s->k);
+    free(s->v);
     free(s->key_cache);
     free(s->value_cache);
     free(s->rope_cos);
@@ -172,9 +177,8 @@ void add_bias(float *y, const Tensor *b) {
  * loaded when the KV heads do not divide among them (SmolLM2's 3 on 2). A head's scores and
  * sums do not depend on which heads share its group, so every split gives the same bits. */
 static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
-    int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
+    int d = (int)c->head_dim;
     int group = (int)(c->n_heads / c->n_kv_heads), n_heads = (int)c->n_heads;
-    size_t layer_off = (size_t)layer * s->ctx * kv_dim;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
     AttendGroupFn attend = attend_group_for(d);
 #pragma omp parallel
@@ -188,18 +192,27 @@ static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
         for (int h = h0; h < h1;) {
             const int kvh = h / group, end = (kvh + 1) * group < h1 ? (kvh + 1) * group : h1;
             attend(s->att_out + (size_t)h * d, s->q + (size_t)h * d, (size_t)d, end - h,
-                   s->key_cache + layer_off + (size_t)kvh * d,
-                   s->value_cache + layer_off + (size_t)kvh * d, (size_t)kv_dim, pos + 1, d,
+                   s->key_cache + kv_at(c, s->ctx, layer, kvh),
+                   s->value_cache + kv_at(c, s->ctx, layer, kvh), (size_t)d, pos + 1, d,
                    inv_sqrt_d, s->att + (size_t)h * s->ctx, (size_t)s->ctx);
             h = end;
         }
     }
 }
 
+void kv_store(const DittoConfig *c, RunState *s, int layer, int pos, const float *k,
+              const float *v) {
+    const size_t d = c->head_dim;
+    for (int h = 0; h < (int)c->n_kv_heads; h++) {
+        size_t at = kv_at(c, s->ctx, layer, h) + (size_t)pos * d;
+        memcpy(s->key_cache + at, k + h * d, d * sizeof(float));
+        memcpy(s->value_cache + at, v + h * d, d * sizeof(float));
+    }
+}
+
 float *forward(const Model *m, RunState *s, int token, int pos) {
     const DittoConfig *c = &m->config;
     int dim = (int)c->dim, hidden = (int)c->hidden_dim, d = (int)c->head_dim;
-    int kv_dim = (int)(c->n_kv_heads * c->head_dim);
     const float *cos_t = s->rope_cos + (size_t)pos * (d / 2);
     const float *sin_t = s->rope_sin + (size_t)pos * (d / 2);
     SwigluFn swiglu = swiglu_for();
@@ -208,8 +221,7 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
 
     for (int l = 0; l < (int)c->n_layers; l++) {
         const LayerWeights *w = &m->layers[l];
-        size_t kv_off = ((size_t)l * s->ctx + pos) * kv_dim;
-        float *k = s->key_cache + kv_off, *v = s->value_cache + kv_off;
+        float *k = s->k, *v = s->v;
 
         /* attention block */
         rmsnorm(s->xb, s->x, f32_data(w->attn_norm), dim, c->norm_eps);
@@ -223,6 +235,7 @@ float *forward(const Model *m, RunState *s, int token, int pos) {
         add_bias(v, w->bv);
         rope(s->q, (int)c->n_heads, d, cos_t, sin_t);
         rope(k, (int)c->n_kv_heads, d, cos_t, sin_t);
+        kv_store(c, s, l, pos, k, v);
         attention(c, s, l, pos);
         gemv(s->xb2, s->att_out, w->wo);
         for (int i = 0; i < dim; i++) s->x[i] += s->xb2[i];

@@ -23,11 +23,26 @@ typedef struct {
     float *hb2;         /* [hidden_dim] up */
     float *att;         /* [n_heads][ctx] attention scores */
     float *logits;      /* [vocab_size] */
-    float *key_cache;   /* [n_layers][ctx][n_kv_heads*head_dim] */
-    float *value_cache; /* [n_layers][ctx][n_kv_heads*head_dim] */
+    float *k;           /* [n_kv_heads*head_dim] this position's key, then stored in key_cache */
+    float *v;           /* [n_kv_heads*head_dim] this position's value */
+    /* [n_layers][n_kv_heads][ctx][head_dim]: each KV head's keys (values) one contiguous run,
+     * so attention reads them as one sequential stream (kv_at) */
+    float *key_cache;
+    float *value_cache;
     float *rope_cos;    /* [ctx][head_dim/2] cos(pos * theta^(-2j/head_dim)) */
     float *rope_sin;    /* [ctx][head_dim/2] */
 } RunState;
+
+/* The keys (or values) of KV head kvh in layer `layer`: [ctx][head_dim] at cache + the
+ * returned offset, in floats. */
+static inline size_t kv_at(const DittoConfig *c, int ctx, int layer, int kvh) {
+    return (((size_t)layer * c->n_kv_heads + (size_t)kvh) * (size_t)ctx) * c->head_dim;
+}
+
+/* Store the key and value of position pos ([n_kv_heads*head_dim] each) in layer `layer`'s
+ * caches (kv_at). */
+void kv_store(const DittoConfig *c, RunState *s, int layer, int pos, const float *k,
+              const float *v);
 
 /* Allocate the state for a context of ctx positions (1 <= ctx <= max_seq_len).
  * Returns 0, or -1 when out of memory (s then holds nothing to free). */

@@ -21,7 +21,9 @@ static int max_threads(void) {
 
 size_t prefill_bytes(const DittoConfig *c, int tile, int ctx, int n_threads) {
     size_t q_dim = (size_t)c->n_heads * c->head_dim;
-    size_t per_token = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim + c->vocab_size;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t per_token = 3 * (size_t)c->dim + 2 * q_dim + 2 * kv_dim + 2 * (size_t)c->hidden_dim +
+                       c->vocab_size;
     size_t group = c->n_heads / c->n_kv_heads;
     return ((size_t)tile * per_token + (size_t)n_threads * PREFILL_ATT_TOKENS * group * ctx) *
            sizeof(float);
@@ -36,13 +38,15 @@ int prefill_init(Prefill *p, const DittoConfig *c, int tile, int ctx) {
     p->xb = calloc(T * c->dim, sizeof(float));
     p->xb2 = calloc(T * c->dim, sizeof(float));
     p->q = calloc(T * q_dim, sizeof(float));
+    p->k = calloc(T * c->n_kv_heads * c->head_dim, sizeof(float));
+    p->v = calloc(T * c->n_kv_heads * c->head_dim, sizeof(float));
     p->att_out = calloc(T * q_dim, sizeof(float));
     p->hb = calloc(T * c->hidden_dim, sizeof(float));
     p->hb2 = calloc(T * c->hidden_dim, sizeof(float));
     p->att = calloc((size_t)p->n_threads * PREFILL_ATT_TOKENS * (c->n_heads / c->n_kv_heads) *
                         ctx, sizeof(float));
     p->logits = calloc(T * c->vocab_size, sizeof(float));
-    if (!p->x || !p->xb || !p->xb2 || !p->q || !p->att_out || !p->hb || !p->hb2 || !p->att ||
+    if (!p->x || !p->xb || !p->xb2 || !p->q || !p->k || !p->v || !p->att_out || !p->hb || !p->hb2 || !p->att ||
         !p->logits) {
         prefill_free(p);
         return -1;
@@ -55,6 +59,8 @@ void prefill_free(Prefill *p) {
     free(p->xb);
     free(p->xb2);
     free(p->q);
+    free(p->k);
+    free(p->v);
     free(p->att_out);
     free(p->hb);
     free(p->hb2);
@@ -75,10 +81,10 @@ static const float *f32_data(const Tensor *t) { return (const float *)(const voi
  * query heads sharing that KV head, each thread with its own rows of scores. */
 static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, int layer,
                            int n, int pos0) {
-    int d = (int)c->head_dim, kv_dim = (int)(c->n_kv_heads * c->head_dim);
+    int d = (int)c->head_dim;
     int n_kv = (int)c->n_kv_heads, q_dim = (int)c->n_heads * d;
     int group = (int)(c->n_heads / c->n_kv_heads);
-    size_t layer_off = (size_t)layer * s->ctx * kv_dim, ld = (size_t)s->ctx;
+    size_t ld = (size_t)s->ctx;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
     const AttendSteps *A = attend_steps_for(d);
     int n_blocks = (n + PREFILL_ATT_TOKENS - 1) / PREFILL_ATT_TOKENS, gt;
@@ -92,8 +98,8 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        const float *K = s->key_cache + layer_off + kvh * d;
-        const float *V = s->value_cache + layer_off + kvh * d;
+        const float *K = s->key_cache + kv_at(c, s->ctx, layer, kvh);
+        const float *V = s->value_cache + kv_at(c, s->ctx, layer, kvh);
         float *att = p->att + (size_t)tid * PREFILL_ATT_TOKENS * group * ld;
         int last_keys = pos0 + t1; /* the block's last token sees the most keys */
         for (int k0 = 0; k0 < last_keys; k0 += PREFILL_ATT_KEYS)
@@ -102,7 +108,7 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
                 if (nk <= 0) continue;
                 A->scores(att + (size_t)(t - t0) * group * ld + k0, ld,
                           p->q + (size_t)t * q_dim + h0 * d, (size_t)d, group,
-                          K + (size_t)k0 * kv_dim, (size_t)kv_dim,
+                          K + (size_t)k0 * d, (size_t)d,
                           nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS, d, inv_sqrt_d);
             }
         for (int t = t0; t < t1; t++) {
@@ -116,7 +122,7 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
                 int nk = pos0 + t + 1 - k0;
                 if (nk <= 0) continue;
                 A->wsum_acc(p->att_out + (size_t)t * q_dim + h0 * d, (size_t)d, group,
-                            V + (size_t)k0 * kv_dim, (size_t)kv_dim,
+                            V + (size_t)k0 * d, (size_t)d,
                             nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS,
                             att + (size_t)(t - t0) * group * ld + k0, ld, d);
             }
@@ -138,8 +144,7 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
 
     for (int l = 0; l < (int)c->n_layers; l++) {
         const LayerWeights *w = &m->layers[l];
-        size_t kv_off = ((size_t)l * s->ctx + pos0) * kv_dim;
-        float *k = s->key_cache + kv_off, *v = s->value_cache + kv_off; /* [n][kv_dim] */
+        float *k = p->k, *v = p->v; /* [n][kv_dim] */
 
         /* attention block */
 #pragma omp parallel for private(t)
@@ -160,6 +165,7 @@ float *prefill(const Model *m, RunState *s, Prefill *p, const int32_t *tokens, i
             const float *sin_t = s->rope_sin + (size_t)(pos0 + t) * half;
             rope(p->q + (size_t)t * q_dim, (int)c->n_heads, d, cos_t, sin_t);
             rope(k + (size_t)t * kv_dim, (int)c->n_kv_heads, d, cos_t, sin_t);
+            kv_store(c, s, l, pos0 + t, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim);
         }
         attention_tile(c, s, p, l, n, pos0);
         matmul_batch(p->xb2, p->att_out, n, w->wo);

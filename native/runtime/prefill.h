@@ -26,6 +26,8 @@ typedef struct {
     float *xb;          /* [tile][dim] normalised sub-layer inputs */
     float *xb2;         /* [tile][dim] sub-layer outputs */
     float *q;           /* [tile][n_heads*head_dim] queries */
+    float *k;           /* [tile][n_kv_heads*head_dim] keys, then stored in the KV cache */
+    float *v;           /* [tile][n_kv_heads*head_dim] values */
     float *att_out;     /* [tile][n_heads*head_dim] attention outputs before Wo */
     float *hb;          /* [tile][hidden_dim] gate, then silu(gate)*up */
     float *hb2;         /* [tile][hidden_dim] up */
