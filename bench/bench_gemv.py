@@ -9,10 +9,10 @@ Every GEMV goes through the runtime's own dispatcher ``gemv()`` (native/kernels/
 kernel table forced by name (``kernels_select``), so an int8 figure includes quantizing x once
 per call, as in decode. Formats: ``int8`` (int8 centroids + f16 scale per sub-block: 4.5625
 bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the float-lookup
-kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into row tiles as
-the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles"; on a table
-without tiled kernels, or a layout that does not fit them, the case is left out with a note). The codebook formats run every layout of
-``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the whole row, as
+kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into
+row tiles as the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles";
+on a table without tiled kernels, or a layout that does not fit them, the case is left out
+with a note). The codebook formats run every layout of ``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the whole row, as
 the runtime clamps it); each result names its layout and the kernel path of the table
 (ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the values).
 Kernel ``best`` is the table this CPU selects by default. ``--compare-native DIR`` also builds

@@ -41,7 +41,11 @@ none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) 
 mkl-devel is installed; decode tok/s from its stats line
 (``-n N --temp 0 --ignore-eos``), prompt tok/s = P / prompt_ms of a P-token prompt (random ids,
 fixed seed, ``--ids``, ``-n 1``; batched prefill). Every (configuration, threads) pair runs once
-per round, in the same order, so load changes hit all alike; medians over rounds. Results:
+per round, in the same order, so load changes hit all alike; medians over rounds.
+``--depth D`` measures decode with D tokens already in the KV cache, as an editor's request
+with a long prefix and suffix decodes: ``llama-bench -p 0 -n N -d D`` against ditto-run's
+decode tok/s after a D-token prompt (random ids, fixed seed, ``--ids``); no prompt column then
+(ditto-run has no prefill at a depth), and ``ceiling`` still counts the weights only. Results:
 JSON in bench/results/bench_llamacpp.json (every sample), with ``--write-results`` also the
 table in docs/RESULTS.md between the ``bench_llamacpp`` markers.
 """
@@ -191,12 +195,14 @@ def llama_models(bin_dir: Path, cache: Path, types: list[str], model: str = "smo
 
 
 def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int,
-                env: dict | None = None) -> dict:
+                env: dict | None = None, depth: int = 0) -> dict:
     """{"pp": tok/s, "tg": tok/s, "n_params": int} of one llama-bench run (-r 1) in ``env``
-    (``llama_env``)."""
-    proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(p),
-                           "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json"],
-                          capture_output=True, text=True, check=True, env=env)
+    (``llama_env``); with ``depth``, only tg, at that many tokens in the KV cache (-d)."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(0 if depth else p),
+           "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     res = {}
     for row in json.loads(proc.stdout):
         key = "pp" if row["n_prompt"] > 0 else "tg"
@@ -205,8 +211,14 @@ def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int,
     return res
 
 
-def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int) -> dict:
-    """{"pp": tok/s, "tg": tok/s} of a Ditto build (its own stats lines)."""
+def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int,
+                depth_file: Path | None = None) -> dict:
+    """{"pp": tok/s, "tg": tok/s} of a Ditto build (its own stats lines); with ``depth_file``
+    (the ids of a prompt), only tg, decoding after that prompt."""
+    if depth_file is not None:
+        tg = run_stats(build, ["--ids", str(depth_file), "-n", str(n), "--temp", "0",
+                               "--ignore-eos", "--threads", str(threads)])
+        return {"tg": float(tg["tok_per_s"])}
     tg = run_stats(build, ["-p", "def fibonacci(n):", "-n", str(n), "--temp", "0",
                            "--ignore-eos", "--threads", str(threads)])
     pp = run_stats(build, ["--ids", str(ids_file), "-n", "1", "--temp", "0",
@@ -214,16 +226,19 @@ def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int) -> di
     return {"pp": p / (pp["prompt_ms"] / 1e3), "tg": float(tg["tok_per_s"])}
 
 
-def table(results: dict, threads: list[int], p: int, n: int, model: str = "smollm2") -> str:
+def table(results: dict, threads: list[int], p: int, n: int, model: str = "smollm2",
+          depth: int = 0) -> str:
     head = [MODEL_TITLES.get(model, model), "file MB", "bpw"]
-    for what in ("tg", "pp"):
+    whats = ("tg",) if depth else ("tg", "pp")
+    at = f" at depth {depth}" if depth else ""
+    for what in whats:
         for t in threads:
-            head.append(f"{'decode tg' + str(n) if what == 'tg' else 'prompt pp' + str(p)}, "
-                        f"{t} thread{'s' if t > 1 else ''}")
+            head.append(f"{'decode tg' + str(n) + at if what == 'tg' else 'prompt pp' + str(p)}"
+                        f", {t} thread{'s' if t > 1 else ''}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results.items():
         row = [r["label"], f"{r['bytes'] / 1e6:.1f}", f"{r['bpw']:.2f}"]
-        for what in ("tg", "pp"):
+        for what in whats:
             for t in threads:
                 v = r["median"].get(f"{what}@{t}")
                 cell = "—" if v is None else f"{v:.1f}"
@@ -240,13 +255,14 @@ RATIO_PAIRS = [("ditto-default", "llama-Q4_0"), ("ditto-calibrated", "llama-Q4_0
                ("ditto-default", "llama-shipped"), ("ditto-calibrated", "ditto-default")]
 
 
-def ratio_table(results: dict, threads: list[int]) -> str:
+def ratio_table(results: dict, threads: list[int], depth: int = 0) -> str:
     """Each pair of RATIO_PAIRS as the ratio of the medians, with the range of the ratios of the
     same round's samples in brackets (rounds interleave the configurations, so a same-round
     ratio compares runs made seconds apart). "" when no pair ran."""
-    cols = [(w, t) for w in ("tg", "pp") for t in threads]
+    cols = [(w, t) for w in (("tg",) if depth else ("tg", "pp")) for t in threads]
+    at = f" at depth {depth}" if depth else ""
     head = ["ratio of medians [range of same-round ratios]"] + [
-        f"{'decode' if w == 'tg' else 'pp512'}, {t} thread{'s' if t > 1 else ''}"
+        f"{'decode' + at if w == 'tg' else 'pp512'}, {t} thread{'s' if t > 1 else ''}"
         for w, t in cols]
     lines = []
     for a, b in RATIO_PAIRS:
@@ -296,6 +312,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=0, metavar="D",
+                    help="decode only, with D tokens already in the KV cache (llama-bench -d)")
     ap.add_argument("--configs", default=",".join(
         [f"llama-{t}" for t in LLAMA_TYPES] + [c for c in DITTO if c != "ditto-fp32-mkl"]
         + (["ditto-fp32-mkl"] if _mkl_available() else [])))
@@ -336,7 +354,9 @@ def main(argv=None) -> int:
             ap.error(f"--isa {args.isa}: this CPU does not list {', '.join(sorted(missing))}")
         os.environ["DITTO_KERNEL"] = args.isa  # ditto-run's table, and the plans' cost table
     args.work.mkdir(parents=True, exist_ok=True)
-    P, N = args.prompt_tokens, args.gen_tokens
+    P, N, D = args.prompt_tokens, args.gen_tokens, args.depth
+    if D < 0:
+        ap.error("--depth must be >= 0")
 
     runners, results = {}, {}
     lib_dir = None
@@ -347,12 +367,16 @@ def main(argv=None) -> int:
         env = llama_env(lib_dir)
         for t, path in llama_models(bin_dir, args.work, llama_types, args.model).items():
             name = f"llama-{t}"
-            runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N, env))
+            runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N, env, D))
             results[name] = {"label": "llama.cpp " + ("shipped file" if t == "shipped" else t),
                              "bytes": path.stat().st_size}
     ids = random.Random(0).choices(range(100, 49000), k=P)
     ids_file = args.work / f"prompt{P}.json"
     ids_file.write_text(json.dumps(ids))
+    depth_file = None
+    if D:
+        depth_file = args.work / f"depth{D}.json"
+        depth_file.write_text(json.dumps(random.Random(1).choices(range(100, 49000), k=D)))
     for name in [c for c in configs if c in DITTO]:
         d = args.work / (args.model if args.isa == "native" else f"{args.model}-{args.isa}")
         d = d / name
@@ -363,7 +387,7 @@ def main(argv=None) -> int:
             q4_0 = llama_models(llama_bin(args.llama_bin), args.work, ["Q4_0"], args.model)
             kw["max_size_of"] = q4_0["Q4_0"]
         rec = ditto_build(args.model, out=d, **kw).record
-        runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N))
+        runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N, depth_file))
         results[name] = {"label": LABELS[name].replace("MODEL", args.model), "bytes": (d / "model.ditto").stat().st_size,
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
     order = [c for c in configs if c in runners]
@@ -378,11 +402,13 @@ def main(argv=None) -> int:
             for th in threads:
                 r = runners[c](th)
                 for what in ("pp", "tg"):
-                    samples[c].setdefault(f"{what}@{th}", []).append(r[what])
+                    if what in r:
+                        samples[c].setdefault(f"{what}@{th}", []).append(r[what])
                 if "n_params" in r:
                     results[c]["n_params"] = r["n_params"]
-                print(f"round {rnd + 1}/{args.rounds} {c} t={th}: pp {r['pp']:.1f} "
-                      f"tg {r['tg']:.1f} tok/s", file=sys.stderr)
+                pp = f"pp {r['pp']:.1f} " if "pp" in r else ""
+                print(f"round {rnd + 1}/{args.rounds} {c} t={th}: {pp}tg {r['tg']:.1f} tok/s",
+                      file=sys.stderr)
     n_params = next((r["n_params"] for r in results.values() if "n_params" in r), None)
     for c in order:
         r = results[c]
@@ -395,6 +421,7 @@ def main(argv=None) -> int:
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "load_average": os.getloadavg(), "cpu": _cpu(), "rounds": args.rounds,
            "model": args.model, "threads": threads, "prompt_tokens": P, "gen_tokens": N,
+           "depth": D,
            "isa": args.isa,
            "stream_read_bytes_per_s": {str(th): v for th, v in stream.items()},
            "llama_n_params": n_params,
@@ -414,14 +441,16 @@ def render(out: dict, path: Path, write: bool, command: str | None = None) -> st
     docs/RESULTS.md between the markers of the run's model (the historical unnamed ones for
     smollm2's default JSON; for another JSON name, markers named by it)."""
     threads, model = out["threads"], out["model"]
-    md = table(out["results"], threads, out["prompt_tokens"], out["gen_tokens"], model)
-    ratios = ratio_table(out["results"], threads)
+    depth = out.get("depth", 0)
+    md = table(out["results"], threads, out["prompt_tokens"], out["gen_tokens"], model, depth)
+    ratios = ratio_table(out["results"], threads, depth)
     if ratios:
         md += "\n\n" + ratios
     if write:
         isa_arg = "" if out.get("isa", "native") == "native" else f" --isa {out['isa']}"
         cmd = command if command is not None else (
-            f"--model {model} --rounds {out['rounds']}{isa_arg} "
+            f"--model {model} --rounds {out['rounds']}{isa_arg}"
+            f"{' --depth ' + str(out['depth']) if out.get('depth') else ''} "
             f"--configs {','.join(out['results'])}")
         lib = out.get("llama_ggml_cpu", "peer build") != "peer build"
         isa = out.get("isa", "native")

@@ -53,3 +53,27 @@ def test_isa_run_rendered_with_its_flag_and_peer_build(bl, tmp_path, monkeypatch
         "json); avx2 only: Ditto with DITTO_KERNEL=avx2, llama.cpp with a libggml-cpu.so built "
         "from the same source for avx2/f16c/fma:")
     assert "| Ditto default build (`ditto build smollm2`) | 88.4 | 5.26 | 11.0 | 105.0 |" in md
+
+
+def test_depth_run_has_decode_columns_only(bl, tmp_path, monkeypatch):
+    """A --depth run: the headers name the depth, there is no prompt column, the command line
+    carries the flag, and the ratio is of the decode medians."""
+    written = {}
+    monkeypatch.setattr(bl, "write_results",
+                        lambda md, text, key: written.update(md=md, text=text, key=key))
+    res = {"ditto-default": {"label": "Ditto default build (`ditto build smollm2`)",
+                             "bytes": 88_400_000, "bpw": 5.26, "samples": {"tg@2": [150.0, 160.0]},
+                             "median": {"tg@2": 155.0}},
+           "llama-Q4_0": {"label": "llama.cpp Q4_0", "bytes": 91_700_000, "bpw": 5.46,
+                          "samples": {"tg@2": [100.0, 125.0]}, "median": {"tg@2": 112.5}}}
+    out = {"date": "2026-12-06T19:30:00+00:00", "load_average": [1.0, 1.0, 1.0],
+           "cpu": "Some CPU", "rounds": 2, "model": "smollm2", "threads": [2],
+           "prompt_tokens": 512, "gen_tokens": 128, "depth": 1000, "isa": "native",
+           "llama_ggml_cpu": "peer build", "results": res}
+    md = bl.render(out, tmp_path / "bench_llamacpp_smollm2_depth.json", True)
+    lines = md.splitlines()
+    assert lines[0] == "| SmolLM2-135M | file MB | bpw | decode tg128 at depth 1000, 2 threads |"
+    assert lines[2] == "| Ditto default build (`ditto build smollm2`) | 88.4 | 5.26 | 155.0 |"
+    assert ("| Ditto default build / llama.cpp Q4_0 | 1.38× [1.28-1.50] |") in lines
+    assert written["text"].startswith("`python bench/bench_llamacpp.py --model smollm2 --rounds 2 "
+                                      "--depth 1000 --configs ditto-default,llama-Q4_0` (")
