@@ -692,6 +692,25 @@ def test_qwen_non_streamed_request_cancelled_when_the_client_goes(qwen_server):
     assert slots[0]["n_cached"] < 300  # stopped early: prompt + far fewer than 800 tokens
 
 
+def test_qwen_cache_warming_ignores_t_max_prompt_ms(qwen_server):
+    """llama.vim's cache-warming request (n_predict 0, t_max_prompt_ms 1) evaluates its whole
+    prompt, as llama-server does (it does not implement t_max_prompt_ms): the next request finds
+    all of it cached, not only the first 256-token chunk."""
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(40))
+    ids = post(qwen_server, "/tokenize", {"content": text}).json()["tokens"]
+    assert 2 * 256 < len(ids) < 900, len(ids)
+    warm = post(qwen_server, "/completion", {
+        "prompt": ids, "id_slot": 0, "n_predict": 0, "samplers": [], "cache_prompt": True,
+        "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
+        "response_fields": ["content", "timings/prompt_n", "tokens_cached"]}).json()
+    assert warm["content"] == "" and warm["timings/prompt_n"] + warm["tokens_cached"] == len(ids)
+    more = post(qwen_server, "/tokenize", {"content": "def g(x):\n"}).json()["tokens"]
+    got = post(qwen_server, "/completion", {
+        "prompt": ids + more, "id_slot": 0, "n_predict": 4, "top_k": 1, "t_max_prompt_ms": 1,
+        "response_fields": ["timings/prompt_n", "tokens_cached"]}).json()
+    assert got == {"timings/prompt_n": len(more), "tokens_cached": len(ids)}
+
+
 def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
     import openai
 

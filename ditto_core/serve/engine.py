@@ -25,8 +25,7 @@ import numpy as np
 from ditto_core.base.errors import DittoError
 from ditto_core.runtime.runtime_api import Model, RuntimeAPIError
 
-#: tokens of the prompt evaluated per call (cancellation and the prompt time limit are checked
-#: between calls)
+#: tokens of the prompt evaluated per call (cancellation is checked between calls)
 PROMPT_CHUNK = 256
 
 
@@ -46,9 +45,11 @@ class GenParams:
     evaluates the prompt into the cache. ``temperature`` 0 is greedy. ``top_k`` <= 0 and
     ``top_p`` >= 1 disable those filters. ``seed`` -1 draws one. ``stop``: strings that end the
     text (left out of it). ``n_indent``: a generated line (after the first) indented by fewer
-    columns ends the text before that line. ``t_max_prompt_ms`` / ``t_max_predict_ms``: time
-    limits of prompt evaluation and of generation (the latter only once a newline was
-    generated), 0 = none. ``id_slot`` -1: any slot. ``min_p`` (0: off), ``repeat_penalty``
+    columns ends the text before that line. ``t_max_predict_ms``: a time limit of generation,
+    only once a newline was generated, 0 = none. ``t_max_prompt_ms`` is accepted and, as
+    llama-server does (its server-task.h: "TODO: implement"), not acted on: the whole prompt
+    is evaluated, so llama.vim's cache-warming request (``n_predict`` 0, ``t_max_prompt_ms``
+    1) fills the cache with all of its extra context. ``id_slot`` -1: any slot. ``min_p`` (0: off), ``repeat_penalty``
     (1: off), ``presence_penalty`` and ``frequency_penalty`` (0: off) over the last
     ``repeat_last_n`` tokens of the context (0: none, -1: all): llama.cpp's samplers
     (``apply_penalties``). ``samplers``: the names of the samplers that run (llama-server's
@@ -464,10 +465,6 @@ class Engine:
             logits = sess.eval(chunk, "last" if last else "none")
             slot.tokens.extend(chunk)
             self._count(n_decode_total=1)
-            if (not last and params.t_max_prompt_ms > 0
-                    and (time.perf_counter() - t0) * 1e3 > params.t_max_prompt_ms):
-                res.stop_type = "limit"  # the evaluated part stays cached for the next request
-                return self._finish(res, t0, time.perf_counter(), len(slot.tokens) - n_keep)
         t_prompt = time.perf_counter()
         self._count(prompt_tokens_total=len(rest), prompt_seconds_total=t_prompt - t0)
         with self._mlock:
