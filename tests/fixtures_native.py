@@ -29,6 +29,31 @@ NATIVE = ROOT / "native"
 #: `make` over native/ at low priority, its independent targets on every core
 MAKE = ["nice", "make", "-s", f"-j{os.cpu_count() or 1}"]
 
+
+def cc_parallel(cc: str, flags: list[str], sources, exe: Path,
+                libs: tuple[str, ...] = ("-lm",)) -> subprocess.CompletedProcess:
+    """Build ``exe`` from C ``sources`` with ``cc flags``: each source compiled to an object
+    (``nice``, as many at once as there are CPUs), then one link with the same flags. Returns
+    the first failed compile's CompletedProcess, else the link's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    objdir = exe.parent / (exe.name + ".objs")
+    objdir.mkdir(parents=True, exist_ok=True)
+    objs = [objdir / f"{k:03d}_{Path(src).stem}.o" for k, src in enumerate(sources)]
+
+    def compile_one(src_obj):
+        src, obj = src_obj
+        return subprocess.run(["nice", cc, *flags, "-c", str(src), "-o", str(obj)],
+                              capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        done = list(pool.map(compile_one, zip(sources, objs)))
+    for p in done:
+        if p.returncode != 0:
+            return p
+    return subprocess.run(["nice", cc, *flags, "-o", str(exe), *map(str, objs), *libs],
+                          capture_output=True, text=True)
+
 # exit codes of ditto-run (native/README.md)
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_PROMPT, EXIT_IO, EXIT_OOM = 0, 1, 2, 3, 4, 5
 

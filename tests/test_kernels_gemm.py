@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from tests.fixtures_native import cc_parallel
 from tests.test_kernels_int import (AARCH64_SYSROOT, NATIVE, SRC, STD, WARN, X86_TABLES,
                                     cpu_flags)
 
@@ -33,8 +34,7 @@ def expected_line():
 
 def build_driver(tmp_path, *flags, name="qgemm_driver", cc="clang-22"):
     exe = tmp_path / name
-    p = subprocess.run(["nice", cc, *STD, *WARN, *flags, f"-I{NATIVE}", "-o", str(exe),
-                        str(DRIVER), *map(str, SRC), "-lm"], capture_output=True, text=True)
+    p = cc_parallel(cc, [*STD, *WARN, *flags, f"-I{NATIVE}"], [DRIVER, *SRC], exe)
     assert p.returncode == 0, p.stderr
     return exe
 

@@ -24,6 +24,7 @@ from ditto_core.stages.compile import runtime_sources
 from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
 from ditto_quant_kmeans.quantizer import int8_codebooks
+from tests.fixtures_native import cc_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
@@ -279,8 +280,7 @@ def test_ditto_kernel_env_forces_a_table(tmp_path):
 
 def _build_driver(tmp_path, *extra, cc="clang-22"):
     exe = tmp_path / "qgemv_driver"
-    p = subprocess.run(["nice", cc, *STD, *WARN, *extra, f"-I{NATIVE}", "-o", str(exe),
-                        str(DRIVER), *map(str, SRC), "-lm"], capture_output=True, text=True)
+    p = cc_parallel(cc, [*STD, *WARN, *extra, f"-I{NATIVE}"], [DRIVER, *SRC], exe)
     assert p.returncode == 0, p.stderr
     return exe
 

@@ -16,7 +16,8 @@ import pytest
 from ditto_core.base.types import CodebookTensor
 from ditto_native import KERNEL_SOURCES
 from ditto_pack_bits import codebook_payload
-from tests.fixtures_native import CB_F16, CB_F32, dequantize_codebook, random_codebook_tensor
+from tests.fixtures_native import (CB_F16, CB_F32, cc_parallel, dequantize_codebook,
+                                   random_codebook_tensor)
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native"
@@ -156,10 +157,10 @@ def _run_driver(exe: Path) -> str:
 def test_driver_under_asan_ubsan(tmp_path):
     """Exact-size payloads and x under AddressSanitizer + UBSan: no read past the indices."""
     exe = tmp_path / "driver_asan"
-    p = subprocess.run(["nice", "clang-22", *STD, "-O1", "-g", "-fno-omit-frame-pointer",
-                        "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                        *WARN, "-fopenmp", f"-I{NATIVE}", "-o", str(exe), str(DRIVER),
-                        *map(str, KERNEL_SRC), "-lm"], capture_output=True, text=True)
+    p = cc_parallel("clang-22", [*STD, "-O1", "-g", "-fno-omit-frame-pointer",
+                                 "-fsanitize=address,undefined",
+                                 "-fno-sanitize-recover=undefined", *WARN, "-fopenmp",
+                                 f"-I{NATIVE}"], [DRIVER, *KERNEL_SRC], exe)
     assert p.returncode == 0, p.stderr
     _run_driver(exe)
 
