@@ -12,7 +12,7 @@ bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the flo
 kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into
 row tiles as the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles";
 on a table without tiled kernels, or a layout that does not fit them, the case is left out
-with a note). The codebook formats run every layout of ``--bits`` x ``--group-size``
+with a note; this tree's kernels only, not ``--compare-native``'s). The codebook formats run every layout of ``--bits`` x ``--group-size``
 (default 4 x 256; G above the row length is the whole row, as the runtime clamps it); each
 result names its layout and the kernel path of the table (ditto_core.model.kernel_paths).
 Payloads are random (the speed does not depend on the values).
@@ -77,14 +77,8 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* mean seconds per gemv() over a burst of about burst_s seconds, -1 if the kernel is refused,
- * -2 if tiled is asked for and the table or the layout has no row tiles (the payload, then
- * rearranged in place, must be the caller's own copy) */
-double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int G, int rows,
-                  int cols, unsigned char *payload, unsigned long long nbytes, const float *x,
-                  float *y, double burst_s, int tiled) {
-    char err[256];
-    if (kernels_select(kernel, err, sizeof err)) return -1.0;
+static Tensor tensor(unsigned enc, unsigned cbt, int bits, int G, int rows, int cols,
+                     const unsigned char *payload, unsigned long long nbytes, int tiled) {
     Tensor W;
     memset(&W, 0, sizeof W);
     W.name = "bench";
@@ -96,7 +90,29 @@ double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int 
     W.cols = (unsigned long long)cols;
     W.data = payload;
     W.nbytes = nbytes;
-    if (tiled && kernels_tile_tensor(&W) != 1) return -2.0;
+    W.tiled = tiled;
+    return W;
+}
+
+/* The payload (the caller's own copy) rearranged in place into row tiles by the table named
+ * kernel, as the runtime does at load: 1 when tiled, 0 when this table or layout has none (or
+ * DITTO_TILES=0), -1 out of memory, -2 if the kernel is refused. */
+int bench_tile(const char *kernel, unsigned enc, unsigned cbt, int bits, int G, int rows,
+               int cols, unsigned char *payload, unsigned long long nbytes) {
+    char err[256];
+    if (kernels_select(kernel, err, sizeof err)) return -2;
+    Tensor W = tensor(enc, cbt, bits, G, rows, cols, payload, nbytes, 0);
+    return kernels_tile_tensor(&W);
+}
+
+/* mean seconds per gemv() over a burst of about burst_s seconds, -1 if the kernel is refused;
+ * tiled: the payload is in row tiles (bench_tile) */
+double bench_gemv(const char *kernel, unsigned enc, unsigned cbt, int bits, int G, int rows,
+                  int cols, const unsigned char *payload, unsigned long long nbytes,
+                  const float *x, float *y, double burst_s, int tiled) {
+    char err[256];
+    if (kernels_select(kernel, err, sizeof err)) return -1.0;
+    Tensor W = tensor(enc, cbt, bits, G, rows, cols, payload, nbytes, tiled);
     gemv(y, x, &W);
     double t0 = now();
     gemv(y, x, &W);
@@ -176,6 +192,9 @@ def build(tmp: Path, native: Path = NATIVE) -> ctypes.CDLL:
                                ctypes.c_int, ctypes.c_int, ctypes.c_int, P, ctypes.c_ulonglong,
                                P, P, ctypes.c_double, ctypes.c_int]
     lib.bench_gemv.restype = ctypes.c_double
+    lib.bench_tile.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,
+                               ctypes.c_int, ctypes.c_int, ctypes.c_int, P, ctypes.c_ulonglong]
+    lib.bench_tile.restype = ctypes.c_int
     lib.bench_stream.argtypes = [P, ctypes.c_long, ctypes.c_double]
     lib.bench_stream.restype = ctypes.c_double
     lib.omp_set_num_threads.argtypes = [ctypes.c_int]
@@ -243,14 +262,25 @@ def main(argv=None) -> int:
                 for b, G in (layouts if fmt != "f32" else [(4, 256)]):
                     p = payload_for(fmt, rows, cols, rng, b, G)
                     lay = f"/b{b}G{G}" if fmt != "f32" and layouts != [(4, 256)] else ""
-                    if fmt == "int8-tiled":  # each kernel table tiles its own copy
+                    if fmt == "int8-tiled":  # each kernel table tiles its own copy, once
                         for k in kernels:
-                            cases.append((f"{fmt}/{k}{lay}", fmt, k, p.copy(), b, G, ""))
+                            pt = p.copy()
+                            rc = lib.bench_tile(k.encode(), ENC[fmt], CBT[fmt], b, G, rows,
+                                                cols, pt.ctypes.data, pt.size)
+                            if rc == 1:
+                                cases.append((f"{fmt}/{k}{lay}", fmt, k, pt, b, G, ""))
+                            elif rc == 0:
+                                print(f"{rows}x{cols} {fmt}/{k}{lay}: no row tiles for this "
+                                      "table or layout (or DITTO_TILES=0); left out",
+                                      file=sys.stderr)
+                            else:
+                                raise SystemExit(f"{fmt}/{k}: " + (
+                                    "out of memory tiling" if rc == -1 else
+                                    f"kernel {k} is not available on this CPU"))
                         continue
                     for k in (kernels if fmt == "int8" else [best]):
                         for suffix in (libs if fmt == "int8" else [""]):
                             cases.append((f"{fmt}/{k}{lay}{suffix}", fmt, k, p, b, G, suffix))
-            untiled = set()
             for t in threads:
                 lib.omp_set_num_threads(t)
                 samples = {c[0]: [] for c in cases}
@@ -259,18 +289,11 @@ def main(argv=None) -> int:
                     samples["stream_read"].append(
                         lib.bench_stream(stream.ctypes.data, stream.size, args.burst_s))
                     for label, fmt, k, p, b, G, suffix in cases:
-                        if label in untiled:
-                            continue
                         libs[suffix].omp_set_num_threads(t)
                         s = libs[suffix].bench_gemv(k.encode(), ENC[fmt], CBT[fmt], b, G, rows,
                                                     cols, p.ctypes.data, p.size, x.ctypes.data,
                                                     y.ctypes.data, args.burst_s,
                                                     int(fmt == "int8-tiled"))
-                        if s == -2.0:
-                            print(f"{rows}x{cols} {label}: no row tiles for this table or "
-                                  "layout; left out", file=sys.stderr)
-                            untiled.add(label)
-                            continue
                         if s < 0:
                             raise SystemExit(f"kernel {k} is not available on this CPU")
                         samples[label].append(s)
@@ -278,13 +301,11 @@ def main(argv=None) -> int:
                 row = {"rows": rows, "cols": cols, "threads": t,
                        "stream_read_GB_s": round(stream_gbs, 2), "kernels": {}}
                 for label, fmt, k, p, b, G, suffix in cases:
-                    if label in untiled:
-                        continue
                     med = statistics.median(samples[label])
                     gbs = p.size / med / 1e9
                     path = (KP.kernel_path(KP.table(k), b, G, cols)
                             if fmt.startswith("int8") else None)
-                    if fmt == "int8-tiled":  # bench_gemv returned -2 where it did not tile
+                    if fmt == "int8-tiled":  # only the cases bench_tile tiled are here
                         path += "-tiled"
                     row["kernels"][label] = {
                         "format": fmt, "kernel": k, "bits": b, "group_size": G,

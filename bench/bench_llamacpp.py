@@ -255,14 +255,14 @@ RATIO_PAIRS = [("ditto-default", "llama-Q4_0"), ("ditto-calibrated", "llama-Q4_0
                ("ditto-default", "llama-shipped"), ("ditto-calibrated", "ditto-default")]
 
 
-def ratio_table(results: dict, threads: list[int], depth: int = 0) -> str:
+def ratio_table(results: dict, threads: list[int], depth: int = 0, p: int = 512) -> str:
     """Each pair of RATIO_PAIRS as the ratio of the medians, with the range of the ratios of the
     same round's samples in brackets (rounds interleave the configurations, so a same-round
     ratio compares runs made seconds apart). "" when no pair ran."""
     cols = [(w, t) for w in (("tg",) if depth else ("tg", "pp")) for t in threads]
     at = f" at depth {depth}" if depth else ""
     head = ["ratio of medians [range of same-round ratios]"] + [
-        f"{'decode' + at if w == 'tg' else 'pp512'}, {t} thread{'s' if t > 1 else ''}"
+        f"{'decode' + at if w == 'tg' else 'pp' + str(p)}, {t} thread{'s' if t > 1 else ''}"
         for w, t in cols]
     lines = []
     for a, b in RATIO_PAIRS:
@@ -338,9 +338,10 @@ def main(argv=None) -> int:
         md = render(json.loads(args.render.read_text()), args.render, args.write_results)
         print(md)
         return 0
-    if args.out is None:
-        name = ("bench_llamacpp.json" if args.model == "smollm2"
-                else f"bench_llamacpp_{args.model}.json")
+    if args.out is None:  # a depth run has its own file (and RESULTS.md markers)
+        name = ("bench_llamacpp.json" if args.model == "smollm2" and not args.depth
+                else f"bench_llamacpp_{args.model}"
+                     f"{f'_depth{args.depth}' if args.depth else ''}.json")
         args.out = ROOT / "bench" / "results" / name
     threads = [int(t) for t in args.threads.split(",")]
     configs = args.configs.split(",")
@@ -443,7 +444,7 @@ def render(out: dict, path: Path, write: bool, command: str | None = None) -> st
     threads, model = out["threads"], out["model"]
     depth = out.get("depth", 0)
     md = table(out["results"], threads, out["prompt_tokens"], out["gen_tokens"], model, depth)
-    ratios = ratio_table(out["results"], threads, depth)
+    ratios = ratio_table(out["results"], threads, depth, out["prompt_tokens"])
     if ratios:
         md += "\n\n" + ratios
     if write:
@@ -465,6 +466,8 @@ def render(out: dict, path: Path, write: bool, command: str | None = None) -> st
                 + ":\n\n")
         default = "bench_llamacpp.json" if model == "smollm2" else f"bench_llamacpp_{model}.json"
         key = model if path.name == default else path.stem.removeprefix("bench_llamacpp_")
+        if out.get("depth") and key == model:  # never over the short-context table
+            key = f"{model}_depth{out['depth']}"
         write_results(ROOT / "docs" / "RESULTS.md", note + md, key)
     return md
 

@@ -77,3 +77,7 @@ def test_depth_run_has_decode_columns_only(bl, tmp_path, monkeypatch):
     assert ("| Ditto default build / llama.cpp Q4_0 | 1.38× [1.28-1.50] |") in lines
     assert written["text"].startswith("`python bench/bench_llamacpp.py --model smollm2 --rounds 2 "
                                       "--depth 1000 --configs ditto-default,llama-Q4_0` (")
+    assert written["key"] == "smollm2_depth"
+    # a depth run's table never replaces the short-context one, whatever the JSON is called
+    bl.render(out, tmp_path / "bench_llamacpp.json", True)
+    assert written["key"] == "smollm2_depth1000"

@@ -49,10 +49,10 @@ class GenParams:
     only once a newline was generated, 0 = none. ``t_max_prompt_ms`` is accepted and, as
     llama-server does (its server-task.h: "TODO: implement"), not acted on: the whole prompt
     is evaluated, so llama.vim's cache-warming request (``n_predict`` 0, ``t_max_prompt_ms``
-    1) fills the cache with all of its extra context. ``id_slot`` -1: any slot. ``min_p`` (0: off), ``repeat_penalty``
-    (1: off), ``presence_penalty`` and ``frequency_penalty`` (0: off) over the last
-    ``repeat_last_n`` tokens of the context (0: none, -1: all): llama.cpp's samplers
-    (``apply_penalties``). ``samplers``: the names of the samplers that run (llama-server's
+    1) fills the cache with all of its extra context. ``id_slot`` -1: any slot. ``min_p``
+    (0: off), ``repeat_penalty`` (1: off), ``presence_penalty`` and ``frequency_penalty``
+    (0: off) over the last ``repeat_last_n`` tokens of the context (0: none, -1: all):
+    llama.cpp's samplers (``apply_penalties``). ``samplers``: the names of the samplers that run (llama-server's
     ``samplers``); None runs them all. A temperature left out of ``samplers`` is 1."""
 
     n_predict: int = -1
