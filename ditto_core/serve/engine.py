@@ -52,8 +52,9 @@ class GenParams:
     1) fills the cache with all of its extra context. ``id_slot`` -1: any slot. ``min_p``
     (0: off), ``repeat_penalty`` (1: off), ``presence_penalty`` and ``frequency_penalty``
     (0: off) over the last ``repeat_last_n`` tokens of the context (0: none, -1: all):
-    llama.cpp's samplers (``apply_penalties``). ``samplers``: the names of the samplers that run (llama-server's
-    ``samplers``); None runs them all. A temperature left out of ``samplers`` is 1."""
+    llama.cpp's samplers (``apply_penalties``). ``samplers``: the names of the samplers that
+    run (llama-server's ``samplers``); None runs them all. A temperature left out of
+    ``samplers`` is 1."""
 
     n_predict: int = -1
     temperature: float = 0.8
