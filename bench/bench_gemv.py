@@ -12,10 +12,11 @@ bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the flo
 kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into
 row tiles as the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles";
 on a table without tiled kernels, or a layout that does not fit them, the case is left out
-with a note; this tree's kernels only, not ``--compare-native``'s). The codebook formats run every layout of ``--bits`` x ``--group-size``
-(default 4 x 256; G above the row length is the whole row, as the runtime clamps it); each
-result names its layout and the kernel path of the table (ditto_core.model.kernel_paths).
-Payloads are random (the speed does not depend on the values).
+with a note; this tree's kernels only, not ``--compare-native``'s). The codebook formats run
+every layout of ``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the
+whole row, as the runtime clamps it); each result names its layout and the kernel path of the
+table (ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the
+values).
 Kernel ``best`` is the table this CPU selects by default. ``--compare-native DIR`` also builds
 the kernels of another source tree (e.g. ``git archive`` of an older commit's native/) and
 runs every int8 case through it too, interleaved in the same rounds (labels ending ``@DIR``'s

@@ -349,6 +349,8 @@ def main(argv=None) -> int:
                LLAMA_TYPES + ["shipped"]]
     if unknown:
         ap.error(f"unknown configs {unknown}")
+    if args.depth < 0:
+        ap.error("--depth must be >= 0")
     if args.isa != "native":
         missing = ISA_FLAGS[args.isa] - cpu_flags()
         if missing:
@@ -356,8 +358,6 @@ def main(argv=None) -> int:
         os.environ["DITTO_KERNEL"] = args.isa  # ditto-run's table, and the plans' cost table
     args.work.mkdir(parents=True, exist_ok=True)
     P, N, D = args.prompt_tokens, args.gen_tokens, args.depth
-    if D < 0:
-        ap.error("--depth must be >= 0")
 
     runners, results = {}, {}
     lib_dir = None

@@ -81,3 +81,13 @@ def test_depth_run_has_decode_columns_only(bl, tmp_path, monkeypatch):
     # a depth run's table never replaces the short-context one, whatever the JSON is called
     bl.render(out, tmp_path / "bench_llamacpp.json", True)
     assert written["key"] == "smollm2_depth1000"
+
+
+def test_negative_depth_refused(bl, tmp_path, capsys):
+    """--depth below 0: exit 2 naming the flag, before any directory is made."""
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--depth", "-1", "--configs", "ditto-default", "--work", str(work)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(": error: --depth must be >= 0")
+    assert not work.exists()

@@ -46,7 +46,8 @@ int runstate_init(RunState *s, const DittoConfig *c, int ctx) {
     s->rope_cos = calloc((size_t)ctx * half, sizeof(float));
     s->rope_sin = calloc((size_t)ctx * half, sizeof(float));
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->att_out || !s->hb || !s->hb2 || !s->att ||
-        !s->logits || !s->k || !s->v || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        !s->logits || !s->k || !s->v || !s->key_cache || !s->value_cache || !s->rope_cos ||
+        !s->rope_sin) {
         runstate_free(s);
         return -1;
     }

@@ -46,8 +46,8 @@ int prefill_init(Prefill *p, const DittoConfig *c, int tile, int ctx) {
     p->att = calloc((size_t)p->n_threads * PREFILL_ATT_TOKENS * (c->n_heads / c->n_kv_heads) *
                         ctx, sizeof(float));
     p->logits = calloc(T * c->vocab_size, sizeof(float));
-    if (!p->x || !p->xb || !p->xb2 || !p->q || !p->k || !p->v || !p->att_out || !p->hb || !p->hb2 || !p->att ||
-        !p->logits) {
+    if (!p->x || !p->xb || !p->xb2 || !p->q || !p->k || !p->v || !p->att_out || !p->hb ||
+        !p->hb2 || !p->att || !p->logits) {
         prefill_free(p);
         return -1;
     }
