@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from ditto_core.base.errors import DittoError
 from ditto_export_gguf import GGUFExporter
-from ditto_export_gguf.exporter import unpermute_qk
+from ditto_export_gguf.exporter import _read_gguf, unpermute_qk
 from tests.fixtures_hf import gguf_rows_to_hf
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer_golden.jsonl"
@@ -64,6 +64,23 @@ def test_smollm2_tensors_are_gguf_dequantized_in_hf_order(smollm2, reader):
     assert not np.array_equal(smollm2.tensors["blk.5.attn_q.weight"](),
                               gguf.quants.dequantize(by["blk.5.attn_q.weight"].data,
                                                      by["blk.5.attn_q.weight"].tensor_type))
+
+
+def test_exporter_reader_holds_what_gguf_reader_holds(smollm2_gguf, reader):
+    mine = _read_gguf(smollm2_gguf)
+    # a plain view of the memory map: slicing it skips np.memmap's per-slice Python hooks
+    assert type(mine.data) is np.ndarray and type(reader.data) is np.memmap
+    assert list(mine.fields) == list(reader.fields) and len(mine.fields) > 30
+    for key, field in reader.fields.items():
+        assert mine.fields[key].types == field.types, key
+        assert mine.fields[key].contents() == field.contents(), key
+    assert len(mine.fields["tokenizer.ggml.tokens"].contents()) == 49152
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in mine.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in reader.tensors]
+    for a, b in zip(mine.tensors, reader.tensors):
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+    assert (mine.byte_order, mine.alignment, mine.data_offset) == \
+        (reader.byte_order, reader.alignment, reader.data_offset)
 
 
 @settings(max_examples=25, deadline=None)

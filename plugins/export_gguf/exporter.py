@@ -13,6 +13,7 @@ are exported as they are.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from pathlib import Path
@@ -45,9 +46,30 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
                                 .reshape(rows, cols))
 
 
-def _read_gguf(path: Path):
+@functools.cache
+def _plain_reader_class():
+    """``gguf.GGUFReader`` whose ``data`` is a plain ndarray view of the file's memory map.
+
+    The reader slices ``data`` once or more per metadata value (about 760,000 slices for
+    Qwen2.5's 151,936-token vocabulary); on a ``np.memmap`` every slice goes through the
+    subclass's ``__getitem__`` and ``__array_finalize__``, which take most of the parse (11 s of
+    the 0.5B GGUF's, against 3.3 s on the plain view). The view maps the same pages read-only,
+    so fields and tensors hold the same bytes."""
     import gguf
 
+    class PlainGGUFReader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain_data
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._plain_data = mapped.view(np.ndarray)
+
+    return PlainGGUFReader
+
+
+def _read_gguf(path: Path):
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
@@ -59,7 +81,7 @@ def _read_gguf(path: Path):
     if magic != GGUF_MAGIC:
         raise DittoError(f"{path}: not a GGUF file (magic {magic!r})")
     try:
-        return gguf.GGUFReader(path, "r")
+        return _plain_reader_class()(path, "r")
     except Exception as exc:  # the gguf package raises ValueError/IndexError/... on bad files
         msg = str(exc)
         if isinstance(exc, ValueError) and "alignment" in msg:  # its own check, keep it
