@@ -8,8 +8,11 @@ flags of ``native/Makefile``; the executable reads any model file given with ``-
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
+import pickle
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -196,24 +199,56 @@ def link_ir(texts) -> str:
     return str(mods[0])
 
 
+def link_library(stages: CompileStages, lib_ir: IRModule, blas, library: Path) -> None:
+    """The shared library's half of ``compile_with_library``: ``lib_ir`` through the passes,
+    then linked into ``library`` with ``LIBRARY_LINK_FLAGS``. A module-level function so that
+    a worker process can run it (its arguments are pickled). Raises DittoError as
+    ``cc.compile_program``."""
+    lib_mod, _ = run_passes(lib_ir, stages.passes, blas)
+    stages.linker.component.link(lib_mod, blas, Path(library),
+                                 extra_flags=list(LIBRARY_LINK_FLAGS))
+
+
+def _ignore_sigint() -> None:
+    """Pool initializer: Ctrl-C reaches the whole process group; the parent stops the worker
+    (``Pool.terminate``) instead of the worker printing its own traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def library_worker(stages: CompileStages, blas):
+    """A one-process ``spawn`` pool for ``link_library`` beside the executable's link, or None
+    when a compile component cannot be pickled (one defined where a new interpreter cannot
+    import it): the library is then linked after the executable, in this process. llvmlite
+    serialises every LLVM call behind one lock, so a second thread would not run the two O3
+    pipelines at once. The pool is used on one CPU too: LLVM optimises a module differently
+    after other modules went through it in the same process, and a fresh process for the
+    library gives the same bytes on every machine of a kind."""
+    try:
+        pickle.dumps((stages, blas))
+    except Exception:  # pickle raises PicklingError, TypeError, AttributeError, ...
+        return None
+    return multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_sigint)
+
+
 def compile_with_library(sources, stages: CompileStages, out: Path, library: Path, *,
                          workdir: Path, include_dirs=(), flags=(),
-                         on_stage: Callable[[str], None] | None = None
-                         ) -> tuple[Compiled, Compiled]:
+                         on_stage: Callable[[str], None] | None = None) -> Compiled:
     """The executable ``out`` and the shared library ``library`` from one emit of the runtime:
     the library's sources (every one but ``main.c``) are emitted once with ``LIBRARY_FLAGS``
     (position-independent, hidden visibility: the code an executable gets, as clang builds
     executables position-independent by default), ``main.c`` with the same flags, and the
     executable's module is the two merged (``link_ir``). Each module then goes through the
-    passes and is linked on its own (the library with ``LIBRARY_LINK_FLAGS``). Returns the
-    (executable, library) Compiled; the seconds of the shared emit are the executable's.
-    Raises DittoError as ``cc.compile_program``."""
+    passes and is linked on its own (the library with ``LIBRARY_LINK_FLAGS``), the library in
+    a worker process at the same time as the executable (``library_worker``). Returns the
+    executable's Compiled; its ``link`` seconds run until both are linked. Raises DittoError
+    as ``cc.compile_program``; nothing is left at ``out`` or ``library`` then."""
     blas = stages.blas.component if stages.blas is not None else None
     emitter = stages.emitter.component
     main_src = [Path(s) for s in sources if Path(s).name == MAIN_SOURCE]
     fl = list(flags) + list(LIBRARY_FLAGS)
     inc = [Path(d) for d in include_dirs]
-    seconds, lib_seconds = {}, {}
+    out, library = Path(out), Path(library)
+    seconds = {}
 
     def start(name):
         if on_stage is not None:
@@ -227,25 +262,32 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
                           workdir=Path(workdir) / "library")
     exe_ir = IRModule(lib_ir.text if main_ir is None else link_ir([main_ir.text, lib_ir.text]),
                       source=",".join(str(s) for s in sources))
-    seconds["emit IR"], lib_seconds["emit IR"] = time.perf_counter() - t, 0.0
-    t = start("rewrite")
-    exe_mod, exe_reports = run_passes(exe_ir, stages.passes, blas)
-    seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
-    t = time.perf_counter()
-    lib_mod, lib_reports = run_passes(lib_ir, stages.passes, blas)
-    lib_seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
-    t = start("link")
-    stages.linker.component.link(exe_mod, blas, Path(out))
-    seconds["link"] = time.perf_counter() - t
-    t = time.perf_counter()
+    seconds["emit IR"] = time.perf_counter() - t
+    worker = library_worker(stages, blas)
     try:
-        stages.linker.component.link(lib_mod, blas, Path(library),
-                                     extra_flags=list(LIBRARY_LINK_FLAGS))
+        job = None if worker is None else worker.apply_async(
+            link_library, (stages, lib_ir, blas, library))
+        t = start("rewrite")
+        exe_mod, exe_reports = run_passes(exe_ir, stages.passes, blas)
+        seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
+        t = start("link")
+        stages.linker.component.link(exe_mod, blas, out)
+        if job is None:
+            link_library(stages, lib_ir, blas, library)
+        else:
+            job.get()
+        seconds["link"] = time.perf_counter() - t
     except BaseException:
-        Path(out).unlink(missing_ok=True)
+        if worker is not None:
+            worker.terminate()  # stops a library link still running before its file goes
+        out.unlink(missing_ok=True)
+        library.unlink(missing_ok=True)
         raise
-    lib_seconds["link"] = time.perf_counter() - t
-    return (Compiled(exe_mod, exe_reports, seconds), Compiled(lib_mod, lib_reports, lib_seconds))
+    finally:
+        if worker is not None:
+            worker.close()
+            worker.join()
+    return Compiled(exe_mod, exe_reports, seconds)
 
 
 def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openblas",
@@ -263,10 +305,9 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
     is called as each stage starts (progress display). ``library``: also compile the runtime
     without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the
-    same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, after the
-    executable (``on_stage`` is not called again): the sources are emitted once for both
-    (``compile_with_library``); its stage seconds are added to the executable's, and it is
-    cached with it. Raises DittoError
+    same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, beside the
+    executable (``compile_with_library``: one emit for both, the two links at once; the
+    ``link`` seconds last until both are done), and cached with it. Raises DittoError
     (compile/link failure, unknown or unavailable component); nothing is written at ``out``
     (or ``library``) then.
     """
@@ -295,11 +336,9 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
                                    include_dirs=[source_root(sources)], flags=cflags,
                                    on_stage=on_stage)
         else:
-            done, lib = compile_with_library(sources, stages, out, library, workdir=Path(tmp),
-                                             include_dirs=[source_root(sources)], flags=cflags,
-                                             on_stage=on_stage)
-            done = attrs.evolve(done, seconds={k: v + lib.seconds.get(k, 0.0)
-                                               for k, v in done.seconds.items()})
+            done = compile_with_library(sources, stages, out, library, workdir=Path(tmp),
+                                        include_dirs=[source_root(sources)], flags=cflags,
+                                        on_stage=on_stage)
     if ir_out is not None:
         Path(ir_out).write_text(done.module.text)
     cache.put("compile", key, files,
