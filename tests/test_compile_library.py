@@ -1,11 +1,15 @@
 """The executable and the shared library of one build link at the same time: the library's
-passes and link run in a worker process (``compile.library_worker``), and a failure on either
-side leaves neither file. A two-file C program stands in for the runtime (its compile takes
-seconds, not the runtime's ~20)."""
+passes and link run in a worker process (``python -m ditto_core.stages.link_worker``), and a
+failure or stop on either side stops the worker and leaves no file. A two-file C program stands
+in for the runtime (its compile takes seconds, not the runtime's ~20)."""
 
 import os
+import signal
 import subprocess
+import sys
+import tempfile
 import time
+import types
 from pathlib import Path
 
 import attrs
@@ -25,26 +29,44 @@ LIB_C = """__attribute__((visibility("default"))) int twice(int x) { return 2 * 
 """
 
 
+#: the linker command run by ``PidLinker(slow=...)``: logs its pid, sleeps, then links
+SLOW = ("import os, sys, time\n"
+        "open(sys.argv[1], 'a').write(f'{os.getpid()} slow\\n')\n"
+        "time.sleep(60)\n"
+        "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
 class PidLinker(LlvmLinker):
-    """LlvmLinker that appends ``<pid> <output name>`` to ``log`` for every link, and fails
-    the link whose output is named ``fail`` once the other link has started (module level: a
-    worker process unpickles it)."""
+    """LlvmLinker that appends ``<pid> <output name>`` to ``log`` for every link (module level:
+    the worker process unpickles it). The link of output ``fail`` raises a DittoError once the
+    other link has logged ``wait_for`` (``kill``: the process kills itself instead); the link
+    of output ``slow`` runs its linker command behind a 60 s sleep (``SLOW``)."""
 
     name = "pid-llvm"
 
-    def __init__(self, log: Path, fail: str | None = None):
+    def __init__(self, log: Path, fail: str | None = None, wait_for: str = "",
+                 kill: bool = False, slow: str | None = None):
         super().__init__()
-        self.log, self.fail = Path(log), fail
+        self.log, self.fail, self.wait_for = Path(log), fail, wait_for
+        self.kill, self.slow = kill, slow
 
     def link(self, module, blas, out, *, extra_flags=()):
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()} {Path(out).name}\n")
         if Path(out).name == self.fail:
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             deadline = time.monotonic() + 60
-            while len(links(self.log)) < 2 and time.monotonic() < deadline:
+            while self.wait_for not in self.log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.01)
             raise DittoError(f"{out}: deliberately failed link")
         return super().link(module, blas, out, extra_flags=extra_flags)
+
+    def link_command(self, obj, out, blas, openmp, extra_flags=()):
+        cmd = super().link_command(obj, out, blas, openmp, extra_flags)
+        if self.slow and Path(out).name.startswith(f".{self.slow}.tmp-"):
+            return [sys.executable, "-c", SLOW, str(self.log), *cmd]
+        return cmd
 
 
 def stages_with(linker):
@@ -70,8 +92,17 @@ def compile_both(program, stages, tmp_path):
 
 
 def links(log: Path) -> dict:
+    """output name (or ``slow``) -> pid, from a PidLinker log"""
     return {name: int(pid) for pid, name in
             (line.split() for line in log.read_text().splitlines())}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_library_links_in_a_worker_process_beside_the_executable(program, tmp_path):
@@ -86,22 +117,61 @@ def test_library_links_in_a_worker_process_beside_the_executable(program, tmp_pa
     assert set(done.seconds) == {"emit IR", "rewrite", "link"}
 
 
-@pytest.mark.parametrize("fail", ["prog", "libprog.so"])
-def test_failed_link_on_either_side_leaves_neither_file(program, tmp_path, fail):
+def test_failed_library_link_is_the_workers_message(program, tmp_path):
     log = tmp_path / "links.log"
-    with pytest.raises(DittoError, match=f"{fail}: deliberately failed link"):
-        compile_both(program, stages_with(PidLinker(log, fail=fail)), tmp_path)
-    assert sorted(links(log)) == ["libprog.so", "prog"]
-    assert list((tmp_path / "out").glob("*")) == []  # nor the worker's temp file
+    with pytest.raises(DittoError) as e:
+        compile_both(program, stages_with(PidLinker(log, fail="libprog.so", wait_for="prog")),
+                     tmp_path)
+    assert str(e.value) == f"{tmp_path / 'out' / 'libprog.so'}: deliberately failed link"
+    assert links(log)["libprog.so"] != os.getpid()
+    assert list((tmp_path / "out").glob("*")) == []  # the executable linked, then removed
+
+
+def test_executable_failure_stops_the_library_link_and_its_linker(program, tmp_path):
+    log = tmp_path / "links.log"
+    linker = PidLinker(log, fail="prog", wait_for="slow", slow="libprog.so")
+    t = time.monotonic()
+    with pytest.raises(DittoError, match="prog: deliberately failed link"):
+        compile_both(program, stages_with(linker), tmp_path)
+    assert time.monotonic() - t < 50  # the 60 s linker was stopped, not waited for
+    pids = links(log)
+    assert not alive(pids["libprog.so"]) and not alive(pids["slow"])
+    assert list((tmp_path / "out").glob("*")) == []  # nor the worker's .libprog.so.tmp-PID
+    assert not list(Path(tempfile.gettempdir()).glob(f"ditto-link-{pids['libprog.so']}-*"))
+
+
+def test_killed_worker_is_an_error_naming_the_signal(program, tmp_path):
+    log = tmp_path / "links.log"
+    with pytest.raises(DittoError, match=r"libprog.so: the library's link worker was killed "
+                                         r"by SIGKILL"):
+        compile_both(program, stages_with(PidLinker(log, fail="libprog.so", kill=True)),
+                     tmp_path)
+    assert list((tmp_path / "out").glob("*")) == []
+
+
+def test_component_the_worker_cannot_import_links_in_this_process(program, tmp_path,
+                                                                   monkeypatch):
+    # a class pickle finds in sys.modules but a new interpreter cannot import (as one
+    # defined in a script's __main__)
+    mod = types.ModuleType("ditto_test_ephemeral_linkers")
+    linker_cls = type("EphemeralLinker", (PidLinker,), {"__module__": mod.__name__})
+    mod.EphemeralLinker = linker_cls
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    log = tmp_path / "links.log"
+    out, lib, _ = compile_both(program, stages_with(linker_cls(log)), tmp_path)
+    assert links(log) == {"prog": os.getpid(), "libprog.so": os.getpid()}
+    assert "cannot load the link job" in (tmp_path / "work" / "library-link.log").read_text()
+    assert subprocess.run([str(out)], capture_output=True, text=True).stdout == "42\n"
+    assert lib.is_file()
 
 
 def test_unpicklable_linker_links_the_library_in_this_process(program, tmp_path):
-    class LocalLinker(PidLinker):  # a local class: a new interpreter cannot import it
+    class LocalLinker(PidLinker):  # a local class: pickle cannot name it
         pass
 
     log = tmp_path / "links.log"
     stages = stages_with(LocalLinker(log))
-    assert compile_mod.library_worker(stages, None) is None
+    assert compile_mod.start_library_link(stages, None, None, tmp_path / "x", tmp_path) is None
     out, lib, _ = compile_both(program, stages, tmp_path)
     assert links(log) == {"prog": os.getpid(), "libprog.so": os.getpid()}
     assert subprocess.run([str(out)], capture_output=True, text=True).stdout == "42\n"

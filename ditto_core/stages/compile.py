@@ -1,5 +1,5 @@
-"""The compile half of ``ditto build``: Ditto's C runtime (native/**/*.c) → emit IR → rewrite →
-link, with per-stage timings and a content-hash cache (docs/BUILD.md).
+"""The compile half of ``ditto build``: Ditto's C runtime (native/**/*.c) → emit IR →
+rewrite → link, with per-stage timings and a content-hash cache (docs/BUILD.md).
 
 The runtime is compiled as C11 with ``-D_POSIX_C_SOURCE=200809L`` and OpenMP, exactly the
 flags of ``native/Makefile``; the executable reads any model file given with ``-m``.
@@ -8,11 +8,11 @@ flags of ``native/Makefile``; the executable reads any model file given with ``-
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import pickle
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,9 +23,10 @@ import attrs
 
 from ditto_core.base.cache import Cache, file_hash, make_key, tree_hash
 from ditto_core.base.errors import DittoError
-from ditto_core.base.signals import pid_tag, sweep_stale
+from ditto_core.base.signals import pid_tag, stop_child, sweep_stale
 from ditto_core.base.types import IRModule, PassReport
 from .cc import COMPILE_STAGES, Compiled, compile_program, run_passes, summary_lines
+from .link_worker import CANNOT_LOAD, DITTO_ERROR, link_library
 from .plugins import Registry, get_registry
 from .selection import CompileStages, choose_compile
 
@@ -199,35 +200,52 @@ def link_ir(texts) -> str:
     return str(mods[0])
 
 
-def link_library(stages: CompileStages, lib_ir: IRModule, blas, library: Path) -> None:
-    """The shared library's half of ``compile_with_library``: ``lib_ir`` through the passes,
-    then linked into ``library`` with ``LIBRARY_LINK_FLAGS``. A module-level function so that
-    a worker process can run it (its arguments are pickled). Raises DittoError as
-    ``cc.compile_program``."""
-    lib_mod, _ = run_passes(lib_ir, stages.passes, blas)
-    stages.linker.component.link(lib_mod, blas, Path(library),
-                                 extra_flags=list(LIBRARY_LINK_FLAGS))
+#: seconds a stopped link worker gets to clean up (its O3 pipeline answers a signal only
+#: between LLVM calls) before it is killed
+LINK_WORKER_GRACE = 20.0
 
 
-def _ignore_sigint() -> None:
-    """Pool initializer: Ctrl-C reaches the whole process group; the parent stops the worker
-    (``Pool.terminate``) instead of the worker printing its own traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def library_worker(stages: CompileStages, blas):
-    """A one-process ``spawn`` pool for ``link_library`` beside the executable's link, or None
-    when a compile component cannot be pickled (one defined where a new interpreter cannot
-    import it): the library is then linked after the executable, in this process. llvmlite
-    serialises every LLVM call behind one lock, so a second thread would not run the two O3
-    pipelines at once. The pool is used on one CPU too: LLVM optimises a module differently
-    after other modules went through it in the same process, and a fresh process for the
-    library gives the same bytes on every machine of a kind."""
+def start_library_link(stages: CompileStages, lib_ir: IRModule, blas, library: Path,
+                       workdir: Path) -> subprocess.Popen | None:
+    """Start ``link_worker.link_library`` in a worker process (``python -m
+    ditto_core.stages.link_worker``, in a session of its own, so that a terminal's Ctrl-C
+    reaches only this process, which then stops the worker, and with this process's
+    ``sys.path``): the job is pickled to ``workdir``/library-link.pickle, the worker's output
+    goes to ``workdir``/library-link.log. Returns None when a component cannot be pickled or
+    the process cannot start: the caller links the library itself."""
     try:
-        pickle.dumps((stages, blas))
+        data = pickle.dumps((stages, lib_ir, blas, Path(library), LIBRARY_LINK_FLAGS))
     except Exception:  # pickle raises PicklingError, TypeError, AttributeError, ...
         return None
-    return multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_sigint)
+    job = Path(workdir) / "library-link.pickle"
+    job.write_bytes(data)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        with open(Path(workdir) / "library-link.log", "wb") as log:
+            return subprocess.Popen([sys.executable, "-m", "ditto_core.stages.link_worker",
+                                     str(job)], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log, env=env, start_new_session=True)
+    except OSError:
+        return None
+
+
+def finish_library_link(proc: subprocess.Popen, library: Path, workdir: Path) -> bool:
+    """Wait for the worker of ``start_library_link``. True when it linked ``library``; False
+    when it could not load the job (``link_worker.CANNOT_LOAD``: the caller links the library
+    itself). Raises DittoError with the worker's message when its link failed, and naming the
+    signal or exit status when it died."""
+    rc = proc.wait()
+    if rc == 0:
+        return True
+    if rc == CANNOT_LOAD:
+        return False
+    msg = (Path(workdir) / "library-link.log").read_text(errors="replace").strip()
+    if rc == DITTO_ERROR:
+        raise DittoError(msg)
+    how = (f"was killed by {signal.Signals(-rc).name}"
+           if rc < 0 and -rc in signal.valid_signals() else f"exited with status {rc}")
+    raise DittoError(f"{library}: the library's link worker {how}"
+                     + (f":\n{msg[-4000:]}" if msg else ""))
 
 
 def compile_with_library(sources, stages: CompileStages, out: Path, library: Path, *,
@@ -239,9 +257,11 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
     executables position-independent by default), ``main.c`` with the same flags, and the
     executable's module is the two merged (``link_ir``). Each module then goes through the
     passes and is linked on its own (the library with ``LIBRARY_LINK_FLAGS``), the library in
-    a worker process at the same time as the executable (``library_worker``). Returns the
+    a worker process at the same time as the executable (``start_library_link``; in this
+    process after the executable when the worker cannot take the job). Returns the
     executable's Compiled; its ``link`` seconds run until both are linked. Raises DittoError
-    as ``cc.compile_program``; nothing is left at ``out`` or ``library`` then."""
+    as ``cc.compile_program``, or when the worker dies; on any failure or stop the worker is
+    stopped first (``signals.stop_child``) and nothing is left at ``out`` or ``library``."""
     blas = stages.blas.component if stages.blas is not None else None
     emitter = stages.emitter.component
     main_src = [Path(s) for s in sources if Path(s).name == MAIN_SOURCE]
@@ -263,30 +283,23 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
     exe_ir = IRModule(lib_ir.text if main_ir is None else link_ir([main_ir.text, lib_ir.text]),
                       source=",".join(str(s) for s in sources))
     seconds["emit IR"] = time.perf_counter() - t
-    worker = library_worker(stages, blas)
+    proc = None
     try:
-        job = None if worker is None else worker.apply_async(
-            link_library, (stages, lib_ir, blas, library))
+        proc = start_library_link(stages, lib_ir, blas, library, workdir)
         t = start("rewrite")
         exe_mod, exe_reports = run_passes(exe_ir, stages.passes, blas)
         seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
         t = start("link")
         stages.linker.component.link(exe_mod, blas, out)
-        if job is None:
-            link_library(stages, lib_ir, blas, library)
-        else:
-            job.get()
+        if proc is None or not finish_library_link(proc, library, workdir):
+            link_library(stages, lib_ir, blas, library, LIBRARY_LINK_FLAGS)
         seconds["link"] = time.perf_counter() - t
     except BaseException:
-        if worker is not None:
-            worker.terminate()  # stops a library link still running before its file goes
+        if proc is not None and proc.poll() is None:
+            stop_child(proc, LINK_WORKER_GRACE)  # it removes its own temp files
         out.unlink(missing_ok=True)
         library.unlink(missing_ok=True)
         raise
-    finally:
-        if worker is not None:
-            worker.close()
-            worker.join()
     return Compiled(exe_mod, exe_reports, seconds)
 
 
@@ -301,9 +314,9 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     ``stages``: the chosen emitter, passes, linker and BLAS target (``selection``); default:
     ``choose_compile(registry, blas=blas, rewrite=rewrite)`` (clang, the default passes,
     llvm). Stages (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the
-    passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set (``compile_key``)
-    reuses the cached executable and pass reports (``CompileResult.cached``). ``on_stage(name)``
-    is called as each stage starts (progress display). ``library``: also compile the runtime
+    passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set
+    (``compile_key``) reuses the cached executable and pass reports (``CompileResult.cached``).
+    ``on_stage(name)`` is called as each stage starts (progress display). ``library``: also compile the runtime
     without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the
     same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, beside the
     executable (``compile_with_library``: one emit for both, the two links at once; the

@@ -28,6 +28,7 @@ import attrs
 
 from ditto_core.base.errors import DittoError
 from ditto_core.base.options import option
+from ditto_core.base.signals import pid_tag, sweep_stale
 from ditto_core.base.types import IRModule
 from ditto_core.kit.hookspecs import hookimpl
 
@@ -205,15 +206,20 @@ class LlvmLinker:
         out = Path(out)
         mod, tm = self.optimize(module)
         out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="ditto-link-") as tmp:
+        sweep_stale(Path(tempfile.gettempdir()), "ditto-link-")  # left by killed links
+        with tempfile.TemporaryDirectory(prefix=f"ditto-link-{pid_tag()}") as tmp:
             obj = Path(tmp) / "program.o"
             obj.write_bytes(tm.emit_object(mod))
             tmp_out = out.parent / f".{out.name}.tmp-{os.getpid()}"
             cmd = self.link_command(obj, tmp_out, blas, uses_openmp(module.text), extra_flags)
             try:
+                # a stop (KeyboardInterrupt, Terminated) kills the linker in subprocess.run
                 proc = subprocess.run(cmd, capture_output=True, text=True)
             except OSError as exc:
                 raise DittoError(f"{out}: cannot run {CC}: {exc}") from None
+            except BaseException:
+                tmp_out.unlink(missing_ok=True)
+                raise
             if proc.returncode != 0:
                 tmp_out.unlink(missing_ok=True)
                 raise DittoError(f"{out}: linking failed (exit {proc.returncode}):\n  $ "
