@@ -38,26 +38,27 @@ SLOW = ("import os, sys, time\n"
 
 class PidLinker(LlvmLinker):
     """LlvmLinker that appends ``<pid> <output name>`` to ``log`` for every link (module level:
-    the worker process unpickles it). The link of output ``fail`` raises a DittoError once the
-    other link has logged ``wait_for`` (``kill``: the process kills itself instead); the link
-    of output ``slow`` runs its linker command behind a 60 s sleep (``SLOW``)."""
+    the worker process unpickles it). The link of output ``fail`` raises a DittoError once a
+    link of output ``wait_for`` has started (``kill``: a process other than the one that made
+    this linker kills itself instead); the link of output ``slow`` runs its linker command
+    behind a 60 s sleep (``SLOW``)."""
 
     name = "pid-llvm"
 
-    def __init__(self, log: Path, fail: str | None = None, wait_for: str = "",
+    def __init__(self, log: Path, fail: str | None = None, wait_for: str | None = None,
                  kill: bool = False, slow: str | None = None):
         super().__init__()
         self.log, self.fail, self.wait_for = Path(log), fail, wait_for
-        self.kill, self.slow = kill, slow
+        self.kill, self.slow, self.owner = kill, slow, os.getpid()
 
     def link(self, module, blas, out, *, extra_flags=()):
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()} {Path(out).name}\n")
         if Path(out).name == self.fail:
-            if self.kill:
+            if self.kill and os.getpid() != self.owner:
                 os.kill(os.getpid(), signal.SIGKILL)
             deadline = time.monotonic() + 60
-            while self.wait_for not in self.log.read_text() and time.monotonic() < deadline:
+            while self.wait_for not in links(self.log) and time.monotonic() < deadline:
                 time.sleep(0.01)
             raise DittoError(f"{out}: deliberately failed link")
         return super().link(module, blas, out, extra_flags=extra_flags)
@@ -98,11 +99,33 @@ def links(log: Path) -> dict:
 
 
 def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def gone(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
     return True
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    """A test that would wait forever fails after 120 s instead."""
+    def expire(signum, frame):
+        raise TimeoutError("test_compile_library: 120 s passed")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
 
 
 def test_library_links_in_a_worker_process_beside_the_executable(program, tmp_path):
@@ -135,7 +158,7 @@ def test_executable_failure_stops_the_library_link_and_its_linker(program, tmp_p
         compile_both(program, stages_with(linker), tmp_path)
     assert time.monotonic() - t < 50  # the 60 s linker was stopped, not waited for
     pids = links(log)
-    assert not alive(pids["libprog.so"]) and not alive(pids["slow"])
+    assert gone([pids["libprog.so"], pids["slow"]], 5)
     assert list((tmp_path / "out").glob("*")) == []  # nor the worker's .libprog.so.tmp-PID
     assert not list(Path(tempfile.gettempdir()).glob(f"ditto-link-{pids['libprog.so']}-*"))
 
@@ -161,6 +184,7 @@ def test_component_the_worker_cannot_import_links_in_this_process(program, tmp_p
     out, lib, _ = compile_both(program, stages_with(linker_cls(log)), tmp_path)
     assert links(log) == {"prog": os.getpid(), "libprog.so": os.getpid()}
     assert "cannot load the link job" in (tmp_path / "work" / "library-link.log").read_text()
+    assert not (tmp_path / "work" / "library-link.pickle.started").exists()
     assert subprocess.run([str(out)], capture_output=True, text=True).stdout == "42\n"
     assert lib.is_file()
 
@@ -172,7 +196,32 @@ def test_unpicklable_linker_links_the_library_in_this_process(program, tmp_path)
     log = tmp_path / "links.log"
     stages = stages_with(LocalLinker(log))
     assert compile_mod.start_library_link(stages, None, None, tmp_path / "x", tmp_path) is None
+    assert not (tmp_path / "library-link.pickle").exists()
     out, lib, _ = compile_both(program, stages, tmp_path)
     assert links(log) == {"prog": os.getpid(), "libprog.so": os.getpid()}
     assert subprocess.run([str(out)], capture_output=True, text=True).stdout == "42\n"
     assert lib.is_file()
+
+
+PARENT = """import sys
+from pathlib import Path
+from tests.test_compile_library import PidLinker, compile_both, stages_with
+tmp = Path(sys.argv[1])
+program = [tmp / "src" / "lib.c", tmp / "src" / "main.c"]
+compile_both(program, stages_with(PidLinker(tmp / "links.log", slow="libprog.so")), tmp)
+"""
+
+
+def test_worker_stops_when_the_build_is_killed(program, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=root)
+    log = tmp_path / "links.log"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and "slow" in links(log)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = links(log)
+    build.kill()  # SIGKILL: the build runs no cleanup
+    build.wait()
+    # the worker sees that its parent is gone and stops its link, killing the linker
+    assert gone([pids["libprog.so"], pids["slow"]], 10)
+    assert not (tmp_path / "out" / "libprog.so").exists()

@@ -23,10 +23,10 @@ import attrs
 
 from ditto_core.base.cache import Cache, file_hash, make_key, tree_hash
 from ditto_core.base.errors import DittoError
-from ditto_core.base.signals import pid_tag, stop_child, sweep_stale
+from ditto_core.base.signals import deferred, pid_tag, sweep_stale
 from ditto_core.base.types import IRModule, PassReport
 from .cc import COMPILE_STAGES, Compiled, compile_program, run_passes, summary_lines
-from .link_worker import CANNOT_LOAD, DITTO_ERROR, link_library
+from .link_worker import DITTO_ERROR, link_library
 from .plugins import Registry, get_registry
 from .selection import CompileStages, choose_compile
 
@@ -200,52 +200,110 @@ def link_ir(texts) -> str:
     return str(mods[0])
 
 
-#: seconds a stopped link worker gets to clean up (its O3 pipeline answers a signal only
-#: between LLVM calls) before it is killed
-LINK_WORKER_GRACE = 20.0
+#: seconds a stopped link worker gets to unwind (it answers a signal only between LLVM
+#: calls) before its process group is killed; the caller then removes what it left
+LINK_WORKER_GRACE = 5.0
+
+
+def _job(workdir: Path) -> Path:
+    return Path(workdir) / "library-link.pickle"
 
 
 def start_library_link(stages: CompileStages, lib_ir: IRModule, blas, library: Path,
                        workdir: Path) -> subprocess.Popen | None:
-    """Start ``link_worker.link_library`` in a worker process (``python -m
-    ditto_core.stages.link_worker``, in a session of its own, so that a terminal's Ctrl-C
-    reaches only this process, which then stops the worker, and with this process's
-    ``sys.path``): the job is pickled to ``workdir``/library-link.pickle, the worker's output
-    goes to ``workdir``/library-link.log. Returns None when a component cannot be pickled or
-    the process cannot start: the caller links the library itself."""
+    """Start ``link_worker.link_library`` in a worker process (``python -P -m
+    ditto_core.stages.link_worker``; a session of its own, so that a terminal's Ctrl-C reaches
+    only this process, which then stops the worker; this process's ``sys.path``): the job is
+    pickled to ``workdir``/library-link.pickle, the worker's output goes to
+    ``workdir``/library-link.log. Returns None when a component cannot be pickled, this is not
+    a plain Python (``sys.executable`` unknown or a frozen application), or the process cannot
+    start: the caller links the library itself. Call it with stop signals deferred
+    (``signals.deferred``), so that the worker is never started without the caller holding
+    it."""
+    if not sys.executable or getattr(sys, "frozen", False):
+        return None
     try:
         data = pickle.dumps((stages, lib_ir, blas, Path(library), LIBRARY_LINK_FLAGS))
     except Exception:  # pickle raises PicklingError, TypeError, AttributeError, ...
         return None
-    job = Path(workdir) / "library-link.pickle"
-    job.write_bytes(data)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    path = [os.getcwd() if p == "" else p for p in sys.path if isinstance(p, str)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     try:
-        with open(Path(workdir) / "library-link.log", "wb") as log:
-            return subprocess.Popen([sys.executable, "-m", "ditto_core.stages.link_worker",
-                                     str(job)], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, env=env, start_new_session=True)
+        _job(workdir).write_bytes(data)
+        log = open(Path(workdir) / "library-link.log", "wb")
     except OSError:
         return None
+    with log:
+        try:
+            return subprocess.Popen([sys.executable, "-P", "-m", "ditto_core.stages.link_worker",
+                                     str(_job(workdir)), str(os.getpid())],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                    start_new_session=True)
+        except OSError:
+            return None
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {n}"
+
+
+def _clean_up_worker(proc: subprocess.Popen, library: Path) -> None:
+    """After the worker ``proc`` exited: kill what is left of its process group (a linker it
+    started, which a worker killed mid-link leaves running) and remove its temporary output
+    beside ``library``."""
+    if proc.returncode != 0:  # a worker that linked has nothing left
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    Path(library).with_name(f".{Path(library).name}.tmp-{proc.pid}").unlink(missing_ok=True)
+
+
+def stop_library_link(proc: subprocess.Popen, library: Path) -> None:
+    """Stop the worker ``proc``: SIGTERM to its process group (the worker unwinds its link),
+    SIGKILL when it has not exited ``LINK_WORKER_GRACE`` seconds later (or when a second stop
+    arrives meanwhile), then ``_clean_up_worker``."""
+    try:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=LINK_WORKER_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _clean_up_worker(proc, library)
 
 
 def finish_library_link(proc: subprocess.Popen, library: Path, workdir: Path) -> bool:
     """Wait for the worker of ``start_library_link``. True when it linked ``library``; False
-    when it could not load the job (``link_worker.CANNOT_LOAD``: the caller links the library
-    itself). Raises DittoError with the worker's message when its link failed, and naming the
-    signal or exit status when it died."""
+    when it never began the link (no ``JOB.started``: it could not load the job or import
+    Ditto; the caller links the library itself). Raises DittoError with the worker's message
+    when its link failed, and naming the signal or exit status when it died."""
     rc = proc.wait()
     if rc == 0:
         return True
-    if rc == CANNOT_LOAD:
+    _clean_up_worker(proc, library)
+    job = _job(workdir)
+    if not job.with_name(job.name + ".started").exists():
         return False
-    msg = (Path(workdir) / "library-link.log").read_text(errors="replace").strip()
-    if rc == DITTO_ERROR:
-        raise DittoError(msg)
-    how = (f"was killed by {signal.Signals(-rc).name}"
-           if rc < 0 and -rc in signal.valid_signals() else f"exited with status {rc}")
+    error = job.with_name(job.name + ".error")
+    if rc == DITTO_ERROR and error.exists():
+        raise DittoError(error.read_text())
+    log = (Path(workdir) / "library-link.log").read_text(errors="replace").strip()
+    how = (f"was killed by {_signal_name(-rc)}" if rc < 0 else
+           f"was stopped by {_signal_name(rc - 128)}" if rc > 128 else
+           f"exited with status {rc}")
     raise DittoError(f"{library}: the library's link worker {how}"
-                     + (f":\n{msg[-4000:]}" if msg else ""))
+                     + (f":\n{log[-4000:]}" if log else ""))
 
 
 def compile_with_library(sources, stages: CompileStages, out: Path, library: Path, *,
@@ -261,7 +319,9 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
     process after the executable when the worker cannot take the job). Returns the
     executable's Compiled; its ``link`` seconds run until both are linked. Raises DittoError
     as ``cc.compile_program``, or when the worker dies; on any failure or stop the worker is
-    stopped first (``signals.stop_child``) and nothing is left at ``out`` or ``library``."""
+    stopped first (``stop_library_link``) and nothing is left at ``out`` or ``library``. A
+    library linked in this process may differ in its code bytes from one the worker links
+    (LLVM's choices in a process that optimised the executable before), not in behaviour."""
     blas = stages.blas.component if stages.blas is not None else None
     emitter = stages.emitter.component
     main_src = [Path(s) for s in sources if Path(s).name == MAIN_SOURCE]
@@ -285,7 +345,8 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
     seconds["emit IR"] = time.perf_counter() - t
     proc = None
     try:
-        proc = start_library_link(stages, lib_ir, blas, library, workdir)
+        with deferred():
+            proc = start_library_link(stages, lib_ir, blas, library, workdir)
         t = start("rewrite")
         exe_mod, exe_reports = run_passes(exe_ir, stages.passes, blas)
         seconds["rewrite"] = time.perf_counter() - t if stages.passes else 0.0
@@ -295,10 +356,12 @@ def compile_with_library(sources, stages: CompileStages, out: Path, library: Pat
             link_library(stages, lib_ir, blas, library, LIBRARY_LINK_FLAGS)
         seconds["link"] = time.perf_counter() - t
     except BaseException:
-        if proc is not None and proc.poll() is None:
-            stop_child(proc, LINK_WORKER_GRACE)  # it removes its own temp files
         out.unlink(missing_ok=True)
-        library.unlink(missing_ok=True)
+        try:
+            if proc is not None:
+                stop_library_link(proc, library)
+        finally:
+            library.unlink(missing_ok=True)
         raise
     return Compiled(exe_mod, exe_reports, seconds)
 
@@ -316,11 +379,12 @@ def build_runtime(out: Path, *, stages: CompileStages | None = None, blas="openb
     llvm). Stages (timed, in seconds): ``emit IR`` of ``runtime_sources``, ``rewrite`` (the
     passes; 0 when there are none), ``link``. With a ``cache``, an unchanged input set
     (``compile_key``) reuses the cached executable and pass reports (``CompileResult.cached``).
-    ``on_stage(name)`` is called as each stage starts (progress display). ``library``: also compile the runtime
-    without ``main.c`` into this shared library (the C API of native/runtime/ditto.h) through the
-    same stages, with ``LIBRARY_FLAGS`` at emit and ``LIBRARY_LINK_FLAGS`` at link, beside the
-    executable (``compile_with_library``: one emit for both, the two links at once; the
-    ``link`` seconds last until both are done), and cached with it. Raises DittoError
+    ``on_stage(name)`` is called as each stage starts (progress display). ``library``: also
+    compile the runtime without ``main.c`` into this shared library (the C API of
+    native/runtime/ditto.h) through the same stages, with ``LIBRARY_FLAGS`` at emit and
+    ``LIBRARY_LINK_FLAGS`` at link, beside the executable (``compile_with_library``: one emit
+    for both, the two links at once; the ``link`` seconds last until both are done), and
+    cached with it. Raises DittoError
     (compile/link failure, unknown or unavailable component); nothing is written at ``out``
     (or ``library``) then.
     """

@@ -215,16 +215,16 @@ class LlvmLinker:
             try:
                 # a stop (KeyboardInterrupt, Terminated) kills the linker in subprocess.run
                 proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise DittoError(f"{out}: linking failed (exit {proc.returncode}):\n  $ "
+                                     f"{' '.join(cmd)}\n{proc.stderr.strip()}")
+                os.replace(tmp_out, out)
             except OSError as exc:
+                tmp_out.unlink(missing_ok=True)
                 raise DittoError(f"{out}: cannot run {CC}: {exc}") from None
             except BaseException:
                 tmp_out.unlink(missing_ok=True)
                 raise
-            if proc.returncode != 0:
-                tmp_out.unlink(missing_ok=True)
-                raise DittoError(f"{out}: linking failed (exit {proc.returncode}):\n  $ "
-                                 f"{' '.join(cmd)}\n{proc.stderr.strip()}")
-            os.replace(tmp_out, out)
         return out
 
 
