@@ -343,6 +343,11 @@ def sort_sub_blocks(W: np.ndarray, group_size: int, threads: int | None = None) 
 
     def band(r0, r1):
         full = cols // group_size * group_size
+        if full == cols:  # whole sub-blocks: the band copied once, then sorted where it lies
+            rows_out = out[r0:r1]
+            rows_out[...] = W[r0:r1]
+            rows_out.reshape(r1 - r0, cols // group_size, group_size).sort(axis=-1)
+            return
         if full:
             out[r0:r1, :full] = np.sort(
                 W[r0:r1, :full].reshape(r1 - r0, full // group_size, group_size),
