@@ -213,16 +213,16 @@ class LlvmLinker:
             tmp_out = out.parent / f".{out.name}.tmp-{os.getpid()}"
             cmd = self.link_command(obj, tmp_out, blas, uses_openmp(module.text), extra_flags)
             try:
-                # a stop (KeyboardInterrupt, Terminated) kills the linker in subprocess.run
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                try:
+                    # a stop (KeyboardInterrupt, Terminated) kills the linker in subprocess.run
+                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                except OSError as exc:
+                    raise DittoError(f"{out}: cannot run {CC}: {exc}") from None
                 if proc.returncode != 0:
                     raise DittoError(f"{out}: linking failed (exit {proc.returncode}):\n  $ "
                                      f"{' '.join(cmd)}\n{proc.stderr.strip()}")
                 os.replace(tmp_out, out)
-            except OSError as exc:
-                tmp_out.unlink(missing_ok=True)
-                raise DittoError(f"{out}: cannot run {CC}: {exc}") from None
-            except BaseException:
+            except BaseException:  # failed or stopped: no temp output left beside ``out``
                 tmp_out.unlink(missing_ok=True)
                 raise
         return out
