@@ -680,6 +680,44 @@ def test_gemv_multi_equals_one_tensor_at_a_time(lib):
         lib.kernels_free_tensor(ctypes.byref(tensors[1]))
 
 
+def test_rows_claimed_by_any_team_give_the_definition_bits(lib):
+    """gemv and gemv_multi hand rows to the threads in claimed chunks (kernels.c row_chunks:
+    runs of 16 rows, never across a tensor, sizes falling as rows run out): with 1, 2, 3 and 8
+    threads, every row of every tensor is written once with the definition's bits. The tensors
+    mix a tiled b = 4 matrix of 1,504 rows (many chunks, the last run partial at 4 rows), a
+    decoded b = 6 one, a 5-row and a 20-row tensor (one chunk each, less than a run)."""
+    rng = np.random.default_rng(31)
+    cols = 512
+    specs = [(1504, 4, 256), (5, 4, 64), (200, 6, 512), (20, 3, 32)]
+    cts, payloads, tensors = [], [], []
+    for rows, bits, G in specs:
+        cts.append(random_int8_tensor(rng, rows, cols, bits, G))
+        payloads.append(np.frombuffer(codebook_payload(cts[-1]), np.uint8).copy())
+        p = payloads[-1]
+        tensors.append(_Tensor(b"w", 1, 2, bits, G, rows, cols, p.ctypes.data, p.size))
+    table = lib.kernel_active_name().decode()
+    assert lib.kernels_tile_tensor(ctypes.byref(tensors[0])) == int(table in TILING_TABLES)
+    assert lib.kernels_decode_tensor(ctypes.byref(tensors[2])) == int(table in DECODING_TABLES)
+    x = rng.normal(size=cols).astype(np.float32)
+    want = [i8_gemv_np(ct, x) for ct in cts]
+    lib.gemv_multi.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    try:
+        for threads in (1, 2, 3, 8):
+            lib.omp_set_num_threads(threads)
+            outs = [np.full(t.rows, np.nan, np.float32) for t in tensors]
+            Yp = (ctypes.c_void_p * 4)(*[o.ctypes.data for o in outs])
+            Wp = (ctypes.c_void_p * 4)(*[ctypes.addressof(t) for t in tensors])
+            lib.gemv_multi(Yp, x.ctypes.data, Wp, 4)
+            for i, got in enumerate(outs):
+                np.testing.assert_array_equal(got, want[i], err_msg=f"{threads} threads, {i}")
+                one = np.full(tensors[i].rows, np.nan, np.float32)
+                lib.gemv(one.ctypes.data, x.ctypes.data, ctypes.byref(tensors[i]))
+                np.testing.assert_array_equal(one, want[i], err_msg=f"{threads} threads, {i}")
+    finally:
+        lib.omp_set_num_threads(2)
+        lib.kernels_free_tensor(ctypes.byref(tensors[2]))
+
+
 #: the x86 tables that read weights decoded to int8 for b >= 5 (native/kernels/kernels.c i8_dec8)
 DECODING_TABLES = {"avx512vnni", "avxvnni", "avx2"}
 

@@ -224,19 +224,82 @@ static void team_rows(int rows, int *r0, int *r1) {
 #endif
 }
 
-/* fn over rows [0, rows), split across the OpenMP threads (split_rows). */
-static void rows_over_threads(I8RowsFn fn, float *y, const QuantActs *qa, const I8Layout *L,
-                              int rows, int cols) {
-#ifdef _OPENMP
-#pragma omp parallel
-    {
-        int r0, r1;
-        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        if (r0 < r1) fn(y, qa, L, r0, r1, cols);
+/* A GEMV's rows in chunks that threads claim in turn (gemv_i8, gemv_i8_multi). A GEMV of
+ * decode streams its weights from memory, and the two threads of a 2-vCPU machine do not
+ * stream at the same rate (perf on a Zen 3 VM: one spent a third of a token waiting at the
+ * barrier behind the other with an even split), so rows go in chunks of decreasing size, as
+ * OpenMP's guided schedule makes them: each chunk is the unclaimed runs of 16 rows over twice
+ * the thread count, but at least ROW_CHUNK_BYTES of weights (one claim, an atomic add on a
+ * line both cores write, costs about what streaming a few KiB does), and a thread that
+ * finishes early takes the next.
+ * Chunks never cross a tensor and start on a multiple of 16 rows, so no two threads write one
+ * cache line of y, and the row tiles (I8_TILE_ROWS) stay whole. Every row is computed by the
+ * same kernel whichever thread takes it: the bits do not depend on the claiming order. */
+#define ROW_RUN 16
+#define ROW_CHUNKS_MAX 512
+#define ROW_CHUNK_BYTES 32768
+typedef struct {
+    short tensor[ROW_CHUNKS_MAX];
+    int r0[ROW_CHUNKS_MAX], r1[ROW_CHUNKS_MAX];
+    int n;
+} RowChunks;
+
+static void row_chunks(RowChunks *C, const int *rows, const I8Layout *L, int n_tensors,
+                       int nt) {
+    long long runs = 0;
+    for (int i = 0; i < n_tensors; i++) runs += (rows[i] + ROW_RUN - 1) / ROW_RUN;
+    int t = 0, r = 0; /* the next unclaimed row: tensor t, row r */
+    C->n = 0;
+    while (t < n_tensors) {
+        if (r >= rows[t]) {
+            t++, r = 0;
+            continue;
+        }
+        long long run_bytes = (long long)ROW_RUN * (long long)L[t].row_bytes;
+        long long least = (ROW_CHUNK_BYTES + run_bytes - 1) / (run_bytes > 0 ? run_bytes : 1);
+        long long size = runs / (2LL * nt);
+        if (size < least) size = least;
+        if (C->n == ROW_CHUNKS_MAX - 1) size = runs;
+        long long left = (rows[t] - r + ROW_RUN - 1) / ROW_RUN; /* runs left in tensor t */
+        if (size > left) size = left;
+        C->tensor[C->n] = (short)t;
+        C->r0[C->n] = r;
+        r = r + (int)size * ROW_RUN < rows[t] ? r + (int)size * ROW_RUN : rows[t];
+        C->r1[C->n] = r;
+        C->n++;
+        runs -= size;
     }
+}
+
+static int team_size(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
 #else
-    fn(y, qa, L, 0, rows, cols);
+    return 1;
 #endif
+}
+
+/* fn[i] over rows [0, rows[i]) of each of n tensors (y[i], L[i], cols), the rows claimed by
+ * the OpenMP threads in RowChunks; no barrier between tensors (their outputs differ). */
+static void rows_claimed(I8RowsFn const *fn, float *const *y, const QuantActs *qa,
+                         const I8Layout *L, const int *rows, int cols, int n) {
+    if (team_size() == 1) {
+        for (int i = 0; i < n; i++)
+            if (rows[i] > 0) fn[i](y[i], qa, &L[i], 0, rows[i], cols);
+        return;
+    }
+    RowChunks C;
+    row_chunks(&C, rows, L, n, team_size());
+    int next = 0;
+#ifdef _OPENMP
+#pragma omp parallel shared(next)
+#endif
+    for (;;) {
+        int k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        if (k >= C.n) break;
+        int i = C.tensor[k];
+        fn[i](y[i], qa, &L[i], C.r0[k], C.r1[k], cols);
+    }
 }
 
 /* The layout of int8 codebook tensor W and the row kernel gemv_i8() runs on it: the decoded
@@ -261,24 +324,20 @@ static I8RowsFn gemv_i8_plan(const KernelTable *K, const QuantActs *qa, const Te
 void gemv_i8(float *y, const QuantActs *qa, const Tensor *W) {
     I8Layout L;
     I8RowsFn fn = gemv_i8_plan(kernels_active(), qa, W, &L);
-    rows_over_threads(fn, y, qa, &L, (int)W->rows, (int)W->cols);
+    int rows = (int)W->rows;
+    rows_claimed(&fn, &y, qa, &L, &rows, (int)W->cols, 1);
 }
 
 void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W, int n) {
     const KernelTable *K = kernels_active();
     I8Layout L[GEMM_MULTI_MAX];
     I8RowsFn fn[GEMM_MULTI_MAX];
-    for (int i = 0; i < n; i++) fn[i] = gemv_i8_plan(K, qa, W[i], &L[i]);
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
-            int r0, r1;
-            team_rows((int)W[i]->rows, &r0, &r1);
-            if (r0 < r1) fn[i](y[i], qa, &L[i], r0, r1, (int)W[i]->cols);
-        }
+    int rows[GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        fn[i] = gemv_i8_plan(K, qa, W[i], &L[i]);
+        rows[i] = (int)W[i]->rows;
     }
+    rows_claimed(fn, y, qa, L, rows, (int)W[0]->cols, n);
 }
 
 /* Whether table K decodes a tensor of bit width b and group size G (G <= cols). */
@@ -409,7 +468,8 @@ int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const u
         return -1;
     }
     L.w8 = w8;
-    rows_over_threads(K->i8_dec8, y, &qa, &L, rows, cols);
+    I8RowsFn fn = K->i8_dec8;
+    rows_claimed(&fn, &y, &qa, &L, &rows, cols, 1);
     free(w8);
     act_free(&qa);
     return 1;
@@ -426,7 +486,7 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
     I8Layout L = i8_layout(payload, bits, group_size, rows, cols);
     I8RowsFn fn = kernel_pick_i8(K, bits, group_size, 1);
     int fast = fn != i8cb_rows_generic;
-    rows_over_threads(fn, y, &qa, &L, rows, cols);
+    rows_claimed(&fn, &y, &qa, &L, &rows, cols, 1);
     act_free(&qa);
     return fast;
 }

@@ -103,13 +103,14 @@ const KernelTable *kernels_active(void);
 
 /* y[W->rows] = W x for an int8 codebook tensor whose input is already quantized (qa->n must be
  * W->cols): the activation quantization can be shared by several tensors with the same input
- * (q/k/v, gate/up). Rows are split across OpenMP threads in runs of 16 (a 64-byte line of y),
- * so no two threads write the same cache line. */
+ * (q/k/v, gate/up). The OpenMP threads claim the rows in chunks of whole runs of 16 rows (a
+ * 64-byte line of y), so no two threads write the same cache line, and a thread that streams
+ * faster takes more of them (kernels.c row_chunks). */
 void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
 
 /* y[i] = W[i] x for n <= GEMM_MULTI_MAX int8 codebook tensors with the same cols sharing one
- * quantized input (decode's q/k/v, gate/up): one parallel region, each thread taking its rows
- * (split_rows) of every tensor with no barrier in between. y[i] has the bits of
+ * quantized input (decode's q/k/v, gate/up): one parallel region, the threads claiming chunks
+ * of rows of every tensor in turn with no barrier in between. y[i] has the bits of
  * gemv_i8(y[i], qa, W[i]): the same kernel on the same rows. */
 void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W, int n);
 
