@@ -681,9 +681,10 @@ def test_gemv_multi_equals_one_tensor_at_a_time(lib):
 
 
 def test_rows_claimed_by_any_team_give_the_definition_bits(lib):
-    """gemv and gemv_multi hand rows to the threads in claimed chunks (kernels.c row_chunks:
-    runs of 16 rows, never across a tensor, sizes falling as rows run out): with 1, 2, 3 and 8
-    threads, every row of every tensor is written once with the definition's bits. The tensors
+    """gemv, gemv_multi and the prefill GEMMs (T = 3, one tensor and several) hand rows to the
+    threads in claimed chunks (kernels.c row_chunks: runs of 16 rows, never across a tensor,
+    sizes falling as rows run out): with 1, 2, 3 and 8 threads, every row of every tensor is
+    written with the definition's bits. The tensors
     mix a tiled b = 4 matrix of 1,504 rows (many chunks, the last run partial at 4 rows), a
     decoded b = 6 one, a 5-row and a 20-row tensor (one chunk each, less than a run)."""
     rng = np.random.default_rng(31)
@@ -698,21 +699,32 @@ def test_rows_claimed_by_any_team_give_the_definition_bits(lib):
     table = lib.kernel_active_name().decode()
     assert lib.kernels_tile_tensor(ctypes.byref(tensors[0])) == int(table in TILING_TABLES)
     assert lib.kernels_decode_tensor(ctypes.byref(tensors[2])) == int(table in DECODING_TABLES)
-    x = rng.normal(size=cols).astype(np.float32)
-    want = [i8_gemv_np(ct, x) for ct in cts]
-    lib.gemv_multi.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    X = rng.normal(size=(3, cols)).astype(np.float32)
+    x = X[0]
+    want = [np.array([i8_gemv_np(ct, X[t]) for t in range(3)]) for ct in cts]
+    P = ctypes.c_void_p
+    lib.gemv_multi.argtypes = [P, P, P, ctypes.c_int]
+    lib.gemm_i8_float_input_multi.argtypes = [P, P, ctypes.c_int, P, ctypes.c_int]
+    Wp = (P * 4)(*[ctypes.addressof(t) for t in tensors])
     try:
         for threads in (1, 2, 3, 8):
             lib.omp_set_num_threads(threads)
             outs = [np.full(t.rows, np.nan, np.float32) for t in tensors]
-            Yp = (ctypes.c_void_p * 4)(*[o.ctypes.data for o in outs])
-            Wp = (ctypes.c_void_p * 4)(*[ctypes.addressof(t) for t in tensors])
-            lib.gemv_multi(Yp, x.ctypes.data, Wp, 4)
+            lib.gemv_multi((P * 4)(*[o.ctypes.data for o in outs]), x.ctypes.data, Wp, 4)
+            outs3 = [np.full((3, t.rows), np.nan, np.float32) for t in tensors]
+            lib.gemm_i8_float_input_multi((P * 4)(*[o.ctypes.data for o in outs3]),
+                                          X.ctypes.data, 3, Wp, 4)
             for i, got in enumerate(outs):
-                np.testing.assert_array_equal(got, want[i], err_msg=f"{threads} threads, {i}")
+                what = f"{threads} threads, tensor {i}"
+                np.testing.assert_array_equal(got, want[i][0], err_msg="gemv_multi " + what)
+                np.testing.assert_array_equal(outs3[i], want[i], err_msg="gemm multi " + what)
                 one = np.full(tensors[i].rows, np.nan, np.float32)
                 lib.gemv(one.ctypes.data, x.ctypes.data, ctypes.byref(tensors[i]))
-                np.testing.assert_array_equal(one, want[i], err_msg=f"{threads} threads, {i}")
+                np.testing.assert_array_equal(one, want[i][0], err_msg="gemv " + what)
+                one3 = np.full((3, tensors[i].rows), np.nan, np.float32)
+                lib.gemm_i8_float_input(one3.ctypes.data, X.ctypes.data, 3,
+                                        ctypes.byref(tensors[i]))
+                np.testing.assert_array_equal(one3, want[i], err_msg="gemm " + what)
     finally:
         lib.omp_set_num_threads(2)
         lib.kernels_free_tensor(ctypes.byref(tensors[2]))

@@ -213,17 +213,6 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1) {
     *r1 = b1 * 16 < rows ? b1 * 16 : rows;
 }
 
-/* The calling thread's rows [*r0, *r1) of a tensor of `rows` rows inside a parallel region
- * (split_rows over the OpenMP team); all of them without OpenMP. */
-static void team_rows(int rows, int *r0, int *r1) {
-#ifdef _OPENMP
-    split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-#else
-    *r0 = 0;
-    *r1 = rows;
-#endif
-}
-
 /* A GEMV's rows in chunks that threads claim in turn (gemv_i8, gemv_i8_multi). A GEMV of
  * decode streams its weights from memory, and the two threads of a 2-vCPU machine do not
  * stream at the same rate (perf on a Zen 3 VM: one spent a third of a token waiting at the
@@ -245,7 +234,7 @@ typedef struct {
 } RowChunks;
 
 static void row_chunks(RowChunks *C, const int *rows, const I8Layout *L, int n_tensors,
-                       int nt) {
+                       int nt, long long least_bytes) {
     long long runs = 0;
     for (int i = 0; i < n_tensors; i++) runs += (rows[i] + ROW_RUN - 1) / ROW_RUN;
     int t = 0, r = 0; /* the next unclaimed row: tensor t, row r */
@@ -256,7 +245,8 @@ static void row_chunks(RowChunks *C, const int *rows, const I8Layout *L, int n_t
             continue;
         }
         long long run_bytes = (long long)ROW_RUN * (long long)L[t].row_bytes;
-        long long least = (ROW_CHUNK_BYTES + run_bytes - 1) / (run_bytes > 0 ? run_bytes : 1);
+        long long least = (least_bytes + run_bytes - 1) / (run_bytes > 0 ? run_bytes : 1);
+        if (least < 1) least = 1;
         long long size = runs / (2LL * nt);
         if (size < least) size = least;
         if (C->n == ROW_CHUNKS_MAX - 1) size = runs;
@@ -289,7 +279,7 @@ static void rows_claimed(I8RowsFn const *fn, float *const *y, const QuantActs *q
         return;
     }
     RowChunks C;
-    row_chunks(&C, rows, L, n, team_size());
+    row_chunks(&C, rows, L, n, team_size(), ROW_CHUNK_BYTES);
     int next = 0;
 #ifdef _OPENMP
 #pragma omp parallel shared(next)
@@ -535,19 +525,36 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
     }
 }
 
+/* gemm_i8_part over rows [0, rows[i]) of each of n tensors (Y[i], L[i], cols), the rows
+ * claimed by the threads in the GEMV's chunks (rows_claimed). A chunk runs all T inputs, so
+ * a claim is cheap next to it, yet chunks of one run made SmolLM2's prefill (matrices of 36
+ * to 96 runs) 3-5 % slower than an even split on the Zen 3 VM; 32 KiB chunks did not. */
+static void gemm_rows_claimed(const KernelTable *K, float *const *Y, const QuantActs *qa, int T,
+                              const I8Layout *L, const int *rows, int cols, int n) {
+    if (team_size() == 1) {
+        for (int i = 0; i < n; i++) gemm_i8_part(K, Y[i], qa, T, &L[i], 0, rows[i], rows[i], cols);
+        return;
+    }
+    RowChunks C;
+    row_chunks(&C, rows, L, n, team_size(), ROW_CHUNK_BYTES);
+    int next = 0;
+#ifdef _OPENMP
+#pragma omp parallel shared(next)
+#endif
+    for (;;) {
+        int k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        if (k >= C.n) break;
+        int i = C.tensor[k];
+        gemm_i8_part(K, Y[i], qa, T, &L[i], C.r0[k], C.r1[k], rows[i], cols);
+    }
+}
+
 /* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
 static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
                       const uint8_t *payload, int bits, int G, int rows, int cols, int tiled) {
     I8Layout L = i8_layout(payload, bits, G, rows, cols);
     L.tiled = tiled;
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        int r0, r1;
-        team_rows(rows, &r0, &r1);
-        gemm_i8_part(K, Y, qa, T, &L, r0, r1, rows, cols);
-    }
+    gemm_rows_claimed(K, &Y, qa, T, &L, &rows, cols, 1);
     return K->i8_gemm && G % 32 == 0;
 }
 
@@ -603,19 +610,12 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
     const KernelTable *K = kernels_active();
     const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols);
     I8Layout L[GEMM_MULTI_MAX];
+    int rows[GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
         int G = (int)(W[i]->group_size < W[i]->cols ? W[i]->group_size : W[i]->cols);
         L[i] = i8_layout(W[i]->data, (int)W[i]->bits, G, (int)W[i]->rows, (int)W[i]->cols);
         L[i].tiled = (int)W[i]->tiled;
+        rows[i] = (int)W[i]->rows;
     }
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        for (int i = 0; i < n; i++) { /* no barrier between tensors: their outputs differ */
-            int r0, r1;
-            team_rows((int)W[i]->rows, &r0, &r1);
-            gemm_i8_part(K, Y[i], qa, T, &L[i], r0, r1, (int)W[i]->rows, (int)W[i]->cols);
-        }
-    }
+    gemm_rows_claimed(K, Y, qa, T, L, rows, (int)W[0]->cols, n);
 }

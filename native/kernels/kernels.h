@@ -115,7 +115,7 @@ void gemv_i8(float *y, const QuantActs *qa, const Tensor *W);
 void gemv_i8_multi(float *const *y, const QuantActs *qa, const Tensor *const *W, int n);
 
 /* Y[T][W->rows] = X[T][W->cols] · Wᵀ for an int8 codebook tensor, T activation rows already
- * quantized (qa[0..T)): a GEMM for batched prefill. Threads split the rows as gemv_i8() does;
+ * quantized (qa[0..T)): a GEMM for batched prefill. Threads claim the rows as gemv_i8() does;
  * each thread takes 16 rows at a time through all T rows of X, so the weights are read from
  * memory once per call. Y[t] is bit-identical to gemv_i8(Y[t], &qa[t], W). */
 void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W);

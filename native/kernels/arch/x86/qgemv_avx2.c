@@ -258,8 +258,8 @@ AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layo
     store4_combined(y + r, acc, qa->D);
 }
 
-/* Rows [r0, r1) of a tiled b = 4 tensor (r0 and r1 multiples of I8_TILE_ROWS: split_rows and
- * team_rows cut at multiples of 16, and a tiled tensor has rows % 4 == 0). */
+/* Rows [r0, r1) of a tiled b = 4 tensor (r0 and r1 multiples of I8_TILE_ROWS: the threads'
+ * chunks, kernels.c row_chunks, cut at multiples of 16, and a tiled tensor has rows % 4 == 0). */
 AVX2_FN void i8cb_b4_tiled_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                                      int r1, int cols) {
     for (int r = r0; r < r1; r += I8_TILE_ROWS) rows4_tiled_avx2(y, qa, L, r, cols);
@@ -594,8 +594,8 @@ AVX2_FN void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
  * 32-byte chunks lie side by side, each through dot32_natural's steps (the sign of q onto w,
  * |q| unsigned, vpmaddubsw, vpmaddwd by m) with the activation loads shared. The int32 lanes
  * move to int64 every 128 chunks, as in the lookup kernels, and each row's sub-block sums are
- * combined by combine_f16c: the same bits. r0 is a multiple of DEC8_TILE (split_rows gives
- * multiples of 16); the zero rows that pad the last tile are summed and dropped.
+ * combined by combine_f16c: the same bits. r0 is a multiple of DEC8_TILE (the threads' chunks
+ * start on multiples of 16); the zero rows that pad the last tile are summed and dropped.
  * The two lines 2 KiB ahead of each step's 128 bytes are prefetched into L2: from DRAM the
  * hardware prefetchers alone fed this loop at 77 % of a STREAM read, these prefetches at 86 %
  * (docs/KERNELS.md "Decoded classifier"). A prefetch past the tensor's end is harmless (no
