@@ -12,7 +12,7 @@ bpw at b = 4, G = 256), ``f16`` (f16 centroids: 5 bpw at b = 4, G = 256, the flo
 kernels), ``f32`` (the naive loop nest, not BLAS), ``int8-tiled`` (``int8`` rearranged into
 row tiles as the runtime does at load, ``kernels_tile_tensor``: docs/KERNELS.md "Row tiles";
 on a table without tiled kernels, or a layout that does not fit them, the case is left out
-with a note; this tree's kernels only, not ``--compare-native``'s). The codebook formats run
+with a note; ``--compare-native``'s tree tiles its own copy, so it must have row tiles too). The codebook formats run
 every layout of ``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the
 whole row, as the runtime clamps it); each result names its layout and the kernel path of the
 table (ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the
@@ -264,12 +264,13 @@ def main(argv=None) -> int:
                     p = payload_for(fmt, rows, cols, rng, b, G)
                     lay = f"/b{b}G{G}" if fmt != "f32" and layouts != [(4, 256)] else ""
                     if fmt == "int8-tiled":  # each kernel table tiles its own copy, once
-                        for k in kernels:
+                        for k, suffix in ((k, s) for k in kernels for s in libs):
                             pt = p.copy()
-                            rc = lib.bench_tile(k.encode(), ENC[fmt], CBT[fmt], b, G, rows,
-                                                cols, pt.ctypes.data, pt.size)
+                            rc = libs[suffix].bench_tile(k.encode(), ENC[fmt], CBT[fmt], b, G,
+                                                         rows, cols, pt.ctypes.data, pt.size)
                             if rc == 1:
-                                cases.append((f"{fmt}/{k}{lay}", fmt, k, pt, b, G, ""))
+                                cases.append((f"{fmt}/{k}{lay}{suffix}", fmt, k, pt, b, G,
+                                              suffix))
                             elif rc == 0:
                                 print(f"{rows}x{cols} {fmt}/{k}{lay}: no row tiles for this "
                                       "table or layout (or DITTO_TILES=0); left out",

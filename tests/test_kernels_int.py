@@ -63,7 +63,7 @@ def lib(tmp_path_factory):
     L.kernels_free_tensor.argtypes = [P]
     L.kernels_tile_tensor.argtypes = [P]
     L.act_quantize_copy.argtypes = [P, ctypes.c_int, P, P, P]
-    L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int, P, P, P, P, P]
+    L.act_quantize_copy_with.argtypes = [ctypes.c_char_p, P, ctypes.c_int] + [P] * 8
     L.kernel_name_at.restype = ctypes.c_char_p
     L.kernel_active_name.restype = ctypes.c_char_p
     L.kernels_select.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
@@ -155,14 +155,26 @@ def _act_quantize(lib, kernel, x):
     aqp = np.zeros(n_pad, np.uint8)
     assert lib.act_quantize_copy_with(kernel.encode(), x.ctypes.data, n, ctypes.addressof(D),
                                       m.ctypes.data, q.ctypes.data, qp.ctypes.data,
-                                      aqp.ctypes.data) == n_pad
+                                      aqp.ctypes.data, None, None, None) == n_pad
     return np.float32(D.value), m, q, qp, aqp
+
+
+def _act_perm64(lib, kernel, x):
+    """(qp64, aqp64, m64) of the table's act_quantize of x."""
+    n_pad = -(-x.size // 64) * 64
+    qp64, aqp64 = np.zeros(n_pad, np.int8), np.zeros(n_pad, np.uint8)
+    m64 = np.zeros(n_pad // 4, np.int16)
+    D, m, q = ctypes.c_float(), np.zeros(n_pad // 32, np.uint8), np.zeros(n_pad, np.int8)
+    assert lib.act_quantize_copy_with(kernel.encode(), x.ctypes.data, x.size, ctypes.addressof(D),
+                                      m.ctypes.data, q.ctypes.data, None, None, qp64.ctypes.data,
+                                      aqp64.ctypes.data, m64.ctypes.data) == n_pad
+    return qp64, aqp64, m64
 
 
 @pytest.mark.parametrize("kernel", list(X86_TABLES))
 def test_activation_quantization_equals_numpy(lib, kernel):
     """Every table's act_quantize (the scalar one and the AVX2 one) gives the definition's bytes,
-    and the perm32 copies the SIMD kernels read."""
+    and the perm32 and perm64 copies the SIMD kernels read."""
     if not X86_TABLES[kernel] <= cpu_flags():
         pytest.skip(f"this CPU lacks {' '.join(sorted(X86_TABLES[kernel] - cpu_flags()))}")
     for x in _act_inputs():
@@ -175,6 +187,12 @@ def test_activation_quantization_equals_numpy(lib, kernel):
         perm = q.reshape(-1, 32)
         assert qp.tolist() == np.concatenate([perm[:, 0::2], perm[:, 1::2]], axis=1).ravel().tolist()
         assert aqp.tolist() == np.abs(qp.astype(int)).tolist()
+        # perm64: per 64 columns the evens of both blocks, then their odds; m per 64 columns
+        qp64, aqp64, m64 = _act_perm64(lib, kernel, x)
+        pair = qp.reshape(-1, 2, 2, 16)  # [group of 64][block A, B][evens, odds][16]
+        assert qp64.tolist() == pair.transpose(0, 2, 1, 3).ravel().tolist()
+        assert aqp64.tolist() == np.abs(qp64.astype(int)).tolist()
+        assert m64.tolist() == np.repeat(m.astype(np.int16), 8).tolist()
         assert (np.abs(q.astype(int)) <= 127).all()
         if D_np > 0:
             # x ~ D m q: the error of each entry is at most half a step of its block

@@ -482,7 +482,8 @@ int i8cb_gemv_with(const char *kernel, float *y, const float *x, const uint8_t *
 }
 
 int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
-                           int8_t *q, int8_t *qp, uint8_t *aqp) {
+                           int8_t *q, int8_t *qp, uint8_t *aqp, int8_t *qp64, uint8_t *aqp64,
+                           int16_t *m64) {
     const KernelTable *K = kernel_table_by_name(kernel);
     if (!K || !K->supported()) return -1;
     QuantActs qa;
@@ -494,12 +495,16 @@ int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, 
     memcpy(q, qa.q, n_pad);
     if (qp) memcpy(qp, qa.qp, n_pad);
     if (aqp) memcpy(aqp, qa.aqp, n_pad);
+    if (qp64) memcpy(qp64, qa.qp64, n_pad);
+    if (aqp64) memcpy(aqp64, qa.aqp64, n_pad);
+    if (m64) memcpy(m64, qa.m64, n_pad / 4 * sizeof *m64);
     act_free(&qa);
     return (int)n_pad;
 }
 
 int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
-    return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL);
+    return act_quantize_copy_with(kernels_active()->name, x, n, D, m, q, NULL, NULL, NULL, NULL,
+                                  NULL);
 }
 
 /* One thread's rows [r0, r1) of gemm_i8() through table K on layout L. */

@@ -180,8 +180,10 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
  * roundup(n, 64), the caller's arrays that large). Returns n_pad, or -1 (no memory). */
 int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);
 /* The same through the table named `kernel` (-1 if it is unknown or unsupported here), also
- * copying the perm32 arrays qp[n_pad] and aqp[n_pad] when those are not NULL. */
+ * copying the perm32 arrays qp[n_pad] and aqp[n_pad] and the perm64 arrays qp64[n_pad],
+ * aqp64[n_pad] and m64[n_pad / 4] when those are not NULL. */
 int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
-                           int8_t *q, int8_t *qp, uint8_t *aqp);
+                           int8_t *q, int8_t *qp, uint8_t *aqp, int8_t *qp64, uint8_t *aqp64,
+                           int16_t *m64);
 
 #endif

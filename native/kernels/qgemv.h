@@ -40,6 +40,13 @@ typedef struct {
      * its low nibbles and its high nibbles are taken apart) */
     int8_t *qp;     /* q in perm32 order */
     uint8_t *aqp;   /* |qp| */
+    /* "perm64" order, read by the AVX2 four-row b = 4 kernels: per 64 columns (blocks A, B),
+     * the 16 evens of A, the 16 evens of B, the 16 odds of A, the 16 odds of B (perm32 with
+     * the middle two 16-byte runs swapped), so one 32-byte load holds the activations that
+     * the low (high) nibbles of the 64 columns' 32 index bytes meet */
+    int8_t *qp64;   /* q in perm64 order */
+    uint8_t *aqp64; /* |qp64| */
+    int16_t *m64;   /* per 64 columns: m of A eight times, then m of B eight times (n_pad / 4) */
     /* "perm128" order, read by the 128-column VNNI kernels: within each chunk of 128 columns,
      * the 64 even columns, then the 64 odd ones (the order the low and the high nibbles of 64
      * b = 4 index bytes give). m * q = 256 * mh + ml with ml in -128..127, mh in -127..127
@@ -65,7 +72,7 @@ typedef struct {
  * m_j = min(255, ceil(a_j / (127 * D))) (0 when a_j = 0), and q[c] = clamp(rint(x[c] * inv_j),
  * -127, 127) with inv_j = 1 / (D * m_j), all in float32, rint rounding half to even. A = 0
  * gives D = 0 and all q = 0; a NaN or infinity in x gives D = NaN (so every y is NaN). Also
- * fills the perm32 arrays; with_vnni also the VNNI ones. Returns 0, or -1 when out of memory
+ * fills the perm32 and perm64 arrays; with_vnni also the VNNI ones. Returns 0, or -1 when out of memory
  * (qa unchanged). */
 int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni);
 
@@ -79,6 +86,9 @@ int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni);
 int act_reserve(QuantActs *qa, size_t n_pad);
 int act_block_m(float a, float D, int finite, float *inv);
 void act_fill_vnni(QuantActs *qa);
+/* The perm64 arrays qp64 and aqp64 from qp and aqp, and m64 from m16 (every act_quantize
+ * form fills them; the AVX2 form with its own moves, the same bytes). */
+void act_fill_perm64(QuantActs *qa);
 
 /* For the perm128 VNNI kernels, which multiply the unsigned bytes w + 128 (w a centroid) by
  * the signed bytes of m * q: corr[s] = 128 * sum of m * q over the columns of sub-block s

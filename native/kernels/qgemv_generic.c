@@ -23,6 +23,9 @@ void act_free(QuantActs *qa) {
     free(qa->q);
     free(qa->qp);
     free(qa->aqp);
+    free(qa->qp64);
+    free(qa->aqp64);
+    free(qa->m64);
     free(qa->ml);
     free(qa->mh);
     free(qa->nl);
@@ -41,13 +44,16 @@ int act_reserve(QuantActs *qa, size_t n_pad) {
     t.q = malloc(n_pad);
     t.qp = malloc(n_pad);
     t.aqp = malloc(n_pad);
+    t.qp64 = malloc(n_pad);
+    t.aqp64 = malloc(n_pad);
+    t.m64 = malloc(n_pad / 4 * sizeof *t.m64);
     t.ml = malloc(n_pad + 64);
     t.mh = malloc(n_pad + 64);
     t.nl = malloc(n_pad);
     t.nh = malloc(n_pad);
     t.msum = malloc(nb * sizeof *t.msum);
-    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.ml || !t.mh || !t.nl || !t.nh ||
-        !t.msum) {
+    if (!t.m || !t.m16 || !t.q || !t.qp || !t.aqp || !t.qp64 || !t.aqp64 || !t.m64 || !t.ml ||
+        !t.mh || !t.nl || !t.nh || !t.msum) {
         act_free(&t);
         return -1;
     }
@@ -95,6 +101,20 @@ void act_vnni_corrections(uint32_t *corr, const QuantActs *qa, int n_sub, int G,
     }
 }
 
+void act_fill_perm64(QuantActs *qa) {
+    for (size_t base = 0; base < (size_t)qa->n_pad; base += 64) { /* QA_PAD: whole groups */
+        static const size_t from[4] = {0, 32, 16, 48}; /* evens A, evens B, odds A, odds B */
+        for (int k = 0; k < 4; k++) {
+            memcpy(qa->qp64 + base + 16 * k, qa->qp + base + from[k], 16);
+            memcpy(qa->aqp64 + base + 16 * k, qa->aqp + base + from[k], 16);
+        }
+        for (int i = 0; i < 8; i++) {
+            qa->m64[base / 4 + i] = qa->m16[base / 32];
+            qa->m64[base / 4 + 8 + i] = qa->m16[base / 32 + 1];
+        }
+    }
+}
+
 int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
@@ -139,6 +159,7 @@ int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
         int v = qa->qp[c];
         qa->aqp[c] = (uint8_t)(v < 0 ? -v : v);
     }
+    act_fill_perm64(qa);
     qa->has_vnni = 0;
     if (with_vnni) act_fill_vnni(qa);
     return 0;

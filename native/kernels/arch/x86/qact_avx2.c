@@ -158,17 +158,34 @@ AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnn
     return 0;
 }
 
-/* perm32 (each block's evens, then its odds), |qp| and, when asked, the VNNI arrays of qa->q
- * (the steps after the quantization itself, shared by the AVX2 and AVX-512 forms). */
+/* perm32 (each block's evens, then its odds), |qp|, the perm64 arrays (qgemv.h: the evens of
+ * each two blocks, then their odds, and their multipliers) and, when asked, the VNNI arrays
+ * of qa->q (the steps after the quantization itself, shared by the AVX2 and AVX-512 forms). */
 AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni) {
     const size_t n_pad = (size_t)qa->n_pad;
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    for (size_t base = 0; base < n_pad; base += 32) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + base));
-        __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), 0xd8); /* 0,2,1,3 */
-        _mm256_storeu_si256((__m256i *)(void *)(qa->qp + base), p);
-        _mm256_storeu_si256((__m256i *)(void *)(qa->aqp + base), _mm256_abs_epi8(p));
+    for (size_t base = 0; base < n_pad; base += 64) { /* QA_PAD: whole groups of 64 */
+        __m256i p[2], a[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + base + 32 * h));
+            p[h] = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), 0xd8); /* 0,2,1,3 */
+            a[h] = _mm256_abs_epi8(p[h]);
+            _mm256_storeu_si256((__m256i *)(void *)(qa->qp + base + 32 * h), p[h]);
+            _mm256_storeu_si256((__m256i *)(void *)(qa->aqp + base + 32 * h), a[h]);
+        }
+        /* perm64: the evens of both blocks, then their odds */
+        _mm256_storeu_si256((__m256i *)(void *)(qa->qp64 + base),
+                            _mm256_permute2x128_si256(p[0], p[1], 0x20));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->qp64 + base + 32),
+                            _mm256_permute2x128_si256(p[0], p[1], 0x31));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->aqp64 + base),
+                            _mm256_permute2x128_si256(a[0], a[1], 0x20));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->aqp64 + base + 32),
+                            _mm256_permute2x128_si256(a[0], a[1], 0x31));
+        _mm256_storeu_si256((__m256i *)(void *)(qa->m64 + base / 4),
+                            _mm256_setr_m128i(_mm_set1_epi16(qa->m16[base / 32]),
+                                              _mm_set1_epi16(qa->m16[base / 32 + 1])));
     }
     qa->has_vnni = 0;
     if (with_vnni) fill_vnni_avx2(qa);

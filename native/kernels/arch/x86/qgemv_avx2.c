@@ -92,6 +92,18 @@ acts64(const QuantActs *qa, int c, __m256i m_pick, __m256i *qe, __m256i *qo, __m
     *m = _mm256_shuffle_epi8(_mm256_set1_epi32(mm), m_pick);
 }
 
+/* acts64 from the perm64 arrays (qa->qp64, aqp64 and m64 at a column c % 64 == 0): five
+ * loads. */
+__attribute__((always_inline)) AVX2_FN static inline void
+acts64_p64(const int8_t *qp, const uint8_t *ap, const int16_t *mp, __m256i *qe, __m256i *qo,
+           __m256i *ae, __m256i *ao, __m256i *m) {
+    *qe = _mm256_loadu_si256((const __m256i *)(const void *)qp);
+    *qo = _mm256_loadu_si256((const __m256i *)(const void *)(qp + 32));
+    *ae = _mm256_loadu_si256((const __m256i *)(const void *)ap);
+    *ao = _mm256_loadu_si256((const __m256i *)(const void *)(ap + 32));
+    *m = _mm256_loadu_si256((const __m256i *)(const void *)mp);
+}
+
 /* Full 32-column chunks [c, stop) of two rows (index bytes i0, i1 at column 0 of the rows):
  * int32 lanes added to *acc0 and *acc1. No calls inside, so the accumulators, tables and
  * activations stay in registers. */
@@ -231,9 +243,9 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
 #define TILE_PREFETCH_AHEAD 2048
 AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
                                      int cols) {
-    const uint8_t *tile = L->indices + (size_t)r * L->row_bytes;
+    const uint8_t *w = L->indices + (size_t)r * L->row_bytes; /* the tile, read in order */
     prefetch_tables4(L, r);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), m_pick = M_PICK;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     __m256d acc = _mm256_setzero_pd();
     for (int s = 0; s < L->n_sub; s++) {
         __m256i tbl[4];
@@ -241,10 +253,13 @@ AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layo
         int c0 = s * L->group_size;
         int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        for (int c = c0; c < c1; c += 64) { /* no calls: everything stays in registers */
+        const int8_t *qp = qa->qp64 + c0;
+        const uint8_t *ap = qa->aqp64 + c0;
+        const int16_t *mp = qa->m64 + c0 / 4;
+        for (int c = c0; c < c1; c += 64, w += I8_TILE_ROWS * I8_TILE_CHUNK) {
             __m256i qe, qo, ae, ao, m;
-            acts64(qa, c, m_pick, &qe, &qo, &ae, &ao, &m);
-            const uint8_t *w = tile + (size_t)(c / 64) * (I8_TILE_ROWS * I8_TILE_CHUNK);
+            acts64_p64(qp, ap, mp, &qe, &qo, &ae, &ao, &m);
+            qp += 64, ap += 64, mp += 16;
             _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD, _MM_HINT_T1);
             _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD + 64, _MM_HINT_T1);
             a0 = _mm256_add_epi32(a0, block64(w, tbl[0], qe, qo, ae, ao, m, low4));
