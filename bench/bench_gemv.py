@@ -272,8 +272,8 @@ def main(argv=None) -> int:
                                 cases.append((f"{fmt}/{k}{lay}{suffix}", fmt, k, pt, b, G,
                                               suffix))
                             elif rc == 0:
-                                print(f"{rows}x{cols} {fmt}/{k}{lay}: no row tiles for this "
-                                      "table or layout (or DITTO_TILES=0); left out",
+                                print(f"{rows}x{cols} {fmt}/{k}{lay}{suffix}: no row tiles "
+                                      "for this table or layout (or DITTO_TILES=0); left out",
                                       file=sys.stderr)
                             else:
                                 raise SystemExit(f"{fmt}/{k}: " + (

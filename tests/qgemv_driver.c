@@ -115,6 +115,8 @@ int main(int argc, char **argv) {
             if (qa.n_pad != ref.n_pad || qa.has_vnni != 1 || memcmp(&qa.D, &ref.D, sizeof qa.D) ||
                 memcmp(qa.m, ref.m, np / 32) || memcmp(qa.q, ref.q, np) ||
                 memcmp(qa.qp, ref.qp, np) || memcmp(qa.aqp, ref.aqp, np) ||
+                memcmp(qa.qp64, ref.qp64, np) || memcmp(qa.aqp64, ref.aqp64, np) ||
+                memcmp(qa.m64, ref.m64, np / 4 * sizeof *qa.m64) ||
                 memcmp(qa.ml, ref.ml, n128) || memcmp(qa.mh, ref.mh, n128) ||
                 memcmp(qa.nl, ref.nl, np) || memcmp(qa.nh, ref.nh, np) ||
                 memcmp(qa.msum, ref.msum, np / 32 * sizeof *qa.msum)) {
@@ -123,6 +125,9 @@ int main(int argc, char **argv) {
             }
             memset(qa.ml, 0x5a, qa.cap + 64); /* garbage for the next, shorter input */
             memset(qa.mh, 0xa5, qa.cap + 64);
+            memset(qa.qp64, 0x5a, qa.cap);
+            memset(qa.aqp64, 0xa5, qa.cap);
+            memset(qa.m64, 0x5a, qa.cap / 4 * sizeof *qa.m64);
             act_free(&ref);
             free(x);
         }

@@ -698,16 +698,53 @@ def test_gemv_multi_equals_one_tensor_at_a_time(lib):
         lib.kernels_free_tensor(ctypes.byref(tensors[1]))
 
 
+@pytest.mark.parametrize("rows,row_bytes", [
+    ([896, 128, 128], [448] * 3),                  # Qwen2.5-Coder-0.5B q/k/v at b = 4
+    ([151936], [896]),                             # its decoded classifier
+    ([8192, 1024, 1024], [4096] * 3),              # a 70B's q/k/v: 512 chunks from ~130 threads
+    ([28672, 28672], [4096] * 2),                  # a 70B's gate/up
+    ([5, 20, 0, 33], [16, 40, 8, 3000]),           # less than a run, an empty tensor
+])
+def test_row_chunks_cover_every_row_once(lib, rows, row_bytes):
+    """kernels.c row_chunks, for 1 to 1,024 threads: each tensor's rows [0, rows) in order, in
+    chunks that start on a multiple of 16 rows and end on one or at the tensor's end, no chunk
+    across tensors, and no more than ROW_CHUNKS_MAX (512) + one per tensor (the table past 512 chunks, which
+    hundreds of threads reach on a 70B's q/k/v, takes each tensor's rest whole)."""
+    P = ctypes.c_void_p
+    lib.row_chunks_for_test.argtypes = [ctypes.c_int, P, P, ctypes.c_int, P, P, P, ctypes.c_int]
+    n = len(rows)
+    R, B = np.array(rows, np.int32), np.array(row_bytes, np.int32)
+    cap = 600
+    tensor, r0, r1 = (np.zeros(cap, np.int32) for _ in range(3))
+    for nt in (1, 2, 3, 8, 64, 129, 256, 1024):
+        k = lib.row_chunks_for_test(n, R.ctypes.data, B.ctypes.data, nt, tensor.ctypes.data,
+                                    r0.ctypes.data, r1.ctypes.data, cap)
+        assert 0 <= k <= 512 + n, (nt, k)
+        got = list(zip(tensor[:k].tolist(), r0[:k].tolist(), r1[:k].tolist()))
+        for t in range(n):
+            mine = [(a, b) for i, a, b in got if i == t]
+            if rows[t] == 0:
+                assert mine == [], (nt, t)
+                continue
+            assert mine[0][0] == 0 and mine[-1][1] == rows[t], (nt, t)
+            for (a, b), (c, _) in zip(mine, mine[1:]):
+                assert b == c and b % 16 == 0, (nt, t, a, b, c)
+            assert all(a % 16 == 0 and a < b for a, b in mine), (nt, t)
+        assert [i for i, _, _ in got] == sorted(i for i, _, _ in got), nt  # tensor by tensor
+    assert lib.row_chunks_for_test(0, R.ctypes.data, B.ctypes.data, 2, tensor.ctypes.data,
+                                   r0.ctypes.data, r1.ctypes.data, cap) == -1
+
+
 def test_rows_claimed_by_any_team_give_the_definition_bits(lib):
     """gemv, gemv_multi and the prefill GEMMs (T = 3, one tensor and several) hand rows to the
     threads in claimed chunks (kernels.c row_chunks: runs of 16 rows, never across a tensor,
     sizes falling as rows run out): with 1, 2, 3 and 8 threads, every row of every tensor is
     written with the definition's bits. The tensors
-    mix a tiled b = 4 matrix of 1,504 rows (many chunks, the last run partial at 4 rows), a
+    mix a tiled b = 4 matrix of 1,508 rows (many chunks, the last run partial at 4 rows), a
     decoded b = 6 one, a 5-row and a 20-row tensor (one chunk each, less than a run)."""
     rng = np.random.default_rng(31)
     cols = 512
-    specs = [(1504, 4, 256), (5, 4, 64), (200, 6, 512), (20, 3, 32)]
+    specs = [(1508, 4, 256), (5, 4, 64), (200, 6, 512), (20, 3, 32)]
     cts, payloads, tensors = [], [], []
     for rows, bits, G in specs:
         cts.append(random_int8_tensor(rng, rows, cols, bits, G))

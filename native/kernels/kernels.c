@@ -213,23 +213,24 @@ void split_rows(int rows, int t, int nt, int *r0, int *r1) {
     *r1 = b1 * 16 < rows ? b1 * 16 : rows;
 }
 
-/* A GEMV's rows in chunks that threads claim in turn (gemv_i8, gemv_i8_multi). A GEMV of
- * decode streams its weights from memory, and the two threads of a 2-vCPU machine do not
- * stream at the same rate (perf on a Zen 3 VM: one spent a third of a token waiting at the
- * barrier behind the other with an even split), so rows go in chunks of decreasing size, as
- * OpenMP's guided schedule makes them: each chunk is the unclaimed runs of 16 rows over twice
- * the thread count, but at least ROW_CHUNK_BYTES of weights (one claim, an atomic add on a
- * line both cores write, costs about what streaming a few KiB does), and a thread that
- * finishes early takes the next.
- * Chunks never cross a tensor and start on a multiple of 16 rows, so no two threads write one
+/* A GEMV's rows in chunks that threads claim in turn (gemv_i8, gemv_i8_multi, and the
+ * prefill GEMMs through gemm_rows_claimed). A GEMV of decode streams its weights from memory,
+ * and the two threads of a 2-vCPU machine do not stream at the same rate (perf on a Zen 3 VM:
+ * one spent a third of a token waiting at the barrier behind the other with an even split),
+ * so rows go in chunks of decreasing size, as OpenMP's guided schedule makes them: each chunk
+ * is the unclaimed runs of 16 rows over twice the thread count, but at least ROW_CHUNK_BYTES
+ * of weights (one claim, an atomic add on a line both cores write, costs about what streaming
+ * a few KiB does), and a thread that finishes early takes the next. Past ROW_CHUNKS_MAX - 1
+ * chunks (only with hundreds of threads) each tensor's rest is one chunk. Chunks never cross
+ * a tensor and start on a multiple of 16 rows, so no two threads write one
  * cache line of y, and the row tiles (I8_TILE_ROWS) stay whole. Every row is computed by the
  * same kernel whichever thread takes it: the bits do not depend on the claiming order. */
 #define ROW_RUN 16
 #define ROW_CHUNKS_MAX 512
 #define ROW_CHUNK_BYTES 32768
-typedef struct {
-    short tensor[ROW_CHUNKS_MAX];
-    int r0[ROW_CHUNKS_MAX], r1[ROW_CHUNKS_MAX];
+typedef struct { /* past ROW_CHUNKS_MAX - 1, one chunk per tensor left: GEMM_MULTI_MAX more */
+    short tensor[ROW_CHUNKS_MAX + GEMM_MULTI_MAX];
+    int r0[ROW_CHUNKS_MAX + GEMM_MULTI_MAX], r1[ROW_CHUNKS_MAX + GEMM_MULTI_MAX];
     int n;
 } RowChunks;
 
@@ -249,7 +250,7 @@ static void row_chunks(RowChunks *C, const int *rows, const I8Layout *L, int n_t
         if (least < 1) least = 1;
         long long size = runs / (2LL * nt);
         if (size < least) size = least;
-        if (C->n == ROW_CHUNKS_MAX - 1) size = runs;
+        if (C->n >= ROW_CHUNKS_MAX - 1) size = runs; /* the rest of tensor t in one chunk */
         long long left = (rows[t] - r + ROW_RUN - 1) / ROW_RUN; /* runs left in tensor t */
         if (size > left) size = left;
         C->tensor[C->n] = (short)t;
@@ -290,6 +291,22 @@ static void rows_claimed(I8RowsFn const *fn, float *const *y, const QuantActs *q
         int i = C.tensor[k];
         fn[i](y[i], qa, &L[i], C.r0[k], C.r1[k], cols);
     }
+}
+
+int row_chunks_for_test(int n_tensors, const int *rows, const int *row_bytes, int nt,
+                        int *tensor, int *r0, int *r1, int cap) {
+    if (n_tensors < 1 || n_tensors > GEMM_MULTI_MAX || nt < 1) return -1;
+    I8Layout L[GEMM_MULTI_MAX];
+    memset(L, 0, sizeof L);
+    for (int i = 0; i < n_tensors; i++) L[i].row_bytes = (size_t)row_bytes[i];
+    static RowChunks C; /* 5 KiB: off the test caller's stack */
+    row_chunks(&C, rows, L, n_tensors, nt, ROW_CHUNK_BYTES);
+    for (int k = 0; k < C.n && k < cap; k++) {
+        tensor[k] = C.tensor[k];
+        r0[k] = C.r0[k];
+        r1[k] = C.r1[k];
+    }
+    return C.n;
 }
 
 /* The layout of int8 codebook tensor W and the row kernel gemv_i8() runs on it: the decoded

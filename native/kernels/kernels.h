@@ -153,6 +153,13 @@ int kernels_tile_tensor(Tensor *W);
  * "0" (file order). Returns 0, or -1 with a message in err for any other value. */
 int kernels_tiles_env_check(char *err, size_t errlen);
 
+/* For tests: the chunks (tensor[k], rows [r0[k], r1[k])) that nt threads claim of n_tensors
+ * (1..GEMM_MULTI_MAX) GEMV tensors of rows[i] rows of row_bytes[i] index bytes each
+ * (kernels.c row_chunks), at most cap of them copied out. Returns the number of chunks, or
+ * -1 for bad arguments. */
+int row_chunks_for_test(int n_tensors, const int *rows, const int *row_bytes, int nt,
+                        int *tensor, int *r0, int *r1, int cap);
+
 /* Thread t of nt gets rows [*r0, *r1): contiguous runs whose boundaries are multiples of 16. */
 void split_rows(int rows, int t, int nt, int *r0, int *r1);
 

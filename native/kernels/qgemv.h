@@ -40,7 +40,7 @@ typedef struct {
      * its low nibbles and its high nibbles are taken apart) */
     int8_t *qp;     /* q in perm32 order */
     uint8_t *aqp;   /* |qp| */
-    /* "perm64" order, read by the AVX2 four-row b = 4 kernels: per 64 columns (blocks A, B),
+    /* "perm64" order, read by the AVX2 tiled four-row b = 4 kernel: per 64 columns (A, B),
      * the 16 evens of A, the 16 evens of B, the 16 odds of A, the 16 odds of B (perm32 with
      * the middle two 16-byte runs swapped), so one 32-byte load holds the activations that
      * the low (high) nibbles of the 64 columns' 32 index bytes meet */
