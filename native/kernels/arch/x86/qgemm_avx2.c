@@ -8,8 +8,9 @@
  * a panel's weights, one block of whole sub-blocks (~512 columns) at a time, are decoded to
  * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
  * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
- * call into int16 m[c/32] * q[c]. The micro-kernel then takes six inputs at a time (a last
- * group of fewer repeats its last input and drops those sums): per column pair, two loads of
+ * call into int16 m[c/32] * q[c], the pairs of six inputs interleaved into one stream. The
+ * micro-kernel then takes six inputs at a time (a last group of fewer is padded with zero
+ * inputs whose sums are dropped): per column pair, two loads of
  * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
  * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32 lanes are the
  * 16 rows x 6 inputs sums themselves (no horizontal reduction), in twelve accumulator
@@ -139,15 +140,16 @@ AVX2_FN static void transpose_pairs(int32_t *P, const int32_t *src, size_t ld, i
 }
 
 /* The micro-kernel: acc[2j + h] = int32 lanes, rows 8h..8h+7, of sum over column pairs k in
- * [k0, k1) of P[k] * (x[j][2k], x[j][2k + 1]), for the six inputs j. One form per
+ * [k0, k1) of P[k] * x[6k + j], for the six inputs j: x holds the six inputs' int16 column
+ * pairs interleaved (x[6k + j] = input j's columns 2k and 2k + 1), so the activations are one
+ * sequential stream, as the weights are. One form per
  * multiply-add, all with the same lanes and the same (exact, wrapping) int32 sums. Its
  * `combined` twin, for a whole sub-block in one run, adds the sums times the rows' scales
  * sc[16] straight from the registers into dacc[j][16] for all six inputs, as combine_lanes()
  * does (dacc has room for six, whether or not they are all combined). */
-typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,
-                         int k1);
+typedef void (*Micro6Fn)(__m256i *acc, const int32_t *P, const int32_t *x, int k0, int k1);
 typedef void (*Micro6CombinedFn)(double *dacc, const double *sc, const int32_t *P,
-                                 const int16_t *const *x, int k0, int k1);
+                                 const int32_t *x, int k0, int k1);
 typedef struct {
     Micro6Fn run;
     Micro6CombinedFn combined;
@@ -158,22 +160,17 @@ typedef struct {
  * cost half the speed. MADD(c, w, a) = c + the int32 sums of the int16 pair products of w and
  * a (vpmaddwd + vpaddd on AVX2, one vpdpwssd with VNNI). */
 #define MQ_PAIR(MADD, j)                                                                      \
-    __m256i a##j;                                                                             \
-    {                                                                                         \
-        int32_t pair;                                                                         \
-        memcpy(&pair, x##j + 2 * k, sizeof pair);                                             \
-        a##j = _mm256_set1_epi32(pair);                                                       \
-    }                                                                                         \
+    __m256i a##j = _mm256_set1_epi32(xk[j]);                                                  \
     c##j##0 = MADD(c##j##0, w0, a##j);                                                        \
     c##j##1 = MADD(c##j##1, w1, a##j)
 #define MICRO6_LOOP(MADD)                                                                     \
-    const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];     \
     __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,         \
             c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;      \
     for (int k = k0; k < k1; k++) {                                                           \
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL)); \
         __m256i w1 =                                                                          \
             _mm256_loadu_si256((const __m256i *)(const void *)(P + (size_t)k * PANEL + 8));   \
+        const int32_t *xk = x + (size_t)k * NB;                                               \
         MQ_PAIR(MADD, 0);                                                                     \
         MQ_PAIR(MADD, 1);                                                                     \
         MQ_PAIR(MADD, 2);                                                                     \
@@ -195,14 +192,13 @@ typedef struct {
     COMBINE8(dacc + j * PANEL, sc, c##j##0);                                                  \
     COMBINE8(dacc + j * PANEL + 8, sc + 8, c##j##1)
 #define MICRO6(NAME, ATTR, MADD)                                                              \
-    ATTR static void NAME(__m256i *acc, const int32_t *P, const int16_t *const *x, int k0,   \
-                          int k1) {                                                           \
+    ATTR static void NAME(__m256i *acc, const int32_t *P, const int32_t *x, int k0, int k1) { \
         MICRO6_LOOP(MADD)                                                                     \
         acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;   \
         acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51; \
     }                                                                                         \
     ATTR static void NAME##_combined(double *dacc, const double *sc, const int32_t *P,        \
-                                     const int16_t *const *x, int k0, int k1) {              \
+                                     const int32_t *x, int k0, int k1) {                     \
         MICRO6_LOOP(MADD)                                                                     \
         COMBINE_INPUT(0);                                                                     \
         COMBINE_INPUT(1);                                                                     \
@@ -259,12 +255,12 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
         }
 }
 
-/* One block of sub-blocks [s0, s1) (P from column s0 * G) against inputs x[0..6), of which
- * the first n count: each sub-block's sums into dacc[j][16] with its scales scd[s][16].
+/* One block of sub-blocks [s0, s1) (P from column s0 * G) against six inputs' interleaved
+ * pairs x (x[6k + j], k from column s0 * G), of which the first n count: each sub-block's sums into dacc[j][16] with its scales scd[s][16].
  * dacc holds six inputs' rows; a sub-block of one run writes all six (rows n..5 are scratch
  * that nothing reads), a longer one the first n. */
 AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
-                          const int16_t *const *x, const double *scd, const I8Layout *L, int s0,
+                          const int32_t *x, const double *scd, const I8Layout *L, int s0,
                           int s1, int cols, int n) {
     const int G = L->group_size, base = s0 * G;
     __m256i acc[2 * NB];
@@ -284,16 +280,45 @@ AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
     }
 }
 
-/* mq[c] = m[c / 32] * q[c] (|mq| <= 255 * 127) for one input, natural order, n_pad entries
- * (a multiple of 32). */
-AVX2_FN static void scale_acts(int16_t *mq, const QuantActs *qa) {
-    for (int c = 0; c < qa->n_pad; c += 32) {
-        __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
-        const __m128i *q = (const __m128i *)(const void *)(qa->q + c);
-        __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(q));
-        __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(q + 1));
-        _mm256_storeu_si256((__m256i *)(void *)(mq + c), _mm256_mullo_epi16(m, q0));
-        _mm256_storeu_si256((__m256i *)(void *)(mq + c + 16), _mm256_mullo_epi16(m, q1));
+/* The int16 m[c / 32] * q[c] (|m q| <= 255 * 127) of input t's columns [c0, c0 + 32), or
+ * zeros past the T inputs. */
+AVX2_FN static void scaled_chunk(__m256i *lo, __m256i *hi, const QuantActs *qa, int t, int T,
+                                 int c0) {
+    if (t >= T) {
+        *lo = *hi = _mm256_setzero_si256();
+        return;
+    }
+    const __m256i m = _mm256_set1_epi16(qa[t].m16[c0 / 32]);
+    const __m128i *q = (const __m128i *)(const void *)(qa[t].q + c0);
+    *lo = _mm256_mullo_epi16(m, _mm256_cvtepi8_epi16(_mm_loadu_si128(q)));
+    *hi = _mm256_mullo_epi16(m, _mm256_cvtepi8_epi16(_mm_loadu_si128(q + 1)));
+}
+
+/* The scaled inputs as the micro-kernel reads them, blocked as the weight panels are: for each
+ * block of columns [b0, b1) (KBLOCK wide, the last one to n_pad) and each group g of six
+ * inputs, (b1 - b0) / 2 column pairs of six dwords, input j's pair of columns b0 + 2k and
+ * b0 + 2k + 1 at [6k + j] (zeros for the inputs past T in the last group). The first such
+ * (block, group) starts at b0 / 2 * 6 * n_groups + g * (b1 - b0) / 2 * 6 dwords, so one panel's
+ * pass over a block reads one sequential stream. */
+AVX2_FN static void interleave_acts(int32_t *xi, const QuantActs *qa, int T, int block_cols) {
+    const int n_pad = qa[0].n_pad, n_groups = (T + NB - 1) / NB;
+    for (int b0 = 0; b0 < n_pad; b0 += block_cols) {
+        const int b1 = b0 + block_cols < n_pad ? b0 + block_cols : n_pad;
+        for (int g = 0; g < n_groups; g++) {
+            int32_t *dst = xi + (size_t)b0 / 2 * NB * (size_t)n_groups +
+                           (size_t)g * (size_t)(b1 - b0) / 2 * NB;
+            for (int c = b0; c < b1; c += 32, dst += 16 * NB) {
+                int32_t pairs[NB][16];
+                for (int j = 0; j < NB; j++) {
+                    __m256i lo, hi;
+                    scaled_chunk(&lo, &hi, qa, g * NB + j, T, c);
+                    _mm256_storeu_si256((__m256i *)(void *)pairs[j], lo);
+                    _mm256_storeu_si256((__m256i *)(void *)(pairs[j] + 8), hi);
+                }
+                for (int k = 0; k < 16; k++)
+                    for (int j = 0; j < NB; j++) dst[k * NB + j] = pairs[j][k];
+            }
+        }
     }
 }
 
@@ -383,14 +408,16 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
     const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub;
     const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
     const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
-    int16_t *mq = alloc_or_die((size_t)T * (size_t)n_pad * sizeof *mq, "scaled activations");
+    const int n_groups = (T + NB - 1) / NB, block_cols = sb_per_block * G;
+    int32_t *xi = alloc_or_die((size_t)n_groups * NB * (size_t)n_pad / 2 * sizeof *xi,
+                               "scaled activations");
     int16_t *tmp = alloc_or_die((size_t)PANEL * (size_t)kmax * sizeof *tmp, "decoded rows");
     int32_t *P = alloc_or_die((size_t)kmax / 2 * PANEL * sizeof *P, "weight panel");
-    /* the sums of T inputs and of the up to NB - 1 repeats a last group of fewer combines */
+    /* the sums of T inputs and of the up to NB - 1 zero inputs a last group of fewer combines */
     const size_t n_dacc = ((size_t)T + NB - 1) * PANEL;
     double *dacc = alloc_or_die(n_dacc * sizeof *dacc, "sums");
     double *scd = alloc_or_die((size_t)n_sub * PANEL * sizeof *scd, "scales");
-    for (int t = 0; t < T; t++) scale_acts(mq + (size_t)t * (size_t)n_pad, &qa[t]);
+    interleave_acts(xi, qa, T, block_cols);
     for (int rp = r0; rp < r1; rp += PANEL) {
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
         panel_scales(scd, L, rp, R);
@@ -399,15 +426,15 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
             s1 = load_panel_block(P, tmp, kmax, 0, L, rp, R, cols, s0);
             if (s1 < n_sub) prefetch_panel_block(L, rp, r1, cols, s1);
             else prefetch_panel_block(L, rp + PANEL, r1, cols, 0);
+            const int b0 = s0 * G, b1 = b0 + block_cols < n_pad ? b0 + block_cols : n_pad;
+            const int32_t *xb = xi + (size_t)b0 / 2 * NB * (size_t)n_groups;
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
-                const int16_t *x[NB];
-                for (int j = 0; j < NB; j++) { /* past the last input: repeat it (not stored) */
-                    const size_t tj = (size_t)(t + (j < n ? j : n - 1));
-                    if (s0 == 0 && j < n && rp + PANEL < r1) /* as in gemm_quads() below */
-                        __builtin_prefetch(Y + tj * (size_t)rows + (size_t)(rp + PANEL), 1, 2);
-                    x[j] = mq + tj * (size_t)n_pad + (size_t)s0 * (size_t)G;
-                }
+                if (s0 == 0 && rp + PANEL < r1) /* as in gemm_quads() below */
+                    for (int j = 0; j < n; j++)
+                        __builtin_prefetch(Y + (size_t)(t + j) * (size_t)rows +
+                                               (size_t)(rp + PANEL), 1, 2);
+                const int32_t *x = xb + (size_t)(t / NB) * (size_t)(b1 - b0) / 2 * NB;
                 block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
@@ -417,7 +444,7 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
     free(dacc);
     free(P);
     free(tmp);
-    free(mq);
+    free(xi);
 }
 
 /* ---- The quad form (AVX-512 VNNI: zmm) ----
