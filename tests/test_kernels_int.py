@@ -159,6 +159,16 @@ def _act_quantize(lib, kernel, x):
     return np.float32(D.value), m, q, qp, aqp
 
 
+def _act_plain(lib, kernel, x):
+    """(D, m, q) of the table's act_quantize of x with no perm arrays made (ACT_PLAIN)."""
+    n_pad = -(-x.size // 64) * 64
+    D, m, q = ctypes.c_float(), np.zeros(n_pad // 32, np.uint8), np.zeros(n_pad, np.int8)
+    assert lib.act_quantize_copy_with(kernel.encode(), x.ctypes.data, x.size, ctypes.addressof(D),
+                                      m.ctypes.data, q.ctypes.data, None, None, None, None,
+                                      None) == n_pad
+    return np.float32(D.value), m, q
+
+
 def _act_perm64(lib, kernel, x):
     """(qp64, aqp64, m64) of the table's act_quantize of x."""
     n_pad = -(-x.size // 64) * 64
@@ -174,7 +184,8 @@ def _act_perm64(lib, kernel, x):
 @pytest.mark.parametrize("kernel", list(X86_TABLES))
 def test_activation_quantization_equals_numpy(lib, kernel):
     """Every table's act_quantize (the scalar one and the AVX2 one) gives the definition's bytes,
-    and the perm32 and perm64 copies the SIMD kernels read."""
+    and the perm32 and perm64 copies the SIMD kernels read; the same D, m and q when prefill
+    asks for them alone (ACT_PLAIN, for the panel GEMMs)."""
     if not X86_TABLES[kernel] <= cpu_flags():
         pytest.skip(f"this CPU lacks {' '.join(sorted(X86_TABLES[kernel] - cpu_flags()))}")
     for x in _act_inputs():
@@ -184,6 +195,8 @@ def test_activation_quantization_equals_numpy(lib, kernel):
         assert D == D_np
         assert m.tolist() == m_np.tolist()
         assert q.tolist() == q_np.tolist()
+        D_plain, m_plain, q_plain = _act_plain(lib, kernel, x)
+        assert (D_plain, m_plain.tolist(), q_plain.tolist()) == (D, m.tolist(), q.tolist())
         perm = q.reshape(-1, 32)
         assert qp.tolist() == np.concatenate([perm[:, 0::2], perm[:, 1::2]], axis=1).ravel().tolist()
         assert aqp.tolist() == np.abs(qp.astype(int)).tolist()

@@ -46,8 +46,8 @@ void i8cb_b4_tiled_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, i
 void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
 void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
-int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni);
-int act_quantize_avx512(QuantActs *qa, const float *x, int n, int with_vnni);
+int act_quantize_avx2(QuantActs *qa, const float *x, int n, int flags);
+int act_quantize_avx512(QuantActs *qa, const float *x, int n, int flags);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
                     int rows, int cols);
 void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
@@ -76,19 +76,19 @@ static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
      i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx512,
-     NULL, NULL, NULL, NULL},
+     NULL, NULL, NULL, NULL, 1},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
      codebook_gemv_avx512, act_quantize_avx512, i8_dec8_rows_avx2, i8_decode_rows_avx2,
-     i8cb_b5_rows_avx2, NULL},
+     i8cb_b5_rows_avx2, NULL, 1},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
-     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, NULL},
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, NULL, 1},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
      i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
-     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, i8cb_b4_tiled_rows_avx2},
+     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, i8cb_b4_tiled_rows_avx2, 1},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL},
+     NULL, NULL, 0},
 };
 
 #elif defined(__aarch64__)
@@ -111,15 +111,16 @@ static int has_neon_dotprod(void) {
 
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
-     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL, NULL},
+     i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL, NULL,
+     0},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL},
+     NULL, NULL, 0},
 };
 
 #else
 static const KernelTable TABLES[] = {
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL},
+     NULL, NULL, 0},
 };
 #endif
 
@@ -189,12 +190,12 @@ const KernelTable *kernels_active(void) {
 }
 
 static int act_quantize_by(const KernelTable *K, QuantActs *qa, const float *x, int n,
-                           int with_vnni) {
-    return (K->act_quant ? K->act_quant : act_quantize_generic)(qa, x, n, with_vnni);
+                           int flags) {
+    return (K->act_quant ? K->act_quant : act_quantize_generic)(qa, x, n, flags);
 }
 
-int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni) {
-    return act_quantize_by(kernels_active(), qa, x, n, with_vnni);
+int act_quantize(QuantActs *qa, const float *x, int n, int flags) {
+    return act_quantize_by(kernels_active(), qa, x, n, flags);
 }
 
 I8RowsFn kernel_pick_i8(const KernelTable *K, int bits, int G, int has_vnni) {
@@ -505,7 +506,12 @@ int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, 
     if (!K || !K->supported()) return -1;
     QuantActs qa;
     memset(&qa, 0, sizeof qa);
-    if (act_quantize_by(K, &qa, x, n, 0)) return -1;
+    const int plain = !qp && !aqp && !qp64 && !aqp64 && !m64;
+    if (act_quantize_by(K, &qa, x, n, plain ? ACT_PLAIN : 0)) return -1;
+    if (qa.has_perm == plain) { /* the flag disagrees with the arrays made */
+        act_free(&qa);
+        return -1;
+    }
     size_t n_pad = (size_t)qa.n_pad;
     *D = qa.D;
     memcpy(m, qa.m, n_pad / QA_BLOCK);
@@ -539,6 +545,12 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
         K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols);
         return;
     }
+    for (int t = 0; t < T; t++)
+        if (!qa[t].has_perm) { /* quantize_rows' gemm_reads_plain disagrees with this rule */
+            fprintf(stderr, "ditto: internal error: activation row without perm arrays for the "
+                            "row kernels (b = %d, G = %d)\n", L->bits, L->group_size);
+            abort();
+        }
     I8RowsFn fn = kernel_pick_i8(K, L->bits, L->group_size, vnni);
     /* 16 rows at a time for every token: their index bytes stay in L1/L2 for all T */
     for (int rb = r0; rb < r1; rb += 16) {
@@ -604,17 +616,28 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     return ran;
 }
 
+/* Whether gemm_i8_part() takes tensor W through table K's GEMM kernel for T inputs reading
+ * only their plain arrays (KernelTable.gemm_plain_acts): G % 32 == 0 and, when W is tiled,
+ * a table that reads the tiles. */
+static int gemm_reads_plain(const KernelTable *K, const Tensor *W, int T) {
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    return K->i8_gemm && K->gemm_plain_acts && T > GEMM_FEW_MAX && G % 32 == 0 &&
+           (!W->tiled || K->i8_b4_tiled);
+}
+
 /* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
  * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
  * has a GEMM kernel and T > GEMM_FEW_MAX: gemm_i8_part() then runs it for every G % 32 == 0,
- * and no b = 4 row kernel (G % 32 == 0 or 64) reads them for the other G. */
-static QuantActs *quantize_rows(const float *X, int T, int cols) {
+ * and no b = 4 row kernel (G % 32 == 0 or 64) reads them for the other G. With `plain` (every
+ * tensor of the call gemm_reads_plain) the perm32 and perm64 arrays are left out too. */
+static QuantActs *quantize_rows(const float *X, int T, int cols, int plain) {
     static QuantActs qa[MATMUL_BATCH_MAX];
     const KernelTable *K = kernels_active();
     int vnni = K->vnni_acts && (!K->i8_gemm || T <= GEMM_FEW_MAX), failed = 0, t;
+    int flags = plain ? ACT_PLAIN : vnni ? ACT_VNNI : 0;
 #pragma omp parallel for reduction(| : failed) private(t)
     for (t = 0; t < T; t++) /* each row on its own: threads do not change the bytes */
-        failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, vnni) != 0;
+        failed |= act_quantize(&qa[t], X + (size_t)t * (size_t)cols, cols, flags) != 0;
     if (failed) {
         fprintf(stderr, "ditto: out of memory quantizing %d activation rows of %d floats\n", T,
                 cols);
@@ -624,13 +647,15 @@ static QuantActs *quantize_rows(const float *X, int T, int cols) {
 }
 
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
-    gemm_i8(Y, quantize_rows(X, T, (int)W->cols), T, W);
+    gemm_i8(Y, quantize_rows(X, T, (int)W->cols, gemm_reads_plain(kernels_active(), W, T)), T, W);
 }
 
 void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
                                int n) {
     const KernelTable *K = kernels_active();
-    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols);
+    int plain = 1;
+    for (int i = 0; i < n; i++) plain &= gemm_reads_plain(K, W[i], T);
+    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols, plain);
     I8Layout L[GEMM_MULTI_MAX];
     int rows[GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {

@@ -35,7 +35,7 @@ typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
 typedef void (*I8DecodeFn)(int8_t *w8, const I8Layout *L, int r0, int r1, int cols);
 
 /* act_quantize() of one ISA (qgemv.h; the same bytes as act_quantize_generic) */
-typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int with_vnni);
+typedef int (*ActQuantFn)(QuantActs *qa, const float *x, int n, int flags);
 
 typedef struct {
     const char *name;     /* "generic", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "neon" */
@@ -59,6 +59,9 @@ typedef struct {
                              (kernels_tile_tensor, qgemv.h i8_tiles_fit); NULL: none tiled.
                              The table's i8_gemm must read tiles too (qgemm_avx2.c decode_row
                              does, through i8_b4_at) */
+    int gemm_plain_acts;  /* for more than GEMM_FEW_MAX inputs i8_gemm reads only D, m, m16 and
+                             q of each input (qgemv.h ACT_PLAIN): prefill's activation rows
+                             then skip the perm32 and perm64 arrays */
 } KernelTable;
 
 /* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the
@@ -188,7 +191,8 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
 int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q);
 /* The same through the table named `kernel` (-1 if it is unknown or unsupported here), also
  * copying the perm32 arrays qp[n_pad] and aqp[n_pad] and the perm64 arrays qp64[n_pad],
- * aqp64[n_pad] and m64[n_pad / 4] when those are not NULL. */
+ * aqp64[n_pad] and m64[n_pad / 4] when those are not NULL; when all five are NULL it quantizes
+ * with ACT_PLAIN (no perm arrays made), as prefill does for the panel GEMMs. */
 int act_quantize_copy_with(const char *kernel, const float *x, int n, float *D, uint8_t *m,
                            int8_t *q, int8_t *qp, uint8_t *aqp, int8_t *qp64, uint8_t *aqp64,
                            int16_t *m64);

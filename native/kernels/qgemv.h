@@ -58,6 +58,7 @@ typedef struct {
     int8_t *nh;
     int32_t *msum;  /* [n_pad / 32] sum of m * q over block j (natural order) */
     int has_vnni;   /* ml, mh, nl, nh and msum are filled */
+    int has_perm;   /* qp, aqp, qp64, aqp64 and m64 are filled (not under ACT_PLAIN) */
     size_t cap;     /* allocated n_pad */
 } QuantActs;
 
@@ -67,18 +68,24 @@ typedef struct {
  * and short prefills fall under it; beyond it the panel GEMMs are faster. */
 #define GEMM_FEW_MAX 16
 
+/* act_quantize() flags: ACT_VNNI also fills the VNNI arrays; ACT_PLAIN fills only D, m, m16 and
+ * q (what the panel GEMMs read: kernels.h KernelTable.gemm_plain_acts), no perm32, perm64 or
+ * VNNI arrays (ACT_VNNI is then ignored). */
+#define ACT_VNNI 1
+#define ACT_PLAIN 2
+
 /* Quantize x[n] into qa (growing its arrays as needed; a zeroed QuantActs is empty). Per block
  * j of 32: a_j = max |x| of the block, A = max_j a_j, D = A / (127 * 255) (float32),
  * m_j = min(255, ceil(a_j / (127 * D))) (0 when a_j = 0), and q[c] = clamp(rint(x[c] * inv_j),
  * -127, 127) with inv_j = 1 / (D * m_j), all in float32, rint rounding half to even. A = 0
  * gives D = 0 and all q = 0; a NaN or infinity in x gives D = NaN (so every y is NaN). Also
- * fills the perm32 and perm64 arrays; with_vnni also the VNNI ones. Returns 0, or -1 when out of memory
- * (qa unchanged). */
-int act_quantize(QuantActs *qa, const float *x, int n, int with_vnni);
+ * fills the perm32 and perm64 arrays unless flags has ACT_PLAIN, and the VNNI ones when it has
+ * ACT_VNNI. Returns 0, or -1 when out of memory (qa unchanged). */
+int act_quantize(QuantActs *qa, const float *x, int n, int flags);
 
 /* act_quantize() runs the active kernel table's form (kernels.h); this scalar one defines the
  * result, and every SIMD form gives the same bytes. */
-int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni);
+int act_quantize_generic(QuantActs *qa, const float *x, int n, int flags);
 
 /* Shared by the act_quantize forms: grow qa's arrays to n_pad entries (0, or -1 when out of
  * memory, qa unchanged); block j's multiplier m from a = max |x| of the block (0 when a = 0

@@ -115,7 +115,7 @@ void act_fill_perm64(QuantActs *qa) {
     }
 }
 
-int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
+int act_quantize_generic(QuantActs *qa, const float *x, int n, int flags) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
     qa->n = n;
@@ -149,6 +149,8 @@ int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
         qa->m[j] = (uint8_t)m;
         qa->m16[j] = (int16_t)m;
     }
+    qa->has_vnni = qa->has_perm = 0;
+    if (flags & ACT_PLAIN) return 0;
     for (size_t base = 0; base < n_pad; base += 32) { /* perm32: the block's evens, then odds */
         for (size_t i = 0; i < 16; i++) {
             qa->qp[base + i] = qa->q[base + 2 * i];
@@ -160,8 +162,8 @@ int act_quantize_generic(QuantActs *qa, const float *x, int n, int with_vnni) {
         qa->aqp[c] = (uint8_t)(v < 0 ? -v : v);
     }
     act_fill_perm64(qa);
-    qa->has_vnni = 0;
-    if (with_vnni) act_fill_vnni(qa);
+    qa->has_perm = 1;
+    if (flags & ACT_VNNI) act_fill_vnni(qa);
     return 0;
 }
 

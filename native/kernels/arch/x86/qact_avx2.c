@@ -98,9 +98,9 @@ AVX2_FN static void fill_vnni_avx2(QuantActs *qa) {
     qa->has_vnni = 1;
 }
 
-AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni);
+AVX2_FN static void finish_perm32(QuantActs *qa, int flags);
 
-AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnni) {
+AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int flags) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
     qa->n = n;
@@ -154,15 +154,18 @@ AVX2_FN int act_quantize_avx2(QuantActs *qa, const float *x, int n, int with_vnn
         qa->m[j] = (uint8_t)m;
         qa->m16[j] = (int16_t)m;
     }
-    finish_perm32(qa, with_vnni);
+    finish_perm32(qa, flags);
     return 0;
 }
 
 /* perm32 (each block's evens, then its odds), |qp|, the perm64 arrays (qgemv.h: the evens of
- * each two blocks, then their odds, and their multipliers) and, when asked, the VNNI arrays
- * of qa->q (the steps after the quantization itself, shared by the AVX2 and AVX-512 forms). */
-AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni) {
+ * each two blocks, then their odds, and their multipliers) and, with ACT_VNNI, the VNNI arrays
+ * of qa->q, none of them under ACT_PLAIN (the steps after the quantization itself, shared by
+ * the AVX2 and AVX-512 forms). */
+AVX2_FN static void finish_perm32(QuantActs *qa, int flags) {
     const size_t n_pad = (size_t)qa->n_pad;
+    qa->has_vnni = qa->has_perm = 0;
+    if (flags & ACT_PLAIN) return;
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (size_t base = 0; base < n_pad; base += 64) { /* QA_PAD: whole groups of 64 */
@@ -187,8 +190,8 @@ AVX2_FN static void finish_perm32(QuantActs *qa, int with_vnni) {
                             _mm256_setr_m128i(_mm_set1_epi16(qa->m16[base / 32]),
                                               _mm_set1_epi16(qa->m16[base / 32 + 1])));
     }
-    qa->has_vnni = 0;
-    if (with_vnni) fill_vnni_avx2(qa);
+    qa->has_perm = 1;
+    if (flags & ACT_VNNI) fill_vnni_avx2(qa);
 }
 
 #define AVX512_FN __attribute__((target("avx512f,avx2")))
@@ -209,7 +212,7 @@ AVX512_FN static inline __m256i quantize32_zmm(const float *x, __m512 inv) {
 /* act_quantize_avx2 with the maxima and the quantization in sixteen lanes (the AVX-512 tables'
  * act_quant): maxima are exact in any order and the per-element steps are the same, so the
  * same bytes. */
-AVX512_FN int act_quantize_avx512(QuantActs *qa, const float *x, int n, int with_vnni) {
+AVX512_FN int act_quantize_avx512(QuantActs *qa, const float *x, int n, int flags) {
     size_t n_pad = ((size_t)(n > 0 ? n : 1) + QA_PAD - 1) / QA_PAD * QA_PAD;
     if (act_reserve(qa, n_pad)) return -1;
     qa->n = n;
@@ -261,7 +264,7 @@ AVX512_FN int act_quantize_avx512(QuantActs *qa, const float *x, int n, int with
         qa->m[j] = (uint8_t)m;
         qa->m16[j] = (int16_t)m;
     }
-    finish_perm32(qa, with_vnni);
+    finish_perm32(qa, flags);
     return 0;
 }
 
