@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
                     int r0 = ranges[ri][0], r1 = ranges[ri][1];
                     for (size_t i = 0; i < (size_t)T * (size_t)rows; i++)
                         memcpy(&Y[i], &sentinel, sizeof sentinel);
-                    K->i8_gemm(Y, qa, T, &L, r0, r1, rows, cols);
+                    K->i8_gemm(Y, qa, T, &L, r0, r1, rows, cols, NULL);
                     calls++;
                     for (int t = 0; t < T; t++) {
                         for (int r = 0; r < rows; r++) {

@@ -49,13 +49,14 @@ void i8_decode_rows_avx2(int8_t *w8, const I8Layout *L, int r0, int r1, int cols
 int act_quantize_avx2(QuantActs *qa, const float *x, int n, int flags);
 int act_quantize_avx512(QuantActs *qa, const float *x, int n, int flags);
 void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                    int rows, int cols);
+                    int rows, int cols, const GemmPrep *prep);
 void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                       int rows, int cols);
+                       int rows, int cols, const GemmPrep *prep);
 void i8cb_gemm_avx512vbmi(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
-                          int r1, int rows, int cols);
+                          int r1, int rows, int cols, const GemmPrep *prep);
 void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
-                          int r1, int rows, int cols);
+                          int r1, int rows, int cols, const GemmPrep *prep);
+void i8cb_gemm_prep_pairs(int32_t *pairs, const QuantActs *qa, int T, int g);
 
 static int has_avx2(void) {
     __builtin_cpu_init();
@@ -76,19 +77,21 @@ static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
      i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx512,
-     NULL, NULL, NULL, NULL, 1},
+     NULL, NULL, NULL, NULL, 1, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
      codebook_gemv_avx512, act_quantize_avx512, i8_dec8_rows_avx2, i8_decode_rows_avx2,
-     i8cb_b5_rows_avx2, NULL, 1},
+     i8cb_b5_rows_avx2, NULL, 1, NULL},
     {"avxvnni", "avx_vnni avx2 fma f16c bmi2", has_avxvnni, i8cb_b4_rows_avxvnni, 32,
      i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avxvnni, 1, codebook_gemv_avx2,
-     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, NULL, 1},
+     act_quantize_avx2, i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, NULL, 1,
+     i8cb_gemm_prep_pairs},
     {"avx2", "avx2 fma f16c bmi2", has_avx2, i8cb_b4_rows_avx2, 32, i8cb_b6_rows_avx2,
      i8cb_rows_avx2_any, i8cb_gemm_avx2, 0, codebook_gemv_avx2, act_quantize_avx2,
-     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, i8cb_b4_tiled_rows_avx2, 1},
+     i8_dec8_rows_avx2, i8_decode_rows_avx2, i8cb_b5_rows_avx2, i8cb_b4_tiled_rows_avx2, 1,
+     i8cb_gemm_prep_pairs},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL, 0},
+     NULL, NULL, 0, NULL},
 };
 
 #elif defined(__aarch64__)
@@ -99,7 +102,7 @@ void i8cb_b6_rows_neon(float *y, const QuantActs *qa, const I8Layout *L, int r0,
 void i8cb_rows_neon_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                         int cols);
 void i8cb_gemm_neon(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                    int rows, int cols);
+                    int rows, int cols, const GemmPrep *prep);
 
 static int has_neon_dotprod(void) {
 #if defined(__APPLE__)
@@ -112,15 +115,15 @@ static int has_neon_dotprod(void) {
 static const KernelTable TABLES[] = {
     {"neon", "asimddp", has_neon_dotprod, i8cb_b4_rows_neon, 32, i8cb_b6_rows_neon,
      i8cb_rows_neon_any, i8cb_gemm_neon, 0, codebook_gemv_ref, NULL, NULL, NULL, NULL, NULL,
-     0},
+     0, NULL},
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL, 0},
+     NULL, NULL, 0, NULL},
 };
 
 #else
 static const KernelTable TABLES[] = {
     {"generic", "", always, NULL, 1, NULL, NULL, NULL, 0, codebook_gemv_ref, NULL, NULL, NULL,
-     NULL, NULL, 0},
+     NULL, NULL, 0, NULL},
 };
 #endif
 
@@ -532,7 +535,8 @@ int act_quantize_copy(const float *x, int n, float *D, uint8_t *m, int8_t *q) {
 
 /* One thread's rows [r0, r1) of gemm_i8() through table K on layout L. */
 static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, int T,
-                         const I8Layout *L, int r0, int r1, int rows, int cols) {
+                         const I8Layout *L, int r0, int r1, int rows, int cols,
+                         const GemmPrep *prep) {
     if (r0 >= r1) return;
     int vnni = 1;
     for (int t = 0; t < T; t++) vnni &= qa[t].has_vnni;
@@ -542,7 +546,7 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
         return;
     }
     if (K->i8_gemm && L->group_size % 32 == 0) {
-        K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols);
+        K->i8_gemm(Y, qa, T, L, r0, r1, rows, cols, prep);
         return;
     }
     for (int t = 0; t < T; t++)
@@ -564,9 +568,11 @@ static void gemm_i8_part(const KernelTable *K, float *Y, const QuantActs *qa, in
  * a claim is cheap next to it, yet chunks of one run made SmolLM2's prefill (matrices of 36
  * to 96 runs) 3-5 % slower than an even split on the Zen 3 VM; 32 KiB chunks did not. */
 static void gemm_rows_claimed(const KernelTable *K, float *const *Y, const QuantActs *qa, int T,
-                              const I8Layout *L, const int *rows, int cols, int n) {
+                              const I8Layout *L, const int *rows, int cols, int n,
+                              const GemmPrep *prep) {
     if (team_size() == 1) {
-        for (int i = 0; i < n; i++) gemm_i8_part(K, Y[i], qa, T, &L[i], 0, rows[i], rows[i], cols);
+        for (int i = 0; i < n; i++)
+            gemm_i8_part(K, Y[i], qa, T, &L[i], 0, rows[i], rows[i], cols, prep);
         return;
     }
     RowChunks C;
@@ -579,16 +585,17 @@ static void gemm_rows_claimed(const KernelTable *K, float *const *Y, const Quant
         int k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
         if (k >= C.n) break;
         int i = C.tensor[k];
-        gemm_i8_part(K, Y[i], qa, T, &L[i], C.r0[k], C.r1[k], rows[i], cols);
+        gemm_i8_part(K, Y[i], qa, T, &L[i], C.r0[k], C.r1[k], rows[i], cols, prep);
     }
 }
 
 /* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
 static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
-                      const uint8_t *payload, int bits, int G, int rows, int cols, int tiled) {
+                      const uint8_t *payload, int bits, int G, int rows, int cols, int tiled,
+                      const GemmPrep *prep) {
     I8Layout L = i8_layout(payload, bits, G, rows, cols);
     L.tiled = tiled;
-    gemm_rows_claimed(K, &Y, qa, T, &L, &rows, cols, 1);
+    gemm_rows_claimed(K, &Y, qa, T, &L, &rows, cols, 1, prep);
     return K->i8_gemm && G % 32 == 0;
 }
 
@@ -596,7 +603,29 @@ void gemm_i8(float *Y, const QuantActs *qa, int T, const Tensor *W) {
     int cols = (int)W->cols;
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     gemm_i8_by(kernels_active(), Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, cols,
-               (int)W->tiled);
+               (int)W->tiled, NULL);
+}
+
+/* K's GemmPrep of the T inputs qa into *prep, its pairs in *buf (grown to *cap entries as
+ * needed), the groups over the threads. Returns prep, or NULL when K has no i8_gemm_prep or
+ * there is no memory (the GEMM then makes its own). */
+static const GemmPrep *prepare_gemm(const KernelTable *K, GemmPrep *prep, int32_t **buf,
+                                    size_t *cap, const QuantActs *qa, int T) {
+    if (!K->i8_gemm_prep) return NULL;
+    size_t len = gemm_pairs_len(T, qa[0].n_pad);
+    if (len > *cap) {
+        int32_t *p = realloc(*buf, len * sizeof *p);
+        if (!p) return NULL;
+        *buf = p;
+        *cap = len;
+    }
+    int g, n_groups = (T + 5) / 6;
+#pragma omp parallel for private(g)
+    for (g = 0; g < n_groups; g++) K->i8_gemm_prep(*buf, qa, T, g);
+    prep->pairs = *buf;
+    prep->T = T;
+    prep->n_pad = qa[0].n_pad;
+    return prep;
 }
 
 int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,
@@ -607,10 +636,15 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     int ok = qa != NULL, ran = -1;
     for (int t = 0; ok && t < T; t++)
         ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, K->vnni_acts) == 0;
-    if (ok) {
+    GemmPrep prep;
+    int32_t *pairs = NULL;
+    size_t cap = 0;
+    if (ok) { /* the inputs prepared once, as prefill does (the GEMM drivers pass none) */
         if (group_size > cols) group_size = cols; /* as gemm_i8() sees it */
-        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols, 0);
+        ran = gemm_i8_by(K, Y, qa, T, payload, bits, group_size, rows, cols, 0,
+                         prepare_gemm(K, &prep, &pairs, &cap, qa, T));
     }
+    free(pairs);
     for (int t = 0; qa && t < T; t++) act_free(&qa[t]);
     free(qa);
     return ran;
@@ -629,9 +663,15 @@ static int gemm_reads_plain(const KernelTable *K, const Tensor *W, int T) {
  * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
  * has a GEMM kernel and T > GEMM_FEW_MAX: gemm_i8_part() then runs it for every G % 32 == 0,
  * and no b = 4 row kernel (G % 32 == 0 or 64) reads them for the other G. With `plain` (every
- * tensor of the call gemm_reads_plain) the perm32 and perm64 arrays are left out too. */
-static QuantActs *quantize_rows(const float *X, int T, int cols, int plain) {
+ * tensor of the call gemm_reads_plain) the perm32 and perm64 arrays are left out too, and *prep
+ * gets the table's GemmPrep of the rows, which every chunk of the GEMMs shares (NULL without
+ * `plain`, or when the table takes none). */
+static QuantActs *quantize_rows(const float *X, int T, int cols, int plain,
+                                const GemmPrep **prep) {
     static QuantActs qa[MATMUL_BATCH_MAX];
+    static GemmPrep kept;
+    static int32_t *pairs;
+    static size_t cap;
     const KernelTable *K = kernels_active();
     int vnni = K->vnni_acts && (!K->i8_gemm || T <= GEMM_FEW_MAX), failed = 0, t;
     int flags = plain ? ACT_PLAIN : vnni ? ACT_VNNI : 0;
@@ -643,11 +683,17 @@ static QuantActs *quantize_rows(const float *X, int T, int cols, int plain) {
                 cols);
         abort();
     }
+    *prep = plain ? prepare_gemm(K, &kept, &pairs, &cap, qa, T) : NULL;
     return qa;
 }
 
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
-    gemm_i8(Y, quantize_rows(X, T, (int)W->cols, gemm_reads_plain(kernels_active(), W, T)), T, W);
+    const KernelTable *K = kernels_active();
+    const GemmPrep *prep;
+    const QuantActs *qa = quantize_rows(X, T, (int)W->cols, gemm_reads_plain(K, W, T), &prep);
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    gemm_i8_by(K, Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, (int)W->cols, (int)W->tiled,
+               prep);
 }
 
 void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Tensor *const *W,
@@ -655,7 +701,8 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
     const KernelTable *K = kernels_active();
     int plain = 1;
     for (int i = 0; i < n; i++) plain &= gemm_reads_plain(K, W[i], T);
-    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols, plain);
+    const GemmPrep *prep;
+    const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols, plain, &prep);
     I8Layout L[GEMM_MULTI_MAX];
     int rows[GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
@@ -664,5 +711,5 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
         L[i].tiled = (int)W[i]->tiled;
         rows[i] = (int)W[i]->rows;
     }
-    gemm_rows_claimed(K, Y, qa, T, L, rows, (int)W[0]->cols, n);
+    gemm_rows_claimed(K, Y, qa, T, L, rows, (int)W[0]->cols, n, prep);
 }

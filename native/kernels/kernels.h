@@ -22,9 +22,12 @@
 typedef void (*I8RowsFn)(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                          int cols);
 /* Y[t][r] (row stride `rows`) for t < T and rows [r0, r1) of an int8 codebook tensor: a GEMM over
- * T quantized inputs that decodes each row's weights once (bit-identical to the row kernels) */
+ * T quantized inputs that decodes each row's weights once (bit-identical to the row kernels).
+ * prep: the inputs as the table's i8_gemm_prep made them, or NULL (the call makes its own). */
 typedef void (*I8GemmFn)(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                         int rows, int cols);
+                         int rows, int cols, const GemmPrep *prep);
+/* Group g (inputs 6g..6g+5) of GemmPrep.pairs for the T inputs qa (qgemv.h) */
+typedef void (*I8GemmPrepFn)(int32_t *pairs, const QuantActs *qa, int T, int g);
 /* the whole y = W x for an f16/f32 codebook tensor (parameters of codebook_gemv_ref) */
 typedef void (*FloatCbFn)(float *y, const float *x, const uint8_t *payload,
                           uint32_t codebook_type, int bits, int group_size, int rows, int cols);
@@ -62,6 +65,8 @@ typedef struct {
     int gemm_plain_acts;  /* for more than GEMM_FEW_MAX inputs i8_gemm reads only D, m, m16 and
                              q of each input (qgemv.h ACT_PLAIN): prefill's activation rows
                              then skip the perm32 and perm64 arrays */
+    I8GemmPrepFn i8_gemm_prep; /* i8_gemm's GemmPrep, made once per batch of inputs; NULL:
+                                  i8_gemm takes none */
 } KernelTable;
 
 /* The bit widths whose lookup kernels cost more than reading decoded int8 weights: b = 6 (the

@@ -62,6 +62,19 @@ typedef struct {
     size_t cap;     /* allocated n_pad */
 } QuantActs;
 
+/* The T inputs of a GEMM prepared once for every chunk of rows and every thread that runs it
+ * (kernels.h KernelTable.i8_gemm_prep): for the pair-form GEMMs (avx2, avxvnni), each group of
+ * six inputs' int16 m * q column pairs interleaved, pairs[(g * n_pad / 2 + k) * 6 + j] = input
+ * 6g + j's columns 2k and 2k + 1 (zero past the T inputs), gemm_pairs_len(T, n_pad) entries. */
+typedef struct {
+    const int32_t *pairs;
+    int T, n_pad;
+} GemmPrep;
+
+static inline size_t gemm_pairs_len(int T, int n_pad) {
+    return (size_t)(T + 5) / 6 * 6 * (size_t)n_pad / 2;
+}
+
 /* Most inputs a GEMM over int8 codebooks takes through its few-input path (kernels.h
  * I8GemmFn): the row kernels, several inputs per decoded weight, which read the VNNI arrays
  * (gemm_i8_float_input makes them for T up to this). Speculative verification (up to 9 tokens)

@@ -128,7 +128,8 @@ NEON_FN static void row_x4(int64_t *T0, int64_t *T1, int64_t *T2, int64_t *T3,
 }
 
 NEON_FN void i8cb_gemm_neon(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0,
-                            int r1, int rows, int cols) {
+                            int r1, int rows, int cols, const GemmPrep *prep) {
+    (void)prep; /* none: the NEON GEMM reads the inputs' arrays directly */
     const int nblk = qa[0].n_pad / QA_BLOCK, n_sub = L->n_sub;
     int8_t w[(cols + 31) & ~31];
     int64_t sums[4][n_sub];

@@ -294,31 +294,22 @@ AVX2_FN static void scaled_chunk(__m256i *lo, __m256i *hi, const QuantActs *qa, 
     *hi = _mm256_mullo_epi16(m, _mm256_cvtepi8_epi16(_mm_loadu_si128(q + 1)));
 }
 
-/* The scaled inputs as the micro-kernel reads them, blocked as the weight panels are: for each
- * block of columns [b0, b1) (KBLOCK wide, the last one to n_pad) and each group g of six
- * inputs, (b1 - b0) / 2 column pairs of six dwords, input j's pair of columns b0 + 2k and
- * b0 + 2k + 1 at [6k + j] (zeros for the inputs past T in the last group). The first such
- * (block, group) starts at b0 / 2 * 6 * n_groups + g * (b1 - b0) / 2 * 6 dwords, so one panel's
- * pass over a block reads one sequential stream. */
-AVX2_FN static void interleave_acts(int32_t *xi, const QuantActs *qa, int T, int block_cols) {
-    const int n_pad = qa[0].n_pad, n_groups = (T + NB - 1) / NB;
-    for (int b0 = 0; b0 < n_pad; b0 += block_cols) {
-        const int b1 = b0 + block_cols < n_pad ? b0 + block_cols : n_pad;
-        for (int g = 0; g < n_groups; g++) {
-            int32_t *dst = xi + (size_t)b0 / 2 * NB * (size_t)n_groups +
-                           (size_t)g * (size_t)(b1 - b0) / 2 * NB;
-            for (int c = b0; c < b1; c += 32, dst += 16 * NB) {
-                int32_t pairs[NB][16];
-                for (int j = 0; j < NB; j++) {
-                    __m256i lo, hi;
-                    scaled_chunk(&lo, &hi, qa, g * NB + j, T, c);
-                    _mm256_storeu_si256((__m256i *)(void *)pairs[j], lo);
-                    _mm256_storeu_si256((__m256i *)(void *)(pairs[j] + 8), hi);
-                }
-                for (int k = 0; k < 16; k++)
-                    for (int j = 0; j < NB; j++) dst[k * NB + j] = pairs[j][k];
-            }
+/* kernels.h I8GemmPrepFn of the pair form: group g of qgemv.h GemmPrep.pairs, the six inputs'
+ * scaled pairs interleaved so that the micro-kernel reads them as one sequential stream through
+ * one pointer (zeros for the inputs past T in the last group). */
+AVX2_FN void i8cb_gemm_prep_pairs(int32_t *pairs, const QuantActs *qa, int T, int g) {
+    const int n_pad = qa[0].n_pad;
+    int32_t *dst = pairs + (size_t)g * (size_t)n_pad / 2 * NB;
+    for (int c = 0; c < n_pad; c += 32, dst += 16 * NB) {
+        int32_t chunk[NB][16];
+        for (int j = 0; j < NB; j++) {
+            __m256i lo, hi;
+            scaled_chunk(&lo, &hi, qa, g * NB + j, T, c);
+            _mm256_storeu_si256((__m256i *)(void *)chunk[j], lo);
+            _mm256_storeu_si256((__m256i *)(void *)(chunk[j] + 8), hi);
         }
+        for (int k = 0; k < 16; k++)
+            for (int j = 0; j < NB; j++) dst[k * NB + j] = chunk[j][k];
     }
 }
 
@@ -404,20 +395,25 @@ static void prefetch_panel_block(const I8Layout *L, int rp, int r1, int cols, in
 
 /* The GEMM of kernels.h's I8GemmFn with the micro-kernel micro6. */
 AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *qa, int T,
-                              const I8Layout *L, int r0, int r1, int rows, int cols) {
+                              const I8Layout *L, int r0, int r1, int rows, int cols,
+                              const GemmPrep *prep) {
     const int n_pad = qa[0].n_pad, G = L->group_size, n_sub = L->n_sub;
     const int sb_per_block = G >= KBLOCK ? 1 : KBLOCK / G;
     const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
-    const int n_groups = (T + NB - 1) / NB, block_cols = sb_per_block * G;
-    int32_t *xi = alloc_or_die((size_t)n_groups * NB * (size_t)n_pad / 2 * sizeof *xi,
-                               "scaled activations");
+    const int n_groups = (T + NB - 1) / NB;
+    int32_t *own = NULL; /* the prepared inputs, when the caller has none for these T */
+    const int32_t *xi = prep && prep->T == T && prep->n_pad == n_pad ? prep->pairs : NULL;
+    if (!xi) {
+        own = alloc_or_die(gemm_pairs_len(T, n_pad) * sizeof *own, "scaled activations");
+        for (int g = 0; g < n_groups; g++) i8cb_gemm_prep_pairs(own, qa, T, g);
+        xi = own;
+    }
     int16_t *tmp = alloc_or_die((size_t)PANEL * (size_t)kmax * sizeof *tmp, "decoded rows");
     int32_t *P = alloc_or_die((size_t)kmax / 2 * PANEL * sizeof *P, "weight panel");
     /* the sums of T inputs and of the up to NB - 1 zero inputs a last group of fewer combines */
     const size_t n_dacc = ((size_t)T + NB - 1) * PANEL;
     double *dacc = alloc_or_die(n_dacc * sizeof *dacc, "sums");
     double *scd = alloc_or_die((size_t)n_sub * PANEL * sizeof *scd, "scales");
-    interleave_acts(xi, qa, T, block_cols);
     for (int rp = r0; rp < r1; rp += PANEL) {
         const int R = r1 - rp < PANEL ? r1 - rp : PANEL;
         panel_scales(scd, L, rp, R);
@@ -426,15 +422,13 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
             s1 = load_panel_block(P, tmp, kmax, 0, L, rp, R, cols, s0);
             if (s1 < n_sub) prefetch_panel_block(L, rp, r1, cols, s1);
             else prefetch_panel_block(L, rp + PANEL, r1, cols, 0);
-            const int b0 = s0 * G, b1 = b0 + block_cols < n_pad ? b0 + block_cols : n_pad;
-            const int32_t *xb = xi + (size_t)b0 / 2 * NB * (size_t)n_groups;
             for (int t = 0; t < T; t += NB) {
                 const int n = T - t < NB ? T - t : NB;
                 if (s0 == 0 && rp + PANEL < r1) /* as in gemm_quads() below */
                     for (int j = 0; j < n; j++)
                         __builtin_prefetch(Y + (size_t)(t + j) * (size_t)rows +
                                                (size_t)(rp + PANEL), 1, 2);
-                const int32_t *x = xb + (size_t)(t / NB) * (size_t)(b1 - b0) / 2 * NB;
+                const int32_t *x = xi + ((size_t)(t / NB) * (size_t)n_pad + (size_t)s0 * G) / 2 * NB;
                 block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
@@ -444,7 +438,7 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
     free(dacc);
     free(P);
     free(tmp);
-    free(xi);
+    free(own);
 }
 
 /* ---- The quad form (AVX-512 VNNI: zmm) ----
@@ -631,17 +625,18 @@ AVX2_BMI2_FN static void gemm_quads(float *Y, const QuantActs *qa, int T, const 
  * avx2 table's (vpmaddwd), the avxvnni table's (VEX vpdpwssd) and the AVX-512 tables' (the
  * quad form: vpdpbusd on zmm). */
 AVX2_BMI2_FN void i8cb_gemm_avx2(float *Y, const QuantActs *qa, int T, const I8Layout *L,
-                                 int r0, int r1, int rows, int cols) {
-    gemm(&MICRO6_AVX2, Y, qa, T, L, r0, r1, rows, cols);
+                                 int r0, int r1, int rows, int cols, const GemmPrep *prep) {
+    gemm(&MICRO6_AVX2, Y, qa, T, L, r0, r1, rows, cols, prep);
 }
 
 AVX2_BMI2_FN void i8cb_gemm_avxvnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
-                                    int r0, int r1, int rows, int cols) {
-    gemm(&MICRO6_AVXVNNI, Y, qa, T, L, r0, r1, rows, cols);
+                                    int r0, int r1, int rows, int cols, const GemmPrep *prep) {
+    gemm(&MICRO6_AVXVNNI, Y, qa, T, L, r0, r1, rows, cols, prep);
 }
 
 AVX2_BMI2_FN void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L,
-                                       int r0, int r1, int rows, int cols) {
+                                       int r0, int r1, int rows, int cols, const GemmPrep *prep) {
+    (void)prep; /* the quad form reads q and m directly */
     gemm_quads(Y, qa, T, L, r0, r1, rows, cols);
 }
 

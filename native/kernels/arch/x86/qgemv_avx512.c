@@ -491,7 +491,7 @@ VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, cons
 }
 
 void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                          int rows, int cols);
+                          int rows, int cols, const GemmPrep *prep);
 
 /* The AVX-512 VBMI table's GEMM (kernels.h I8GemmFn): a few inputs with the VNNI arrays, b = 4,
  * 5 or 6 and G % 64 == 0 go through the any-b row kernel, two inputs per decoded weight (a
@@ -502,11 +502,11 @@ void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *
  * Qwen2.5-Coder-0.5B's b = 4 layers and b = 6 classifier (docs/KERNELS.md "Few-input GEMM"). */
 VBMI512_F16C_FN void i8cb_gemm_avx512vbmi(float *Y, const QuantActs *qa, int T,
                                           const I8Layout *L, int r0, int r1, int rows,
-                                          int cols) {
+                                          int cols, const GemmPrep *prep) {
     int few = T <= (L->bits == 6 ? GEMM_FEW_MAX : 8) && L->group_size % 64 == 0;
     for (int t = 0; t < T && few; t++) few = qa[t].has_vnni;
     if (!few || L->bits < 4 || L->bits > 6) {
-        i8cb_gemm_avx512vnni(Y, qa, T, L, r0, r1, rows, cols);
+        i8cb_gemm_avx512vnni(Y, qa, T, L, r0, r1, rows, cols, prep);
         return;
     }
     switch (L->bits) {
