@@ -589,6 +589,19 @@ static void gemm_rows_claimed(const KernelTable *K, float *const *Y, const Quant
     }
 }
 
+/* Whether gemm_i8_part() takes a tensor of group size G (G <= cols) through table K's GEMM
+ * kernel for T inputs reading only their plain arrays (KernelTable.gemm_plain_acts): G % 32 ==
+ * 0 and, when the tensor is tiled, a table that reads the tiles. */
+static int gemm_reads_plain(const KernelTable *K, int G, int tiled, int T) {
+    return K->i8_gemm && K->gemm_plain_acts && T > GEMM_FEW_MAX && G % 32 == 0 &&
+           (!tiled || K->i8_b4_tiled);
+}
+
+static int tensor_reads_plain(const KernelTable *K, const Tensor *W, int T) {
+    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
+    return gemm_reads_plain(K, G, (int)W->tiled, T);
+}
+
 /* gemm_i8() through table K on the payload's layout; returns 1 when K's GEMM kernel ran. */
 static int gemm_i8_by(const KernelTable *K, float *Y, const QuantActs *qa, int T,
                       const uint8_t *payload, int bits, int G, int rows, int cols, int tiled,
@@ -622,6 +635,7 @@ static const GemmPrep *prepare_gemm(const KernelTable *K, GemmPrep *prep, int32_
     int g, n_groups = (T + 5) / 6;
 #pragma omp parallel for private(g)
     for (g = 0; g < n_groups; g++) K->i8_gemm_prep(*buf, qa, T, g);
+    prep->qa = qa;
     prep->pairs = *buf;
     prep->T = T;
     prep->n_pad = qa[0].n_pad;
@@ -634,8 +648,12 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     if (!K || !K->supported() || T < 1) return -1;
     QuantActs *qa = calloc((size_t)T, sizeof *qa);
     int ok = qa != NULL, ran = -1;
+    /* the arrays prefill would make for this tensor (quantize_rows) */
+    int flags = gemm_reads_plain(K, group_size < cols ? group_size : cols, 0, T) ? ACT_PLAIN
+                : K->vnni_acts                                             ? ACT_VNNI
+                                                                           : 0;
     for (int t = 0; ok && t < T; t++)
-        ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, K->vnni_acts) == 0;
+        ok = act_quantize_by(K, &qa[t], X + (size_t)t * (size_t)cols, cols, flags) == 0;
     GemmPrep prep;
     int32_t *pairs = NULL;
     size_t cap = 0;
@@ -650,14 +668,6 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     return ran;
 }
 
-/* Whether gemm_i8_part() takes tensor W through table K's GEMM kernel for T inputs reading
- * only their plain arrays (KernelTable.gemm_plain_acts): G % 32 == 0 and, when W is tiled,
- * a table that reads the tiles. */
-static int gemm_reads_plain(const KernelTable *K, const Tensor *W, int T) {
-    int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
-    return K->i8_gemm && K->gemm_plain_acts && T > GEMM_FEW_MAX && G % 32 == 0 &&
-           (!W->tiled || K->i8_b4_tiled);
-}
 
 /* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
  * quantized into them, the rows over the threads. The VNNI arrays are left out when the table
@@ -665,7 +675,8 @@ static int gemm_reads_plain(const KernelTable *K, const Tensor *W, int T) {
  * and no b = 4 row kernel (G % 32 == 0 or 64) reads them for the other G. With `plain` (every
  * tensor of the call gemm_reads_plain) the perm32 and perm64 arrays are left out too, and *prep
  * gets the table's GemmPrep of the rows, which every chunk of the GEMMs shares (NULL without
- * `plain`, or when the table takes none). */
+ * `plain`, when the table takes none, or without memory for it: each GEMM call then makes its
+ * own). */
 static QuantActs *quantize_rows(const float *X, int T, int cols, int plain,
                                 const GemmPrep **prep) {
     static QuantActs qa[MATMUL_BATCH_MAX];
@@ -690,7 +701,7 @@ static QuantActs *quantize_rows(const float *X, int T, int cols, int plain,
 void gemm_i8_float_input(float *Y, const float *X, int T, const Tensor *W) {
     const KernelTable *K = kernels_active();
     const GemmPrep *prep;
-    const QuantActs *qa = quantize_rows(X, T, (int)W->cols, gemm_reads_plain(K, W, T), &prep);
+    const QuantActs *qa = quantize_rows(X, T, (int)W->cols, tensor_reads_plain(K, W, T), &prep);
     int G = (int)(W->group_size < W->cols ? W->group_size : W->cols);
     gemm_i8_by(K, Y, qa, T, W->data, (int)W->bits, G, (int)W->rows, (int)W->cols, (int)W->tiled,
                prep);
@@ -700,7 +711,7 @@ void gemm_i8_float_input_multi(float *const *Y, const float *X, int T, const Ten
                                int n) {
     const KernelTable *K = kernels_active();
     int plain = 1;
-    for (int i = 0; i < n; i++) plain &= gemm_reads_plain(K, W[i], T);
+    for (int i = 0; i < n; i++) plain &= tensor_reads_plain(K, W[i], T);
     const GemmPrep *prep;
     const QuantActs *qa = quantize_rows(X, T, (int)W[0]->cols, plain, &prep);
     I8Layout L[GEMM_MULTI_MAX];

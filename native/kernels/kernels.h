@@ -185,7 +185,9 @@ int i8cb_gemv_decoded_with(const char *kernel, float *y, const float *x, const u
                            int bits, int group_size, int rows, int cols);
 
 /* For tests: Y[T][rows] = X[T][cols] · Wᵀ for an int8 codebook payload through the table named
- * `kernel` (gemm_i8() with that table; each X row quantized by its act_quantize). Returns 1 when
+ * `kernel` (gemm_i8() with that table; each X row quantized by its act_quantize with the arrays
+ * prefill makes, ACT_PLAIN when the GEMM reads no others, and the inputs prepared once as
+ * prefill prepares them). Returns 1 when
  * the table's GEMM kernel ran, 0 when its row kernels did (once per input), -1 for an unknown
  * kernel, one this CPU cannot run, T < 1, or no memory. */
 int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const uint8_t *payload,

@@ -67,6 +67,7 @@ typedef struct {
  * six inputs' int16 m * q column pairs interleaved, pairs[(g * n_pad / 2 + k) * 6 + j] = input
  * 6g + j's columns 2k and 2k + 1 (zero past the T inputs), gemm_pairs_len(T, n_pad) entries. */
 typedef struct {
+    const QuantActs *qa; /* the inputs it was made from */
     const int32_t *pairs;
     int T, n_pad;
 } GemmPrep;

@@ -8,7 +8,8 @@
  * a panel's weights, one block of whole sub-blocks (~512 columns) at a time, are decoded to
  * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
  * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
- * call into int16 m[c/32] * q[c], the pairs of six inputs interleaved into one stream. The
+ * batch into int16 m[c/32] * q[c], the pairs of six inputs interleaved into one stream (by the
+ * caller's GemmPrep, else once per call). The
  * micro-kernel then takes six inputs at a time (a last group of fewer is padded with zero
  * inputs whose sums are dropped): per column pair, two loads of
  * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
@@ -256,9 +257,9 @@ AVX2_FN static void widen_lanes(int64_t *t64, const __m256i *acc, int n) {
 }
 
 /* One block of sub-blocks [s0, s1) (P from column s0 * G) against six inputs' interleaved
- * pairs x (x[6k + j], k from column s0 * G), of which the first n count: each sub-block's sums into dacc[j][16] with its scales scd[s][16].
- * dacc holds six inputs' rows; a sub-block of one run writes all six (rows n..5 are scratch
- * that nothing reads), a longer one the first n. */
+ * pairs x (x[6k + j], k from column s0 * G), of which the first n count: each sub-block's sums
+ * into dacc[j][16] with its scales scd[s][16]. dacc holds six inputs' rows; a sub-block of one
+ * run writes all six (rows n..5 are scratch that nothing reads), a longer one the first n. */
 AVX2_FN static void block(const Micro6 *micro6, double *dacc, const int32_t *P,
                           const int32_t *x, const double *scd, const I8Layout *L, int s0,
                           int s1, int cols, int n) {
@@ -402,7 +403,8 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
     const int kmax = ((sb_per_block * G < cols ? sb_per_block * G : cols) + 31) & ~31;
     const int n_groups = (T + NB - 1) / NB;
     int32_t *own = NULL; /* the prepared inputs, when the caller has none for these T */
-    const int32_t *xi = prep && prep->T == T && prep->n_pad == n_pad ? prep->pairs : NULL;
+    const int32_t *xi =
+        prep && prep->qa == qa && prep->T == T && prep->n_pad == n_pad ? prep->pairs : NULL;
     if (!xi) {
         own = alloc_or_die(gemm_pairs_len(T, n_pad) * sizeof *own, "scaled activations");
         for (int g = 0; g < n_groups; g++) i8cb_gemm_prep_pairs(own, qa, T, g);
@@ -428,7 +430,8 @@ AVX2_BMI2_FN static void gemm(const Micro6 *micro6, float *Y, const QuantActs *q
                     for (int j = 0; j < n; j++)
                         __builtin_prefetch(Y + (size_t)(t + j) * (size_t)rows +
                                                (size_t)(rp + PANEL), 1, 2);
-                const int32_t *x = xi + ((size_t)(t / NB) * (size_t)n_pad + (size_t)s0 * G) / 2 * NB;
+                const int32_t *x =
+                    xi + ((size_t)(t / NB) * (size_t)n_pad + (size_t)s0 * (size_t)G) / 2 * NB;
                 block(micro6, dacc + (size_t)t * PANEL, P, x, scd, L, s0, s1, cols, n);
             }
         }
