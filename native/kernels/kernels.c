@@ -632,7 +632,7 @@ static const GemmPrep *prepare_gemm(const KernelTable *K, GemmPrep *prep, int32_
         *buf = p;
         *cap = len;
     }
-    int g, n_groups = (T + 5) / 6;
+    int g, n_groups = (T + GEMM_PREP_GROUP - 1) / GEMM_PREP_GROUP;
 #pragma omp parallel for private(g)
     for (g = 0; g < n_groups; g++) K->i8_gemm_prep(*buf, qa, T, g);
     prep->qa = qa;
@@ -667,7 +667,6 @@ int i8cb_gemm_with(const char *kernel, float *Y, const float *X, int T, const ui
     free(qa);
     return ran;
 }
-
 
 /* One QuantActs per activation row, kept between calls (MATMUL_BATCH_MAX at most): X[T][cols]
  * quantized into them, the rows over the threads. The VNNI arrays are left out when the table

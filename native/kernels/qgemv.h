@@ -64,8 +64,10 @@ typedef struct {
 
 /* The T inputs of a GEMM prepared once for every chunk of rows and every thread that runs it
  * (kernels.h KernelTable.i8_gemm_prep): for the pair-form GEMMs (avx2, avxvnni), each group of
- * six inputs' int16 m * q column pairs interleaved, pairs[(g * n_pad / 2 + k) * 6 + j] = input
- * 6g + j's columns 2k and 2k + 1 (zero past the T inputs), gemm_pairs_len(T, n_pad) entries. */
+ * GEMM_PREP_GROUP (6) inputs' int16 m * q column pairs interleaved,
+ * pairs[(g * n_pad / 2 + k) * 6 + j] = input 6g + j's columns 2k and 2k + 1 (zero past the T
+ * inputs), gemm_pairs_len(T, n_pad) entries. */
+#define GEMM_PREP_GROUP 6
 typedef struct {
     const QuantActs *qa; /* the inputs it was made from */
     const int32_t *pairs;
@@ -73,7 +75,8 @@ typedef struct {
 } GemmPrep;
 
 static inline size_t gemm_pairs_len(int T, int n_pad) {
-    return (size_t)(T + 5) / 6 * 6 * (size_t)n_pad / 2;
+    const size_t groups = ((size_t)T + GEMM_PREP_GROUP - 1) / GEMM_PREP_GROUP;
+    return groups * GEMM_PREP_GROUP * (size_t)n_pad / 2;
 }
 
 /* Most inputs a GEMM over int8 codebooks takes through its few-input path (kernels.h

@@ -8,18 +8,17 @@
  * a panel's weights, one block of whole sub-blocks (~512 columns) at a time, are decoded to
  * int16 and stored as column pairs across the 16 rows (P[k][i] = the weights of columns 2k and
  * 2k + 1 of row i, 64 bytes per pair, 16 KiB per block: in L1). Each input is scaled once per
- * batch into int16 m[c/32] * q[c], the pairs of six inputs interleaved into one stream (by the
- * caller's GemmPrep, else once per call). The
- * micro-kernel then takes six inputs at a time (a last group of fewer is padded with zero
- * inputs whose sums are dropped): per column pair, two loads of
- * P (16 rows) and one broadcast of each input's pair give twelve int16 pair multiply-adds
- * (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32 lanes are the
- * 16 rows x 6 inputs sums themselves (no horizontal reduction), in twelve accumulator
- * registers. Every weight load serves six inputs and every activation load sixteen rows. At
- * the end of a sub-block the lanes are combined with the rows' f16 scales in double, in
- * sub-block order, exactly as i8_combine does. The AVX2 and
- * AVX-VNNI GEMMs differ only in the micro-kernel's multiply-add; the AVX-512 tables' GEMM
- * takes the same panels as unsigned bytes in groups of four columns ("the quad form" below).
+ * batch into int16 m[c/32] * q[c], the pairs of six inputs interleaved into one stream (by
+ * the caller's GemmPrep, else once per call). The micro-kernel then takes six inputs at a time
+ * (a last group of fewer is padded with zero inputs whose sums are dropped): per column pair,
+ * two loads of P (16 rows) and one broadcast of each input's pair give twelve int16 pair
+ * multiply-adds (vpmaddwd + vpaddd on AVX2; one vpdpwssd each with AVX-VNNI), whose int32
+ * lanes are the 16 rows x 6 inputs sums themselves (no horizontal reduction), in twelve
+ * accumulator registers. Every weight load serves six inputs and every activation load
+ * sixteen rows. At the end of a sub-block the lanes are combined with the rows' f16 scales in
+ * double, in sub-block order, exactly as i8_combine does. The AVX2 and AVX-VNNI GEMMs differ
+ * only in the micro-kernel's multiply-add; the AVX-512 tables' GEMM takes the same panels as
+ * unsigned bytes in groups of four columns ("the quad form" below).
  */
 #include "../../qgemv.h"
 
@@ -34,6 +33,7 @@
 #define NB 6       /* inputs per micro-kernel call: 2 x 6 accumulators + 3 operands */
 #define KBLOCK 512 /* columns decoded at a time (whole sub-blocks, at least one) */
 #define RUN 512    /* most columns summed in int32 lanes: 512 * 127 * 32385 < 2^31 */
+_Static_assert(NB == GEMM_PREP_GROUP, "the GemmPrep groups are the micro-kernel's inputs");
 
 #define AVXVNNI_FN __attribute__((target("avx2,f16c,avxvnni")))
 #define VNNI512_FN __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
