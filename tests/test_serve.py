@@ -172,6 +172,24 @@ def test_bad_ditto_tiles_is_refused_by_the_library(tiny_build, monkeypatch):
         open_build(tiny_build)
 
 
+def test_too_many_threads_are_refused(tiny_build):
+    """More OpenMP threads than DITTO_MAX_THREADS (1024) is an error of ditto_model_open, and
+    a usage error of ditto serve (exit 2), not an OpenMP abort when the threads cannot start;
+    so is a --ctx the model cannot hold."""
+    with pytest.raises(RuntimeAPIError, match="threads: 100000 is more than 1024"):
+        open_build(tiny_build, threads=100000)
+    proc = subprocess.run([sys.executable, "-m", "ditto_core", "serve", str(tiny_build),
+                           "--threads", "100000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--threads" in proc.stderr and \
+        "100000 is not in the range 0<=x<=1024" in proc.stderr, proc.stderr
+    # --ctx past the model's max_seq_len, known once the model is open: a usage error too
+    proc = subprocess.run([sys.executable, "-m", "ditto_core", "serve", str(tiny_build),
+                           "--ctx", "100000000", "--port", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and ("Invalid value for '--ctx': 100000000 is not in 1..2048 "
+                                     "(the model's max_seq_len)") in proc.stderr, proc.stderr
+
+
 def test_long_context_prefill_bits(tiny_build):
     """Past one block of keys (512) and across token blocks, a prefill tile's logits are those
     of decoding one token at a time, bit for bit (the blocked attention of prefill.c)."""
@@ -298,6 +316,25 @@ def test_infill_layout(tiny_build):
     assert len(ids) == 4096 - 1 - 16 and ids[:ids.index(1001)] == extra[-2030:]
 
 
+def test_chat_message_the_template_leaves_out_is_refused():
+    """A message the chat template does not render (Qwen2.5's template skips a 'developer'
+    message) is a 400 naming it, not a prompt silently without it."""
+    from ditto_core.serve.app import ApiError, ChatMessage, Server
+
+    srv = Server.__new__(Server)
+    srv.model = SimpleNamespace(tokenize=lambda text, parse_special=False: [ord(c) for c in text])
+    srv.special = {}
+    srv.chat_template = ("{% for m in messages %}{% if m.role in ('system', 'user') %}"
+                         "<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}<assistant>")
+    msgs = [ChatMessage(role="user", content="hi")]
+    assert srv.chat_prompt(msgs) == [ord(c) for c in "<user>hi<assistant>"]
+    with pytest.raises(ApiError) as e:
+        srv.chat_prompt([ChatMessage(role="developer", content="be brief"), *msgs])
+    assert e.value.status == 400 and e.value.message == (
+        "messages.0: this model's chat template does not render the 'developer' message in "
+        "its place")
+
+
 # ------------------------------------------------------------------------------ HTTP server
 
 def test_health_auth_props(server):
@@ -307,6 +344,18 @@ def test_health_auth_props(server):
     assert httpx.post(server.url + "/completion", json={"prompt": "a"},
                       headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.options(server.url + "/completion").status_code != 401
+    # CORS as llama-server: a browser's preflight passes without the key, and every answer
+    # (a 401 too) lets any origin read it
+    origin = {"Origin": "http://example.com"}
+    pre = httpx.options(server.url + "/completion", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "*"
+    assert "POST" in pre.headers["access-control-allow-methods"]
+    assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+    for r in (httpx.get(server.url + "/health", headers=origin),
+              httpx.get(server.url + "/props", headers=origin)):
+        assert r.headers["access-control-allow-origin"] == "*"
     props = httpx.get(server.url + "/props", headers=AUTH).json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
     assert props["infill"] is False
@@ -322,6 +371,13 @@ def test_completion_equals_ditto_run(server, tiny_build):
     assert r.status_code == 200, body
     assert body["tokens"] == ids[:len(body["tokens"])]
     assert body["stop_type"] in ("limit", "eos") and body["tokens_predicted"] == len(ids)
+    # max_tokens stands for n_predict when that is not given (llama-server's fallback)
+    short = post(server, "/completion", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
+                                         "return_tokens": True}).json()
+    assert short["tokens"] == ids[:3] and short["tokens_predicted"] == min(3, len(ids))
+    both = post(server, "/completion", {"prompt": PROMPT, "max_tokens": 3, "n_predict": 5,
+                                        "temperature": 0, "return_tokens": True}).json()
+    assert both["tokens"] == ids[:5]
     m = open_build(tiny_build)
     want = m.tokenize(PROMPT, add_bos=True)
     assert body["tokens_evaluated"] == len(want)
@@ -354,6 +410,9 @@ def test_stream_equals_nonstream_and_stop_strings(server):
     events = sse_events(server, "/completion", {**base, "stream": True})
     assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
     assert "".join(e["content"] for e in events) == plain["content"]
+    # every piece names the slot that made it, as the final result does
+    assert {e["id_slot"] for e in events} == {events[-1]["id_slot"]} and \
+        events[-1]["id_slot"] in (0, 1)
     text = plain["content"]
     assert len(text) > 8
     # a stop string spanning tokens: the text before it, never a byte of it
@@ -497,6 +556,11 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/infill", {"input_prefix": "a", "input_extra": [{"filename": "f.py"}]},
      "input_extra.0.text: Field required"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0: missing 'content'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages.0.content.0.text: Field required"),
+    ("/completion", {"prompt": ["a", ""]}, "prompt.1: prompt is empty"),
+    ("/completion", {"prompt": ["a", "x " * 400]}, "prompt.1: the prompt has"),
+    ("/completion", {"prompt": "a", "max_tokens": -2}, "max_tokens must be -1"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
      "messages.0.content: a 'image_url' part: only text parts"),
@@ -578,6 +642,36 @@ def test_concurrent_load_with_disconnects(server):
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert "llamacpp:requests_processing 0" in metrics
     assert "# TYPE llamacpp:prompt_tokens_total counter" in metrics
+
+
+def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
+    """A stream whose client goes away while it waits for the busy slot ends cleanly: no
+    pending task is left for asyncio to report ("Task was destroyed but it is pending!")."""
+    srv = start_server(tiny_build, "--slots", "1", "--ctx", "2048")
+    try:
+        def long_stream():
+            with httpx.stream("POST", srv.url + "/completion", timeout=120, json={
+                    "prompt": PROMPT, "n_predict": 2000, "stream": True,
+                    "ignore_eos": True}) as r:
+                for _ in r.iter_lines():
+                    pass
+
+        busy = threading.Thread(target=long_stream)
+        busy.start()
+        while not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()):
+            time.sleep(0.02)
+        for path, body in (("/completion", {"prompt": "a", "n_predict": 4}),
+                           ("/v1/completions", {"prompt": "a", "max_tokens": 4})):
+            with pytest.raises(httpx.ReadTimeout):  # queued behind the long stream
+                with httpx.stream("POST", srv.url + path, json={**body, "stream": True},
+                                  timeout=0.5) as r:
+                    for _ in r.iter_lines():
+                        pass
+        busy.join(timeout=120)
+    finally:
+        stop_server(srv)
+    err = srv.proc.stderr.read()
+    assert "Task was destroyed" not in err and "Traceback" not in err, err
 
 
 def test_spec_ngram_identical_greedy_and_sigterm(tiny_build, server):

@@ -139,6 +139,7 @@ def parse_threads(value: str) -> list[int]:
 @click.command("bench")
 @click.argument("build", type=click.Path(path_type=Path))
 @click.option("--threads", "threads", default="1,2", show_default=True,
+              callback=lambda ctx, param, value: parse_threads(value),
               help="Comma-separated thread counts.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per thread count (median and spread are reported).")
@@ -159,7 +160,7 @@ def bench_cmd(build, threads, repeat, tokens, prompt_tokens, as_json, quiet):
     find_build(build)
     update, stop = progress_callback("bench", quiet)
     try:
-        r = bench.bench_build(build, threads=parse_threads(threads), repeat=repeat, tokens=tokens,
+        r = bench.bench_build(build, threads=threads, repeat=repeat, tokens=tokens,
                               prompt_tokens=prompt_tokens, progress=update)
     finally:
         stop()
@@ -202,7 +203,9 @@ def print_bench(r: dict) -> None:
               help="Directory for builds, per-configuration results, results.csv/json, plots.")
 @click.option("--chunks", type=click.IntRange(min=1), default=20, show_default=True,
               help="Corpus chunks for perplexity / KL divergence.")
-@click.option("--threads", default="1,2", show_default=True, help="Bench thread counts.")
+@click.option("--threads", default="1,2", show_default=True,
+              callback=lambda ctx, param, value: parse_threads(value),
+              help="Bench thread counts.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Bench runs per thread count.")
 @click.option("-n", "--tokens", type=click.IntRange(min=2), default=128, show_default=True,
@@ -237,7 +240,7 @@ def compare_cmd(model, configs, out_dir, chunks, threads, repeat, tokens, humane
     if address and executor != "ray":
         raise click.UsageError("--address needs --executor ray")
     settings = {"eval": not no_eval, "chunks": chunks, "bench": not no_bench,
-                "threads": parse_threads(threads), "repeat": repeat, "tokens": tokens,
+                "threads": threads, "repeat": repeat, "tokens": tokens,
                 "humaneval": humaneval, "limit": limit}
     peers = []
     if peer_gguf:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ditto_core.base.errors import DittoError
+from ditto_core.base.errors import DittoError, OptionValueError
 from ditto_core.serve.app import create_app, load_server
 
 from .common import reports_errors
@@ -25,7 +25,7 @@ from .common import reports_errors
               help="context positions per slot [default: min(4096, max_seq_len)]")
 @click.option("--slots", default=1, show_default=True, type=click.IntRange(1, 64),
               help="sessions answering requests at once, each keeping its prompt cache")
-@click.option("--threads", default=0, type=click.IntRange(0),
+@click.option("--threads", default=0, type=click.IntRange(0, 1024),
               help="OpenMP threads per evaluation [default: all cores]")
 @click.option("--batch-size", "batch", default=256, show_default=True,
               type=click.IntRange(1, 512), help="prompt tokens evaluated together")
@@ -70,6 +70,9 @@ def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file,
         server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
                              api_key=api_key, spec=spec, spec_k=spec_k, spec_cost=spec_cost,
                              max_queue=max_queue, alias=alias)
+    except OptionValueError as exc:  # a usage error (exit 2), as click's own range checks
+        sock.close()
+        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
     except BaseException:
         sock.close()
         raise

@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from ditto_core.base.errors import DittoError
+from ditto_core.base.errors import DittoError, OptionValueError
 from ditto_core.runtime.runtime_api import Model, RuntimeAPIError, open_build
 from .engine import (SAMPLERS, BadRequest, Busy, Engine, GenParams, Result,
                      is_runtime_input_error)
@@ -130,6 +130,8 @@ class CompletionParams(_Req):
     model_config = ConfigDict(extra="allow")  # unknown fields ignored, as llama-server does
 
     n_predict: StrictInt = -1
+    #: read when n_predict is not given (llama-server takes max_tokens as its fallback)
+    max_tokens: Union[StrictInt, None] = None
     temperature: float = Field(0.8, ge=0)
     top_k: StrictInt = 40
     top_p: float = Field(0.95, gt=0, le=1)
@@ -216,7 +218,7 @@ class OAICompletionRequest(OAIParams):
 
 class ContentPart(_Req):
     type: str = "text"
-    text: str = ""
+    text: Union[str, None] = None  # required for a text part (checked in chat_prompt)
 
 
 class ChatMessage(_Req):
@@ -266,7 +268,13 @@ class Server:
         """/completion's prompts as llama-server splits them: a list holding no token id at
         its top level is several prompts (each a text, ids, or a mix), anything else one."""
         if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
-            return [self.completion_prompt(p) for p in prompt]
+            out = []
+            for k, p in enumerate(prompt):
+                try:
+                    out.append(self.completion_prompt(p))
+                except ApiError as exc:  # name the prompt of the list at fault
+                    raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
+            return out
         if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
             raise ApiError(400, "prompt: a list of token ids cannot also hold lists")
         return [self.completion_prompt(prompt)]
@@ -353,10 +361,12 @@ class Server:
             if c is None:  # as llama-server: only a message with tool calls may leave it out
                 raise ApiError(400, f"messages.{k}: missing 'content'")
             if isinstance(c, list):
-                for part in c:
+                for j, part in enumerate(c):
                     if part.type != "text":
                         raise ApiError(400, f"messages.{k}.content: a {part.type!r} part: only "
                                             "text parts are supported by ditto serve")
+                    if part.text is None:
+                        raise ApiError(400, f"messages.{k}.content.{j}.text: Field required")
                 c = "".join(part.text for part in c)
             contents.append(c)
         marks = [f"\x00ditto-message-{k}-{uuid.uuid4().hex}\x00" for k in range(len(messages))]
@@ -369,10 +379,11 @@ class Server:
             raise ApiError(400, f"messages: the chat template cannot render them: {exc}")
         ids: list[int] = []
         pos = 0
-        for mk, content in zip(marks, contents):
+        for k, (mk, content) in enumerate(zip(marks, contents)):
             i = text.find(mk, pos)
             if i < 0:
-                raise ApiError(400, "messages: the chat template does not show every message")
+                raise ApiError(400, f"messages.{k}: this model's chat template does not "
+                                    f"render the {messages[k].role!r} message in its place")
             ids += self.model.tokenize(text[pos:i], parse_special=True)
             ids += self.model.tokenize(content, parse_special=False)
             pos = i + len(mk)
@@ -389,7 +400,7 @@ class Server:
 
     async def run(self, request, ids: list[int], params: GenParams, on_chunk=None) -> Result | None:
         """Generate for ``ids``: wait for a slot, then collect the events (``on_chunk(text,
-        ids)`` awaited for each piece when streaming). Returns the Result, or None when the
+        ids, id_slot)`` awaited for each piece when streaming). Returns the Result, or None when the
         client went away (generation cancelled)."""
         self.check_prompt(ids)
         try:
@@ -418,7 +429,7 @@ class Server:
                     continue
                 if ev[0] == "chunk":
                     if on_chunk is not None:
-                        await on_chunk(ev[1], ev[2])
+                        await on_chunk(ev[1], ev[2], slot.id)
                 elif ev[0] == "done":
                     return ev[1]
                 else:
@@ -430,12 +441,15 @@ class Server:
             cancel.set()  # a client that went away (or an error) stops the generation
 
     def gen_params(self, p: CompletionParams) -> GenParams:
-        if p.n_predict < -1:
-            raise ApiError(400, f"n_predict must be -1 (no limit), 0 (evaluate the prompt "
-                                f"only) or positive, got {p.n_predict}")
+        name, n_predict = "n_predict", p.n_predict
+        if "n_predict" not in p.model_fields_set and p.max_tokens is not None:
+            name, n_predict = "max_tokens", p.max_tokens
+        if n_predict < -1:
+            raise ApiError(400, f"{name} must be -1 (no limit), 0 (evaluate the prompt "
+                                f"only) or positive, got {n_predict}")
         check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
-        return GenParams(n_predict=p.n_predict, temperature=p.temperature, top_k=p.top_k,
+        return GenParams(n_predict=n_predict, temperature=p.temperature, top_k=p.top_k,
                          top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty,
                          repeat_last_n=p.repeat_last_n, presence_penalty=p.presence_penalty,
                          frequency_penalty=p.frequency_penalty,
@@ -686,6 +700,13 @@ def create_app(server: Server):
                                params: GenParams):
         """One result per prompt, run one after the other (``index``: the prompt's place); a
         single prompt answers an object, several a list, as llama-server does."""
+        for k, ids in enumerate(prompts):  # all checked before any runs
+            try:
+                server.check_prompt(ids)
+            except ApiError as exc:
+                if len(prompts) == 1:
+                    raise
+                raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
         if not req.stream:
             bodies = []
             for k, ids in enumerate(prompts):
@@ -696,8 +717,6 @@ def create_app(server: Server):
                 body["index"] = k
                 bodies.append(select_fields(body, req.response_fields))
             return bodies[0] if len(prompts) == 1 else bodies
-        for ids in prompts:
-            server.check_prompt(ids)
 
         async def events():
             for k, ids in enumerate(prompts):
@@ -710,11 +729,12 @@ def create_app(server: Server):
         async def prompt_events(index, ids, failed):
             out: asyncio.Queue = asyncio.Queue()
 
-            async def on_chunk(text, tok_ids):
+            async def on_chunk(text, tok_ids, id_slot):
                 await out.put({"index": index, "content": text, "tokens": list(tok_ids),
-                               "stop": False, "id_slot": -1})
+                               "stop": False, "id_slot": id_slot})
 
             task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
+            getter = None
             try:
                 while True:
                     getter = asyncio.ensure_future(out.get())
@@ -737,7 +757,9 @@ def create_app(server: Server):
                     body["content"], body["index"] = "", index
                     yield {"data": json.dumps(select_fields(body, req.response_fields))}
                     return
-            finally:
+            finally:  # a stream closed early (client gone) leaves no task pending
+                if getter is not None:
+                    getter.cancel()
                 task.cancel()
 
         return EventSourceResponse(events(), sep="\n")
@@ -793,13 +815,14 @@ def create_app(server: Server):
         async def events():
             out: asyncio.Queue = asyncio.Queue()
 
-            async def on_chunk(text, _ids):
+            async def on_chunk(text, _ids, _slot):
                 await out.put(text)
 
             if chat:
                 yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}])
             task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
+            getter = None
             try:
                 while True:
                     getter = asyncio.ensure_future(out.get())
@@ -826,7 +849,9 @@ def create_app(server: Server):
                         yield chunk([], usage=usage(res))
                     yield {"data": "[DONE]"}
                     return
-            finally:
+            finally:  # a stream closed early (client gone) leaves no task pending
+                if getter is not None:
+                    getter.cancel()
                 task.cancel()
 
         return EventSourceResponse(events(), sep="\n")
@@ -860,8 +885,15 @@ def create_app(server: Server):
         inc = bool(req.stream_options and req.stream_options.include_usage)
         return await oai(request, ids, params, req.stream, inc, chat=True)
 
+    from starlette.middleware.cors import CORSMiddleware
+
     outer = JsonBody(app)
-    return outer if server.api_key is None else ApiKeyAuth(outer, server.api_key)
+    if server.api_key is not None:
+        outer = ApiKeyAuth(outer, server.api_key)
+    # outermost, as llama-server: a browser's preflight is answered before the key is asked
+    # for, and every response (a 401 too) carries Access-Control-Allow-Origin
+    return CORSMiddleware(outer, allow_origins=["*"], allow_methods=["GET", "POST"],
+                          allow_headers=["*"])
 
 
 class ApiKeyAuth:
@@ -918,8 +950,8 @@ def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads:
     try:
         n_ctx = ctx if ctx else min(4096, model.max_seq_len)
         if not 1 <= n_ctx <= model.max_seq_len:
-            raise DittoError(f"--ctx {n_ctx}: must be 1..{model.max_seq_len} (the model's "
-                             "max_seq_len)")
+            raise OptionValueError("--ctx", f"{n_ctx} is not in 1..{model.max_seq_len} (the "
+                                            "model's max_seq_len)")
         engine = Engine(model, n_slots=slots, n_ctx=n_ctx, n_batch=batch, max_queue=max_queue,
                         spec=spec, spec_k=spec_k, spec_cost=spec_cost)
     except BaseException:

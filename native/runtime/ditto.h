@@ -26,6 +26,7 @@
 #endif
 
 #define DITTO_API_VERSION 2 /* 2: ditto_sampler_set_min_p */
+#define DITTO_MAX_THREADS 1024 /* the most OpenMP threads a model or ditto-run takes */
 
 typedef enum {
     DITTO_OK = 0,
@@ -58,7 +59,8 @@ typedef struct {
  * 2 MiB pages where Linux gives them and a copy fits the memory available, mmapped when
  * $DITTO_MMAP is 1 (as ditto-run --mmap); $DITTO_MMAP=0 always reads it, any other value is
  * DITTO_ERR_ARG. kernel: the GEMV kernel table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
- * threads of every evaluation, <= 0 for the OpenMP default. The classifier is decoded to int8
+ * threads of every evaluation, <= 0 for the OpenMP default, more than DITTO_MAX_THREADS is
+ * DITTO_ERR_ARG (OpenMP aborts the process when it cannot start the threads asked for). The classifier is decoded to int8
  * at open where the kernel table reads that faster (as ditto-run does for generation), and a
  * model read into memory has its b = 4 weight matrices put in row tiles where the table reads
  * them ($DITTO_TILES=0: file order; any value but 0 or 1 is DITTO_ERR_ARG).

@@ -76,6 +76,10 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
         return DITTO_ERR_ARG;
     }
     *out = NULL;
+    if (threads > DITTO_MAX_THREADS) {
+        set_err(err, errlen, "threads: %d is more than %d", threads, DITTO_MAX_THREADS);
+        return DITTO_ERR_ARG;
+    }
     char msg[1024] = "";
     if (kernels_select(kernel && *kernel ? kernel : NULL, msg, sizeof msg)) {
         set_err(err, errlen, "kernel: %s", msg);
