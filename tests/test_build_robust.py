@@ -257,6 +257,17 @@ def test_run_and_inspect_hints(tmp_path, tiny_builds):
     assert r.exit_code == 1  # the model file, not its build: name the build directory
     assert r.stderr == (f"error: {d / 'model.ditto'}: a file inside a build; give the build "
                         f"directory {d}\n")
+    (tmp_path / "m.ditto").write_bytes(b"DITTO")  # a file, as an exported model is
+    r = CliRunner().invoke(run_mod.run_command_cli, [str(tmp_path / "m.ditto"), "-p", "x"])
+    assert r.exit_code == 1 and r.stderr == (
+        f"error: {tmp_path / 'm.ditto'}: a file, not a build directory (a build is the "
+        "directory `ditto build MODEL --quantizer kmeans --blas openblas -o DIR` writes)\n")
+    r = CliRunner().invoke(run_mod.run_command_cli, ["-p", "x", str(d)])  # flags first
+    assert r.exit_code == 1 and r.stderr == (
+        "error: -p: not a build directory; the build directory comes first: "
+        "`ditto run DIR -p ...`\n")
+    r = CliRunner().invoke(run_mod.run_command_cli, ["", "-p", "x"])
+    assert r.exit_code == 1 and r.stderr == "error: BUILD_DIR is an empty path\n"
     r = CliRunner().invoke(cli, ["inspect", str(d)])
     assert r.exit_code == 1
     assert r.stderr == (f"error: {d}: is a directory, not a model file; did you mean "

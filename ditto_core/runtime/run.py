@@ -36,6 +36,10 @@ def find_build(build_dir: Path) -> tuple[Path, Path, dict]:
     d = Path(build_dir)
     if d.is_file() and (d.parent / "build.json").is_file():  # a build's file, not the build
         raise DittoError(f"{d}: a file inside a build; give the build directory {d.parent}")
+    if d.exists() and not d.is_dir():  # e.g. an exported model file
+        raise DittoError(f"{d}: a file, not a build directory (a build is the directory "
+                         f"`ditto build MODEL --quantizer kmeans --blas openblas -o DIR` "
+                         f"writes)")
     if not d.is_dir():
         raise DittoError(f"{d}: not a build directory (build one first: `ditto build MODEL "
                          f"--quantizer kmeans --blas openblas -o {d}`)")
@@ -118,13 +122,18 @@ def run_stats(build_dir: Path, args: Sequence[str], timeout: float = 1200) -> di
 
 @click.command("run", context_settings={"ignore_unknown_options": True,
                                         "allow_interspersed_args": False})
-@click.argument("build_dir", type=click.Path(path_type=Path))
+@click.argument("build_dir", type=str)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_command_cli(build_dir, args):
     """Run the executable of BUILD_DIR on its model; ARGS go to the executable
     (e.g. -p "def fib(n):" -n 64 --temp 0; `ditto run DIR --help` shows its flags)."""
     try:
-        cmd = run_command(build_dir, args)
+        if not build_dir:  # Path("") would be the current directory
+            raise DittoError("BUILD_DIR is an empty path")
+        if build_dir.startswith("-") and not Path(build_dir).is_dir():
+            raise DittoError(f"{build_dir}: not a build directory; the build directory comes "
+                             f"first: `ditto run DIR {build_dir} ...`")
+        cmd = run_command(Path(build_dir), args)
     except DittoError as exc:  # same form as the rest of the ditto CLI
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(1) from None
