@@ -68,16 +68,17 @@ class Build:
             seed: int | None = None, threads: int | None = None,
             args: Sequence[str] = (), timeout: float | None = 600) -> str:
         """Generate up to ``n`` tokens after ``prompt`` and return the generated text (the
-        prompt not included). ``temperature`` 0 is greedy argmax (deterministic); ``seed`` the
-        sampler's PRNG seed; ``threads`` OpenMP threads (default: all cores); ``args``: more
-        ``ditto-run`` flags (native/README.md). Raises DittoError with the executable's
-        message when it fails."""
+        prompt not included, nor the newline ``ditto-run`` ends its output with).
+        ``temperature`` 0 is greedy argmax (deterministic); ``seed`` the sampler's PRNG seed;
+        ``threads`` OpenMP threads (default: all cores); ``args``: more ``ditto-run`` flags
+        (native/README.md). Raises DittoError with the executable's message when it fails."""
         argv = ["-p", prompt, "-n", str(int(n)), "--temp", repr(float(temperature))]
         if seed is not None:
             argv += ["--seed", str(int(seed))]
         if threads is not None:
             argv += ["--threads", str(int(threads))]
-        return self._run([*argv, *args], timeout).stdout.decode("utf-8", "replace")
+        out = self._run([*argv, *args], timeout).stdout
+        return out.removesuffix(b"\n").decode("utf-8", "replace")
 
     def logits(self, token_ids: Sequence[int], *, threads: int | None = None,
                timeout: float | None = 600) -> np.ndarray:
