@@ -648,13 +648,15 @@ def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
     """A stream whose client goes away while it waits for the busy slot ends cleanly: no
     pending task is left for asyncio to report ("Task was destroyed but it is pending!")."""
     srv = start_server(tiny_build, "--slots", "1", "--ctx", "2048")
+    done = threading.Event()
     try:
-        def long_stream():
+        def long_stream():  # holds the only slot until the probes are done, then leaves
             with httpx.stream("POST", srv.url + "/completion", timeout=120, json={
                     "prompt": PROMPT, "n_predict": 2000, "stream": True,
                     "ignore_eos": True}) as r:
                 for _ in r.iter_lines():
-                    pass
+                    if done.is_set():
+                        break
 
         busy = threading.Thread(target=long_stream)
         busy.start()
@@ -667,8 +669,10 @@ def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
                                   timeout=0.5) as r:
                     for _ in r.iter_lines():
                         pass
+        done.set()
         busy.join(timeout=120)
     finally:
+        done.set()
         stop_server(srv)
     err = srv.proc.stderr.read()
     assert "Task was destroyed" not in err and "Traceback" not in err, err
