@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ditto_core.base.errors import DittoError
 from ditto_core.cli.main import cli
 from ditto_core.model.modelfile import ModelFile
 from ditto_core.stages.pipeline import model_fingerprint
@@ -64,6 +65,11 @@ def refused(r, out, *needles):
     ({"tokenizer.ggml.add_bos_token": ("str", "false")}, "'tokenizer.ggml.add_bos_token' must"),
     ({"general.alignment": ("u32", 24)}, "'general.alignment' must be a non-zero power of two"),
     ({"general.alignment": ("u32", 0)}, "'general.alignment' must be a non-zero power of two"),
+    # a scaling factor without a type is linear scaling to llama.cpp, as is rope.scale_linear
+    ({"llama.rope.scaling.factor": ("f32", 4.0)},
+     "llama.rope.scaling.factor = 4 (linear RoPE scaling, as llama.cpp reads it) is not "
+     "supported"),
+    ({"llama.rope.scale_linear": ("f32", 2.0)}, "llama.rope.scale_linear = 2 (linear RoPE"),
 ])
 def test_gguf_metadata_of_the_wrong_type_or_range_is_refused_naming_the_key(tmp_path, kv,
                                                                             needle):
@@ -239,15 +245,17 @@ def test_non_finite_weights_are_refused_on_every_path(tmp_path, patch, needle, h
 
 
 # --- unused tensors --------------------------------------------------------------------------
-def test_untied_lm_head_next_to_tied_config_is_reported(tmp_path, capfd):
+def test_untied_lm_head_next_to_tied_config_is_refused(tmp_path):
+    """transformers 4 ties the output layer to the embedding, transformers 5 keeps the stored
+    lm_head: which one the author ran is unknown, so a different lm_head is refused."""
     d = make_hf(tmp_path / "m", cfg_patch=_set("tie_word_embeddings", True))
-    ck = HFExporter().load(d)
-    err = capfd.readouterr().err
-    assert err == (f"warning: {d / 'model.safetensors'}: tensor 'lm_head.weight' is stored but "
-                   f"not used: {d / 'config.json'} has tie_word_embeddings: true, so the output "
-                   "layer is 'model.embed_tokens.weight' (as transformers ties them), and the "
-                   "two differ\n")
-    assert "output.weight" not in ck.shapes and ck.config.tied_embeddings
+    with pytest.raises(DittoError) as e:
+        HFExporter().load(d)
+    assert str(e.value) == (
+        f"{d / 'model.safetensors'}: tensor 'lm_head.weight' differs from "
+        f"'model.embed_tokens.weight', and {d / 'config.json'} has tie_word_embeddings: true: "
+        "transformers 4 uses the embedding as the output layer, transformers 5 the stored "
+        "'lm_head.weight'; set tie_word_embeddings to false to use it, or store the embedding")
 
 
 def test_identical_lm_head_next_to_tied_config_is_silent(tmp_path, capfd):
@@ -265,11 +273,57 @@ def test_index_shards_outside_the_directory_are_refused(tmp_path, shard):
     d = make_hf(tmp_path / "m")
     names = list(json.loads((d / "model.safetensors").read_bytes()[8:][:int.from_bytes(
         (d / "model.safetensors").read_bytes()[:8], "little")]))
+    (d / "model.safetensors").rename(d / "w.safetensors")  # else the single file is read
     (d / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {n: shard for n in names}}))
     r, out = export(d, tmp_path)
     refused(r, out, f"error: {d / 'model.safetensors.index.json'}: shard {shard!r} is outside "
                     "the model directory")
+
+
+def test_model_safetensors_wins_over_an_index(tmp_path):
+    """transformers loads model.safetensors when it is there, whatever index lies beside it."""
+    from ditto_export_hf.exporter import weight_files
+    d = make_hf(tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "gone.safetensors"}}))
+    assert weight_files(d) == [d / "model.safetensors"]
+    assert HFExporter().load(d).config.n_layers == 2
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+      "rope_scaling": {"type": "linear", "factor": 4.0}},
+     "RoPE scaling 'linear' is not supported (rope_scaling)"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0}},
+     "RoPE scaling 'llama3' is not supported (rope_parameters)"),
+    ({"rope_theta": 500.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+     "rope_theta 500 and rope_parameters.rope_theta 10000 disagree (transformers 4 reads the "
+     "first, 5 the second)"),
+])
+def test_rope_settings_transformers_versions_read_differently_are_refused(tmp_path, patch,
+                                                                          needle):
+    d = make_hf(tmp_path / "m", cfg_patch=lambda c: c.update(patch))
+    r, out = export(d, tmp_path)
+    refused(r, out, f"error: {d / 'config.json'}: {needle}")
+
+
+def test_rope_theta_and_context_defaults_as_transformers(tmp_path):
+    """rope_parameters.rope_theta alone (transformers 5's form) is the theta; a Qwen2 config
+    without max_position_embeddings has Qwen2Config's 32768, a Llama one LlamaConfig's 2048."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    from ditto_export_hf.exporter import read_config
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    for arch, mtype, ref in (("LlamaForCausalLM", "llama", LlamaConfig()),
+                             ("Qwen2ForCausalLM", "qwen2", Qwen2Config())):
+        p = tmp_path / f"{mtype}.json"
+        p.write_text(json.dumps({**base, "architectures": [arch], "model_type": mtype}))
+        config = read_config(p)[1]
+        assert config.rope_theta == 500000.0
+        assert config.max_seq_len == ref.max_position_embeddings
 
 
 def test_fingerprint_hashes_shards_behind_a_symlinked_directory(tmp_path):

@@ -73,7 +73,8 @@ class Fields:
         v = self.get(key, default)
         if v is default and default is not _MISSING:
             return v
-        want = f"must be a finite number{' > 0' if positive else ''} in [{lo:g}, {hi:g}]"
+        want = (f"must be a finite number > 0 (at most {hi:g})" if positive and lo <= 0 else
+                f"must be a finite number in [{lo:g}, {hi:g}]")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, want, v)
         f = float(v) if abs(v) < 1e308 or isinstance(v, float) else math.inf

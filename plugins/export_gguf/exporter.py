@@ -195,6 +195,13 @@ class GGUFExporter:
         scaling = f.str(f"{arch}.rope.scaling.type", "none")
         if scaling != "none":
             raise DittoError(f"{where}: RoPE scaling {scaling!r} is not supported")
+        # llama.cpp reads a scaling factor without a type as linear scaling, and the older
+        # rope.scale_linear key likewise; either, unless 1, changes every position's angles
+        for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
+            factor = f.float(key, 1.0, hi=F32_MAX)
+            if factor not in (0.0, 1.0):
+                raise DittoError(f"{where}: {key} = {factor:g} (linear RoPE scaling, as "
+                                 f"llama.cpp reads it) is not supported")
         tokenizer = with_chat_text(tokenizer_from_gguf(checked_tokenizer_meta(f), where), where)
         per_layer = ARCHITECTURES[arch]
         config = ModelConfig(

@@ -20,8 +20,11 @@ from ditto_core.base.types import TokenizerSpec
 from ditto_core.text.bytelevel import unicode_to_bytes
 from ditto_core.text.special_tokens import eog_ids, fim_ids, gguf_fim_given
 
-#: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md). Others are refused.
-PRE = {"smollm": "gpt2_digits", "gpt2": "gpt2", "default": "gpt2", "qwen2": "qwen2"}
+#: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md), by llama.cpp's names.
+#: Others are refused, ``default`` (and a missing key, which llama.cpp reads as ``default``)
+#: too: llama.cpp's default splits by four regexes (punctuation runs, GPT-2's, digit runs,
+#: three-digit groups), which no Ditto pre-tokenizer reproduces.
+PRE = {"smollm": "gpt2_digits", "gpt-2": "gpt2", "qwen2": "qwen2"}
 
 TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_BYTE = 1, 3, 4, 6
 
@@ -68,8 +71,10 @@ def tokenizer_from_gguf(meta: dict, where: str) -> TokenizerSpec:
     if model == "gpt2":
         pre_name = meta.get("tokenizer.ggml.pre", "default")
         if pre_name not in PRE:
-            raise DittoError(f"{where}: unsupported byte-level BPE pre-tokenizer "
-                             f"{pre_name!r} (supported: {', '.join(sorted(PRE))})")
+            given = ("no tokenizer.ggml.pre (llama.cpp then uses its 'default')"
+                     if "tokenizer.ggml.pre" not in meta else repr(pre_name))
+            raise DittoError(f"{where}: unsupported byte-level BPE pre-tokenizer: {given} "
+                             f"(supported: {', '.join(sorted(PRE))})")
         raw = []
         for i, (text, t) in enumerate(zip(tokens, types.tolist())):
             if t in (TT_CONTROL, TT_USER_DEFINED):

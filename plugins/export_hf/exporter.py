@@ -16,7 +16,6 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from ditto_core.base.cache import warn
 from ditto_core.base.errors import DittoError
 from ditto_core.base.types import Checkpoint, ModelConfig
 from ditto_core.base.untrusted import Fields
@@ -32,6 +31,9 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
 #: tensors per layer (the bound ``num_hidden_layers`` is checked against)
 PER_LAYER = {"llama": 9, "qwen2": 12}
+#: max_position_embeddings when config.json leaves it out: transformers' LlamaConfig and
+#: Qwen2Config defaults
+DEFAULT_CONTEXT = {"llama": 2048, "qwen2": 32768}
 
 #: HF per-layer tensor suffix -> Ditto per-layer name
 LAYER_NAMES = {
@@ -86,11 +88,16 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
     if arch is None or (archs and arch not in {ARCHITECTURES.get(a) for a in archs}):
         raise DittoError(f"{path}: architecture {archs or mtype!r} (model_type {mtype!r}) is "
                          f"not supported; Ditto exports {' and '.join(ARCHITECTURES)} models")
-    rope_key = "rope_parameters" if f.has("rope_parameters") else "rope_scaling"
-    rope = Fields(f.mapping(rope_key, {}), str(path), f"key {rope_key!r} field")
-    rope_type = rope.str("rope_type", rope.str("type", "default"))
-    if rope_type != "default":
-        raise DittoError(f"{path}: RoPE scaling {rope_type!r} is not supported")
+    # transformers 4 reads rope_theta and rope_scaling, 5 reads rope_parameters and merges a
+    # rope_scaling into it: scaling in either is refused, and a theta the two read
+    # differently (rope_theta beside a different rope_parameters.rope_theta) too
+    ropes = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = Fields(f.mapping(key, {}), str(path), f"key {key!r} field")
+        rope_type = rope.str("rope_type", rope.str("type", "default"))
+        if rope_type != "default":
+            raise DittoError(f"{path}: RoPE scaling {rope_type!r} is not supported ({key})")
+        ropes[key] = rope
     if arch == "llama" and (f.bool("attention_bias", False) or f.bool("mlp_bias", False)):
         raise DittoError(f"{path}: attention/MLP biases are not supported")
     if arch == "qwen2":
@@ -111,27 +118,34 @@ def read_config(path: Path) -> tuple[dict, ModelConfig]:
     dim = f.int("hidden_size")
     n_heads = f.int("num_attention_heads")
     theta = f.float("rope_theta", None, positive=True)
+    nested = ropes["rope_parameters"].float("rope_theta", None, positive=True)
+    if theta is not None and nested is not None and theta != nested:
+        raise DittoError(f"{path}: rope_theta {theta:g} and rope_parameters.rope_theta "
+                         f"{nested:g} disagree (transformers 4 reads the first, 5 the second)")
     if theta is None:
-        theta = rope.float("rope_theta", 10000.0, positive=True)
+        theta = nested if nested is not None else 10000.0
     config = ModelConfig(
         dim=dim, hidden_dim=f.int("intermediate_size"),
         n_layers=f.int("num_hidden_layers"), n_heads=n_heads,
         n_kv_heads=f.int("num_key_value_heads", n_heads),
         head_dim=f.int("head_dim", dim // n_heads),
         vocab_size=f.int("vocab_size"),
-        max_seq_len=f.int("max_position_embeddings", 2048),
+        max_seq_len=f.int("max_position_embeddings", DEFAULT_CONTEXT[arch]),
         rope_theta=_f32(theta), norm_eps=_f32(f.float("rms_norm_eps", 1e-6, positive=True)),
         tied_embeddings=f.bool("tie_word_embeddings", False), arch=arch)
     return cfg, config
 
 
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a model directory: the shards of
-    ``model.safetensors.index.json``, else ``model.safetensors``, else the only
+    """The safetensors files of a model directory, in transformers' order of preference:
+    ``model.safetensors``, else the shards of ``model.safetensors.index.json``, else the only
     ``*.safetensors``. Raises DittoError naming the directory when there are none, and naming
     the index when it is malformed or lists a shard outside the model directory (an absolute
     path or one climbing out with ``..``): every file a model is read from lies in its
     directory, so the directory's contents identify the model (the build cache relies on it)."""
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -154,9 +168,6 @@ def weight_files(directory: Path) -> list[Path]:
                 raise DittoError(f"{f}: shard listed in {index.name} is missing")
             files.append(f)
         return files
-    single = directory / "model.safetensors"
-    if single.is_file():
-        return [single]
     found = sorted(directory.glob("*.safetensors"))
     if len(found) == 1:
         return found
@@ -169,20 +180,22 @@ def weight_files(directory: Path) -> list[Path]:
                      f"model.safetensors.index.json")
 
 
-def report_unused_lm_head(index: SafetensorsIndex, lm_head: str, embed: str | None,
-                          directory: Path) -> None:
-    """``tie_word_embeddings: true`` with an ``lm_head.weight`` stored as well: the output
-    layer is the embedding (as transformers ties it), and the stored lm_head is not used. When
-    it differs from the embedding, say so on stderr (a one-line warning naming both), since a
-    checkpoint saved untied and then marked tied gives other logits than its author saw."""
+def check_tied_lm_head(index: SafetensorsIndex, lm_head: str, embed: str | None,
+                       directory: Path) -> None:
+    """``tie_word_embeddings: true`` with an ``lm_head.weight`` stored as well. Equal to the
+    embedding, the output layer is the embedding either way. Different, transformers 4 ties
+    them (the embedding is the output layer) and transformers 5 keeps the stored lm_head, so
+    which logits the checkpoint's author saw is unknown: DittoError naming both."""
     if embed is None or index.tensors[lm_head].shape != index.tensors[embed].shape:
         differ = True
     else:
         differ = not np.array_equal(index.load_f32(lm_head), index.load_f32(embed))
     if differ:
-        warn(f"{index.tensors[lm_head].file}: tensor {lm_head!r} is stored but not used: "
-             f"{directory / 'config.json'} has tie_word_embeddings: true, so the output layer "
-             f"is {embed!r} (as transformers ties them), and the two differ")
+        raise DittoError(f"{index.tensors[lm_head].file}: tensor {lm_head!r} differs from "
+                         f"{embed!r}, and {directory / 'config.json'} has tie_word_embeddings: "
+                         f"true: transformers 4 uses the embedding as the output layer, "
+                         f"transformers 5 the stored {lm_head!r}; set tie_word_embeddings to "
+                         f"false to use it, or store the embedding")
 
 
 class HFExporter:
@@ -234,7 +247,7 @@ class HFExporter:
                 continue
             names[d] = hf_name
         if untied is not None:
-            report_unused_lm_head(index, untied, names.get("token_embd.weight"), directory)
+            check_tied_lm_head(index, untied, names.get("token_embd.weight"), directory)
         shapes = {d: index.tensors[h].shape for d, h in names.items()}
         where = str(directory)
         try:
