@@ -31,7 +31,10 @@ def test_rule_parsing():
     for bad, msg in [("noequals", "expected GLOB=SPEC"), ("*=b9", "b must be an integer in 1..8"),
                      ("*=G1", "group size G must be an integer in 2.."),
                      ("*=q4", "'q4' is not bN, GN, cb:TYPE or f32"),
-                     ("*=cb:f8", "codebook type must be 'f16', 'f32' or 'int8', got 'f8'")]:
+                     ("*=cb:f8", "codebook type must be 'f16', 'f32' or 'int8', got 'f8'"),
+                     ("*=b4,b5", "'b5' sets bits a second time"),
+                     ("*=G128,b4,G256", "'G256' sets group size a second time"),
+                     ("*=cb:f16,cb:f32", "'cb:f32' sets codebook type a second time")]:
         pattern = re.escape(f"--tensor-type {bad!r}") + ".*" + re.escape(msg)
         with pytest.raises(DittoError, match=pattern):
             TensorRule.parse(bad)

@@ -91,12 +91,14 @@ class TensorRule:
             if m is None:
                 raise DittoError(f"--tensor-type {text!r}: {tok.strip()!r} is not bN, GN, "
                                  "cb:TYPE or f32")
-            if m["bits"]:
-                fields["bits"] = int(m["bits"])
-            if m["group"]:
-                fields["group_size"] = int(m["group"])
-            if m["cb"]:
-                fields["codebook_type"] = m["cb"]
+            for field, value in (("bits", m["bits"]), ("group_size", m["group"]),
+                                 ("codebook_type", m["cb"])):
+                if value is None:
+                    continue
+                if field in fields:  # b4,b5: which one was meant is not known
+                    raise DittoError(f"--tensor-type {text!r}: {tok.strip()!r} sets "
+                                     f"{field.replace('_', ' ')} a second time")
+                fields[field] = value if field == "codebook_type" else int(value)
         rule = cls(glob, **fields)
         try:
             check_params(4 if rule.bits is None else rule.bits,
