@@ -130,6 +130,23 @@ def test_lloyd_with_importance_never_beats_the_optimum():
     assert werr(opt) <= werr(ll) * (1 + 1e-9)
 
 
+def test_importance_file_of_another_model_is_named(tmp_path):
+    """A vector of the wrong length from an importance file (one made for another model)
+    names the file as well as the tensor."""
+    from types import SimpleNamespace
+
+    from ditto_core.kit import importance as imp_mod
+    p = tmp_path / "other.npz"
+    imp_mod.save_importance(imp_mod.Importance(
+        {"blk.0.attn_q.weight": np.ones(64)}, {"format": imp_mod.FORMAT,
+                                               "version": imp_mod.VERSION}), p)
+    with pytest.raises(DittoError) as e:
+        imp_mod.tensor_importance(SimpleNamespace(importance=str(p)), "blk.0.attn_q.weight", 16)
+    assert str(e.value) == (f"{p}: tensor 'blk.0.attn_q.weight': importance has shape [64], "
+                            "expected [16] (one value per input channel) (an importance file "
+                            "is made for one model by `ditto calibrate`)")
+
+
 def test_importance_weights_checks():
     np.testing.assert_array_equal(importance_weights(np.ones(4), 4), np.ones(4))
     np.testing.assert_allclose(importance_weights([0.0, 2.0, 2.0, 4.0], 4),

@@ -146,4 +146,10 @@ def tensor_importance(options, name: str, cols: int) -> np.ndarray | None:
     if not path:
         return None
     vec = load_importance(path).vectors.get(name)
-    return None if vec is None else importance_weights(vec, cols, name)
+    if vec is None:
+        return None
+    try:
+        return importance_weights(vec, cols, name)
+    except DittoError as exc:  # most likely the file of another model: name it
+        raise DittoError(f"{path}: {exc} (an importance file is made for one model by "
+                         "`ditto calibrate`)") from None
