@@ -152,6 +152,8 @@ def _set(k, v):
      "tokenizer.json", "key 'id' must be an integer in [0,"),
     ({"tok_patch": lambda t: t["model"]["merges"].append(["a", 1])}, "tokenizer.json",
      "key 'merges' item 4 must be"),
+    ({"tok_patch": lambda t: t["added_tokens"].append({"id": 5, "content": "<x>"})},
+     "tokenizer.json", "added token '<x>' has id 5, the id of vocabulary token"),
     ({"tcfg": {"chat_template": 7}}, "tokenizer_config.json",
      "key 'chat_template' must be a string or a list"),
     ({"tcfg": {"bos_token": 5}}, "tokenizer_config.json", "key 'bos_token' must be a string"),

@@ -84,6 +84,10 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
     for text, i in vocab.items():
         texts[i] = text
     for i, a in added.items():
+        if texts[i] is not None and texts[i] != a["content"]:
+            # the tokenizers library gives such a token an id of its own past the vocabulary
+            raise DittoError(f"{where}: added token {a['content']!r} has id {i}, the id of "
+                             f"vocabulary token {texts[i]!r}")
         texts[i] = a["content"]
     by_text = {t: i for i, t in enumerate(texts) if t is not None}
 
