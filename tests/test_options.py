@@ -150,6 +150,9 @@ def test_model_key_holds_component_options(tiny_gguf):
     (["-O", "nosuch.x=1"],
      "error: nosuch.x: no component is named 'nosuch' (this build's components: gguf, none, "
      "bits, clang, gemv-blas, llvm, openblas)\n"),
+    (["-O", "llvm.cpu=nosuchcpu"],
+     "error: llvm.cpu: 'nosuchcpu' is not a CPU that LLVM knows for this target (`clang-22 "
+     "--print-supported-cpus` lists them)\n"),
     (["-O", "noequals"],
      "error: -O 'noequals': expected COMPONENT.KEY=VALUE (e.g. "
      "gemv-blas.omp_threads=region)\n"),

@@ -101,6 +101,21 @@ def libomp_dir() -> Path | None:
     return p.resolve().parent if p.is_absolute() and p.exists() else None
 
 
+@lru_cache(maxsize=1)
+def known_cpus() -> frozenset[str]:
+    """The CPU names clang-22 (so LLVM 22) knows for this machine's target
+    (``--print-supported-cpus``); empty when clang-22 cannot tell."""
+    try:
+        proc = subprocess.run([CC, "--print-supported-cpus"], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    text = proc.stdout + proc.stderr
+    _, _, listing = text.partition("Available CPUs for this target:")
+    return frozenset(line.strip() for line in listing.splitlines()
+                     if line.startswith("\t") and line.strip())
+
+
 class LlvmLinker:
     """Linker ``llvm``: O3 for the host CPU with llvmlite, then link with clang-22.
 
@@ -127,7 +142,12 @@ class LlvmLinker:
         self._cpu, self._features, self.opt_level = cpu, features, opt_level
 
     def with_options(self, options: "LlvmLinker.Options") -> "LlvmLinker":
-        """A copy of this linker configured with ``options``."""
+        """A copy of this linker configured with ``options``. Raises DittoError for a ``cpu``
+        LLVM does not know (it would warn and optimise for a generic CPU)."""
+        known = known_cpus() if options.cpu is not None else frozenset()
+        if known and options.cpu not in known:
+            raise DittoError(f"llvm.cpu: {options.cpu!r} is not a CPU that LLVM knows for this "
+                             f"target (`{CC} --print-supported-cpus` lists them)")
         return LlvmLinker(cpu=options.cpu, features=options.features,
                           opt_level=options.opt_level)
 
