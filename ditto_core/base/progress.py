@@ -18,8 +18,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 @contextlib.contextmanager
 def progress_bar(label: str, total: int, enabled: bool = True,
                  unit: str = "weights") -> Iterator[Callable[..., None]]:
-    """Show a bar ``label [####    ] done/total unit`` while the body runs."""
-    if not enabled:
+    """Show a bar ``label [####    ] done/total unit`` while the body runs (on a terminal:
+    redirected, stderr gets nothing, not even the newline a finished bar leaves)."""
+    if not enabled or not sys.stderr.isatty():
         yield lambda n, description=None: None
         return
     console = Console(file=sys.stderr)
@@ -41,8 +42,9 @@ def progress_bar(label: str, total: int, enabled: bool = True,
 def progress_callback(label: str, quiet: bool):
     """A rich progress callback ``update(done, total)`` on stderr, started at its first call,
     and ``stop()`` to remove the bar; ``(None, no-op)`` when ``quiet``. For steps that report
-    their own progress (calibration, ``ditto eval`` / ``bench``)."""
-    if quiet:
+    their own progress (calibration, ``ditto eval`` / ``bench``); also ``(None, no-op)`` when
+    stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
         return None, lambda: None
     prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
