@@ -154,8 +154,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     passes, keep_fp32, tensor_types = ([v] if isinstance(v, str) else v
                                        for v in (passes, keep_fp32, tensor_types))
     if max_size_of is not None and not Path(max_size_of).is_file():
+        what = ("is not a regular file" if Path(max_size_of).exists() else "does not exist")
         raise DittoError(f"{max_size_of}: max_size_of must name an existing file (its size is "
-                         "the budget)")
+                         f"the budget); this one {what}")
     if out is None:
         out = tempfile.mkdtemp(prefix="ditto-build-")
     opts = BuildOptions(

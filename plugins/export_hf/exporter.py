@@ -165,7 +165,8 @@ def weight_files(directory: Path) -> list[Path]:
                                  "shards must be files in it (a relative path without '..')")
             f = directory / shard
             if not f.is_file():
-                raise DittoError(f"{f}: shard listed in {index.name} is missing")
+                what = "not a regular file" if f.exists() else "missing"
+                raise DittoError(f"{f}: shard listed in {index.name} is {what}")
             files.append(f)
         return files
     found = sorted(directory.glob("*.safetensors"))
