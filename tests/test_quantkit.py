@@ -271,3 +271,17 @@ def test_kit_rounds_codebooks_to_their_storage_type(cb_type):
     rel = float(((W64 - W_hat) ** 2).sum() / (W64 ** 2).sum())
     assert t.rel_error == pytest.approx(rel, rel=1e-9) and 0 < rel < 0.2
     assert q.report["tensors"][name]["rule"] == "default"
+
+
+def test_cli_bad_tensor_type_is_a_usage_error(tmp_path):
+    """ditto build checks every --tensor-type before anything runs: a bad one is a usage error
+    (exit 2) naming the option and the rule."""
+    from click.testing import CliRunner
+
+    from ditto_core.cli.main import cli
+    r = CliRunner().invoke(cli, ["build", "tinycoder", "--quantizer", "kmeans", "--blas",
+                                 "openblas", "-o", str(tmp_path / "b"), "--tensor-type",
+                                 "*.ffn_down.weight=b5", "--tensor-type", "*=b4,b5"])
+    assert r.exit_code == 2 and not (tmp_path / "b").exists()
+    assert ("Invalid value for '--tensor-type': '*=b4,b5': 'b5' sets bits a second time"
+            in r.stderr), r.stderr

@@ -224,6 +224,19 @@ def _speed_table_name(ctx, param, value):
         raise click.BadParameter(str(exc.args[0])) from None
 
 
+def _check_rules(rules: tuple[str, ...]) -> tuple[str, ...]:
+    """``--tensor-type`` values as given, each checked by ``quantkit.TensorRule.parse``: a bad
+    one is a usage error (exit 2) naming it."""
+    from ditto_core.kit.quantkit import TensorRule
+
+    for rule in rules:
+        try:
+            TensorRule.parse(rule)
+        except DittoError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--tensor-type ")) from None
+    return rules
+
+
 @cli.command("build", epilog=MODEL_HELP)
 @click.argument("model")
 @click.option("--quantizer", required=True, help="Quantizer name (see `ditto plugins`).")
@@ -238,6 +251,7 @@ def _speed_table_name(ctx, param, value):
 @click.option("--keep-fp32", multiple=True, metavar="PATTERN",
               help="Glob over tensor names kept in fp32 (repeatable); norms always are.")
 @click.option("--tensor-type", "tensor_types", multiple=True, metavar="GLOB=SPEC",
+              callback=lambda ctx, param, value: _check_rules(value),
               help="Rule for the tensors matching GLOB (repeatable, first match wins): f32, "
                    "or bN,GN,cb:TYPE, e.g. '*.ffn_down.weight=b5', 'blk.0.*=f32'.")
 @click.option("--method", default=None, help="Quantizer-specific method (kmeans: optimal|lloyd).")
