@@ -179,7 +179,7 @@ def train_tokenizer(vocab: int, corpus_bytes: int = 4_000_000):
     the BPE pieces trained on the stdlib sources, then Code Llama's infilling tokens and
     ``<unusedN>`` fillers as added tokens up to ``vocab``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import trainers
+    from tokenizers import processors, trainers
 
     special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
     n_fill = len(FILL_TOKENS)
@@ -204,6 +204,9 @@ def train_tokenizer(vocab: int, corpus_bytes: int = 4_000_000):
                                      decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     out.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in ("<unk>", "<s>", "</s>")])
+    # BOS first, as Llama-2's tokenizer.json (and add_bos_token in tokenizer_config.json)
+    out.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", 1)])
     extra = list(FILL_TOKENS) + [f"<unused{i}>" for i in range(vocab)]
     extra = extra[:vocab - out.get_vocab_size()]
     out.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra])

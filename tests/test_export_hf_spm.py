@@ -23,7 +23,7 @@ def spm_tokenizer_json(sp):
     """tokenizer.json for sentencepiece model ``sp``, built with ``tokenizers`` the way HF
     converts a Llama SentencePiece model: vocab = pieces by id; merges = every split of a piece
     into two pieces, ordered by the merged piece's score, then by the parts' ids."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
     n = sp.get_piece_size()
     vocab = {sp.id_to_piece(i): i for i in range(n)}
@@ -45,6 +45,10 @@ def spm_tokenizer_json(sp):
                                      decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.add_special_tokens([AddedToken(sp.id_to_piece(i), special=True, normalized=False)
                             for i in (sp.unk_id(), sp.bos_id(), sp.eos_id())])
+    # BOS first, as Llama-2's tokenizer.json (and add_bos_token in tokenizer_config.json)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{sp.id_to_piece(sp.bos_id())} $A",
+        special_tokens=[(sp.id_to_piece(sp.bos_id()), sp.bos_id())])
     return tok
 
 

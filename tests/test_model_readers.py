@@ -159,6 +159,9 @@ def _set(k, v):
     ({"tcfg": {"bos_token": 5}}, "tokenizer_config.json", "key 'bos_token' must be a string"),
     ({"tcfg": {"add_bos_token": "yes"}}, "tokenizer_config.json",
      "key 'add_bos_token' must be true or false"),
+    # transformers 5 follows the post-processor, 4's Llama tokenizer add_bos_token
+    ({"tcfg": {"add_bos_token": True}}, "tokenizer_config.json",
+     "add_bos_token is true but the post_processor of"),
 ])
 def test_hf_fields_of_the_wrong_type_are_refused_naming_file_and_key(tmp_path, kw, file, needle):
     d = make_hf(tmp_path / "m", **kw)

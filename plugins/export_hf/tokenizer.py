@@ -167,6 +167,13 @@ def tokenizer_from_hf(directory: Path, vocab_size: int, config: dict) -> Tokeniz
                 need_records = True
     post_bos = check_post_processor(tj, where, texts[bos_id] if bos_id >= 0 else None)
     add_bos = bool(tcfg["add_bos_token"]) if "add_bos_token" in tcfg else post_bos
+    if add_bos != post_bos:
+        # transformers 5 adds BOS as the post-processor says; 4's Llama tokenizer followed
+        # add_bos_token: which ids the model was run with is not known
+        raise DittoError(f"{tcfg_path}: add_bos_token is {str(add_bos).lower()} but the "
+                         f"post_processor of {path} {'adds no' if add_bos else 'adds a'} BOS "
+                         f"(transformers 5 follows the post_processor, transformers 4's Llama "
+                         f"tokenizer add_bos_token); make them agree")
     ext = dict(normalizer=steps, added=added_recs if need_records else (),
                flags=F.TOKF_ADDED_RECORDS if need_records else 0)
     eos = tok_id("eos_token", "eos_token_id")
