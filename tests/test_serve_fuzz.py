@@ -83,7 +83,7 @@ def api_schema(fuzz_server):
     """The OpenAPI description of the app (built without a model) pointed at the server."""
     from ditto_core.serve.app import create_app
 
-    raw = create_app(SimpleNamespace(api_key=None)).app.openapi()
+    raw = create_app(SimpleNamespace(api_key=None)).fastapi.openapi()
     schema = schemathesis.openapi.from_dict(raw)
     schema.config.update(base_url=fuzz_server.url)
     schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE,

@@ -532,7 +532,8 @@ def error_body(status: int, message: str, type_: str) -> dict:
 
 
 def create_app(server: Server):
-    """The FastAPI application of ``server`` (every endpoint of docs/SERVE.md)."""
+    """The ASGI application of ``server`` (every endpoint of docs/SERVE.md): the FastAPI app
+    (its ``fastapi`` attribute) under the middleware (CORS, the API key, JSON bodies)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -892,8 +893,10 @@ def create_app(server: Server):
         outer = ApiKeyAuth(outer, server.api_key)
     # outermost, as llama-server: a browser's preflight is answered before the key is asked
     # for, and every response (a 401 too) carries Access-Control-Allow-Origin
-    return CORSMiddleware(outer, allow_origins=["*"], allow_methods=["GET", "POST"],
+    asgi = CORSMiddleware(outer, allow_origins=["*"], allow_methods=["GET", "POST"],
                           allow_headers=["*"])
+    asgi.fastapi = app  # the routes and their OpenAPI description, under the middleware
+    return asgi
 
 
 class ApiKeyAuth:
