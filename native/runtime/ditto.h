@@ -58,12 +58,13 @@ typedef struct {
 /* Load and validate the model file at path and build its tokenizer: the file is read into
  * 2 MiB pages where Linux gives them and a copy fits the memory available, mmapped when
  * $DITTO_MMAP is 1 (as ditto-run --mmap); $DITTO_MMAP=0 always reads it, any other value is
- * DITTO_ERR_ARG. kernel: the GEMV kernel table by name, NULL or "" for the best this CPU runs (or $DITTO_KERNEL); threads: OpenMP
- * threads of every evaluation, <= 0 for the OpenMP default, more than DITTO_MAX_THREADS is
- * DITTO_ERR_ARG (OpenMP aborts the process when it cannot start the threads asked for). The classifier is decoded to int8
- * at open where the kernel table reads that faster (as ditto-run does for generation), and a
- * model read into memory has its b = 4 weight matrices put in row tiles where the table reads
- * them ($DITTO_TILES=0: file order; any value but 0 or 1 is DITTO_ERR_ARG).
+ * DITTO_ERR_ARG. kernel: the GEMV kernel table by name, NULL or "" for the best this CPU runs
+ * (or $DITTO_KERNEL); threads: OpenMP threads of every evaluation, <= 0 for the OpenMP
+ * default, more than DITTO_MAX_THREADS is DITTO_ERR_ARG (OpenMP aborts the process when it
+ * cannot start the threads asked for). The classifier is decoded to int8 at open where the
+ * kernel table reads that faster (as ditto-run does for generation), and a model read into
+ * memory has its b = 4 weight matrices put in row tiles where the table reads them
+ * ($DITTO_TILES=0: file order; any value but 0 or 1 is DITTO_ERR_ARG).
  * On success *out is the model (free with ditto_model_free). */
 DITTO_API DittoStatus ditto_model_open(const char *path, const char *kernel, int threads,
                                        DittoModel **out, char *err, size_t errlen);
