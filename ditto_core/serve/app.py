@@ -266,13 +266,16 @@ class Server:
 
     def completion_prompts(self, prompt) -> list[list[int]]:
         """/completion's prompts as llama-server splits them: a list holding no token id at
-        its top level is several prompts (each a text, ids, or a mix), anything else one."""
+        its top level is several prompts (each a text, ids, or a mix), anything else one. Of
+        several, every one is checked (``check_prompt``) before any runs, and an error names
+        the one at fault, ``prompt.K``."""
         if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
             out = []
             for k, p in enumerate(prompt):
                 try:
                     out.append(self.completion_prompt(p))
-                except ApiError as exc:  # name the prompt of the list at fault
+                    self.check_prompt(out[-1])
+                except ApiError as exc:
                     raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
             return out
         if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
@@ -701,13 +704,6 @@ def create_app(server: Server):
                                params: GenParams):
         """One result per prompt, run one after the other (``index``: the prompt's place); a
         single prompt answers an object, several a list, as llama-server does."""
-        for k, ids in enumerate(prompts):  # all checked before any runs
-            try:
-                server.check_prompt(ids)
-            except ApiError as exc:
-                if len(prompts) == 1:
-                    raise
-                raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
         if not req.stream:
             bodies = []
             for k, ids in enumerate(prompts):
@@ -718,6 +714,8 @@ def create_app(server: Server):
                 body["index"] = k
                 bodies.append(select_fields(body, req.response_fields))
             return bodies[0] if len(prompts) == 1 else bodies
+        for ids in prompts:  # a bad prompt is a 400, not an error event of the stream
+            server.check_prompt(ids)
 
         async def events():
             for k, ids in enumerate(prompts):
