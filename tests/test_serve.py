@@ -649,6 +649,10 @@ def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
     pending task is left for asyncio to report ("Task was destroyed but it is pending!")."""
     srv = start_server(tiny_build, "--slots", "1", "--ctx", "2048")
     done = threading.Event()
+
+    def busy_slot():
+        return any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json())
+
     try:
         def long_stream():  # holds the only slot until the probes are done, then leaves
             with httpx.stream("POST", srv.url + "/completion", timeout=120, json={
@@ -660,7 +664,9 @@ def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
 
         busy = threading.Thread(target=long_stream)
         busy.start()
-        while not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()):
+        deadline = time.monotonic() + 60
+        while not busy_slot():
+            assert time.monotonic() < deadline, "the long stream never took the slot"
             time.sleep(0.02)
         for path, body in (("/completion", {"prompt": "a", "n_predict": 4}),
                            ("/v1/completions", {"prompt": "a", "max_tokens": 4})):
@@ -669,8 +675,14 @@ def test_stream_dropped_while_queued_leaves_no_task(tiny_build):
                                   timeout=0.5) as r:
                     for _ in r.iter_lines():
                         pass
+        assert busy_slot(), "the long stream ended before the probes did"
         done.set()
         busy.join(timeout=120)
+        # more requests, so that the server allocates and its garbage collector runs: that
+        # is when asyncio reports a task destroyed while pending
+        for _ in range(3):
+            assert httpx.post(srv.url + "/completion", timeout=120, json={
+                "prompt": PROMPT, "n_predict": 200, "ignore_eos": True}).status_code == 200
     finally:
         done.set()
         stop_server(srv)
