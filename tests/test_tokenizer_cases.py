@@ -72,17 +72,19 @@ def test_gguf_add_eos_token_is_refused():
 
 
 def test_gguf_pre_tokenizer_names_are_llama_cpps():
-    """tokenizer.ggml.pre by llama.cpp's names: "gpt-2" is GPT-2's split; "default" (and a
-    missing key, which llama.cpp reads as "default": four regexes of its own) and names
-    llama.cpp does not know are refused."""
+    """tokenizer.ggml.pre: "gpt-2" (llama.cpp's name) and "gpt2" are GPT-2's split; "default"
+    (and a missing key, which llama.cpp reads as "default": four regexes of its own) and other
+    names are refused."""
     from ditto_export_gguf.tokenizer import tokenizer_from_gguf
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
             "tokenizer.ggml.merges": ["a b"]}
-    assert tokenizer_from_gguf({**meta, "tokenizer.ggml.pre": "gpt-2"}, "m.gguf").pre == "gpt2"
+    for name in ("gpt-2", "gpt2"):
+        assert tokenizer_from_gguf({**meta, "tokenizer.ggml.pre": name}, "m.gguf").pre == "gpt2"
     with pytest.raises(DittoError, match=r"^m.gguf: unsupported byte-level BPE pre-tokenizer: "
                                          r"no tokenizer.ggml.pre \(llama.cpp then uses its "
-                                         r"'default'\) \(supported: gpt-2, qwen2, smollm\)$"):
+                                         r"'default'\) \(supported: gpt-2, gpt2, qwen2, "
+                                         r"smollm\)$"):
         tokenizer_from_gguf(meta, "m.gguf")
-    for name in ("default", "gpt2"):
+    for name in ("default", "gpt-4o"):
         with pytest.raises(DittoError, match=f"pre-tokenizer: '{name}' \\(supported: gpt-2"):
             tokenizer_from_gguf({**meta, "tokenizer.ggml.pre": name}, "m.gguf")

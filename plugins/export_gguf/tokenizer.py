@@ -20,11 +20,12 @@ from ditto_core.base.types import TokenizerSpec
 from ditto_core.text.bytelevel import unicode_to_bytes
 from ditto_core.text.special_tokens import eog_ids, fim_ids, gguf_fim_given
 
-#: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md), by llama.cpp's names.
-#: Others are refused, ``default`` (and a missing key, which llama.cpp reads as ``default``)
-#: too: llama.cpp's default splits by four regexes (punctuation runs, GPT-2's, digit runs,
-#: three-digit groups), which no Ditto pre-tokenizer reproduces.
-PRE = {"smollm": "gpt2_digits", "gpt-2": "gpt2", "qwen2": "qwen2"}
+#: llama.cpp ``tokenizer.ggml.pre`` -> Ditto pre-tokenizer (FORMAT.md), by llama.cpp's names,
+#: and ``gpt2`` for GPT-2's split too (GGUFs written with that name exist; llama.cpp knows only
+#: ``gpt-2``). Others are refused, ``default`` (and a missing key, which llama.cpp reads as
+#: ``default``) too: llama.cpp's default splits by four regexes (punctuation runs, GPT-2's,
+#: digit runs, three-digit groups), which no Ditto pre-tokenizer reproduces.
+PRE = {"smollm": "gpt2_digits", "gpt-2": "gpt2", "gpt2": "gpt2", "qwen2": "qwen2"}
 
 TT_NORMAL, TT_CONTROL, TT_USER_DEFINED, TT_BYTE = 1, 3, 4, 6
 
