@@ -35,6 +35,8 @@ not grant the tile state). ``--isa avx2`` compares the two engines as an AVX2-on
 would run them, on a CPU with more: ggml's CPU backend built with AVX2, FMA and F16C only
 (``work/llama-avx2``), Ditto with ``DITTO_KERNEL=avx2`` (the runtime's kernel table and the
 calibrated plan's cost table) and linked for x86-64-v3 (builds under ``work/MODEL-avx2``).
+``--isa avx512vnni`` does the same for an AVX-512 CPU without VBMI (Skylake-SP, Cascade Lake):
+ggml with AVX-512 F/BW/VL/DQ/CD and VNNI, Ditto's ``avx512vnni`` table, linked for x86-64-v4.
 Ditto: ``ditto build smollm2`` as the default build, with f16 codebooks
 (``--codebook-type f16``), fp32 + BLAS (``--quantizer none``) and fp32 naive (``--quantizer
 none --no-rewrite``, the paper's RQ3 ablation), and fp32 + MKL (``--blas mkl``) when
@@ -125,10 +127,14 @@ def cpu_flags() -> set[str]:
 
 
 #: ``--isa`` choices: the x86 extensions both engines may use ("native": all this CPU lists)
-ISA_FLAGS = {"avx2": {"avx2", "fma", "f16c"}}
+ISA_FLAGS = {"avx2": {"avx2", "fma", "f16c"},
+             # an AVX-512 CPU without VBMI (Skylake-SP, Cascade Lake): Ditto's avx512vnni table
+             "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                            "avx512dq", "avx512cd", "avx512_vnni"}}
 #: the same for Ditto's link stage (-O llvm.cpu / llvm.features: no wider vectors in the
 #: auto-vectorized runtime code either)
-ISA_LLVM = {"avx2": {"llvm.cpu": "x86-64-v3", "llvm.features": "+avx2,+fma,+f16c"}}
+ISA_LLVM = {"avx2": {"llvm.cpu": "x86-64-v3", "llvm.features": "+avx2,+fma,+f16c"},
+            "avx512vnni": {"llvm.cpu": "x86-64-v4", "llvm.features": "+avx512vnni"}}
 
 
 def ggml_cpu_for_isa(bin_dir: Path, work: Path, isa: str = "native") -> Path | None:
@@ -332,7 +338,8 @@ def main(argv=None) -> int:
                     help="x86 extensions both engines use: 'avx2' runs Ditto with "
                          "DITTO_KERNEL=avx2 (builds and plans for that table) and llama.cpp "
                          "with a ggml-cpu built for AVX2/FMA/F16C only, an AVX2 machine's "
-                         "comparison on a CPU with more (default: %(default)s)")
+                         "comparison on a CPU with more; 'avx512vnni' the same for an "
+                         "AVX-512 CPU without VBMI (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.render:
         md = render(json.loads(args.render.read_text()), args.render, args.write_results)

@@ -15,17 +15,23 @@ def bl():
     return load_script(ROOT / "bench" / "bench_llamacpp.py")
 
 
-def test_isa_refused_on_a_cpu_without_it(bl, tmp_path, monkeypatch, capsys):
-    """--isa avx2 where the CPU lists none of AVX2/FMA/F16C: exit 2 naming what is missing,
-    before any directory is made or DITTO_KERNEL is set."""
-    monkeypatch.setattr(bl, "cpu_flags", lambda: {"sse2", "avx"})
+@pytest.mark.parametrize("isa,flags,missing", [
+    ("avx2", {"sse2", "avx"}, "avx2, f16c, fma"),
+    # an AVX2-only CPU (Zen 3) asked for the AVX-512 VNNI comparison
+    ("avx512vnni", {"sse2", "avx", "avx2", "fma", "f16c"},
+     "avx512_vnni, avx512bw, avx512cd, avx512dq, avx512f, avx512vl")])
+def test_isa_refused_on_a_cpu_without_it(bl, tmp_path, monkeypatch, capsys, isa, flags,
+                                         missing):
+    """--isa ISA where the CPU lacks some of its flags: exit 2 naming what is missing, before
+    any directory is made or DITTO_KERNEL is set."""
+    monkeypatch.setattr(bl, "cpu_flags", lambda: flags)
     monkeypatch.delenv("DITTO_KERNEL", raising=False)
     work = tmp_path / "work"
     with pytest.raises(SystemExit) as exc:
-        bl.main(["--isa", "avx2", "--configs", "ditto-default", "--work", str(work)])
+        bl.main(["--isa", isa, "--configs", "ditto-default", "--work", str(work)])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(  # after argparse's prog name
-        ": error: --isa avx2: this CPU does not list avx2, f16c, fma")
+        f": error: --isa {isa}: this CPU does not list {missing}")
     assert not work.exists()
     assert "DITTO_KERNEL" not in os.environ
 
