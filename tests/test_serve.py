@@ -317,8 +317,10 @@ def test_infill_layout(tiny_build):
 
 
 def test_chat_message_the_template_leaves_out_is_refused():
-    """A message the chat template does not render (Qwen2.5's template skips a 'developer'
-    message) is a 400 naming it, not a prompt silently without it."""
+    """A message the chat template does not render (this one skips 'tool' messages) is a 400
+    naming it, not a prompt silently without it. OpenAI's 'developer' role renders as
+    'system', as llama-server does for every template but GPT-OSS's (llama.cpp
+    common/chat.cpp), which keeps it."""
     from ditto_core.serve.app import ApiError, ChatMessage, Server
 
     srv = Server.__new__(Server)
@@ -328,11 +330,27 @@ def test_chat_message_the_template_leaves_out_is_refused():
                          "<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}<assistant>")
     msgs = [ChatMessage(role="user", content="hi")]
     assert srv.chat_prompt(msgs) == [ord(c) for c in "<user>hi<assistant>"]
+    dev = ChatMessage(role="developer", content="be brief")
+    assert srv.chat_prompt([dev, *msgs]) == [ord(c) for c in "<system>be brief<user>hi<assistant>"]
     with pytest.raises(ApiError) as e:
-        srv.chat_prompt([ChatMessage(role="developer", content="be brief"), *msgs])
+        srv.chat_prompt([*msgs, ChatMessage(role="tool", content="42")])
     assert e.value.status == 400 and e.value.message == (
-        "messages.0: this model's chat template does not render the 'developer' message in "
-        "its place")
+        "messages.1: this model's chat template does not render the 'tool' message in its place")
+    srv.chat_template = ("{% for m in messages %}<|start|>{{ m.role }}<|channel|>{{ m.content }}"
+                         "{% endfor %}<|start|>assistant")
+    assert srv.chat_prompt([dev]) == [ord(c) for c in
+                                      "<|start|>developer<|channel|>be brief<|start|>assistant"]
+    # an assistant turn of tool calls (content null): named as what it is
+    call = ChatMessage(role="assistant", content=None,
+                       tool_calls=[{"id": "c1", "type": "function",
+                                    "function": {"name": "f", "arguments": "{}"}}])
+    with pytest.raises(ApiError) as e:
+        srv.chat_prompt([*msgs, call])
+    assert e.value.status == 400 and e.value.message == (
+        "messages.1.tool_calls: tool calls are not supported by ditto serve")
+    with pytest.raises(ApiError) as e:
+        srv.chat_prompt([*msgs, ChatMessage(role="assistant")])
+    assert e.value.message == "messages.1: missing 'content'"
 
 
 # ------------------------------------------------------------------------------ HTTP server
@@ -435,14 +453,20 @@ def test_prompt_cache(server, tiny_build):
     m.close()
     req = {"prompt": p, "n_predict": 8, "temperature": 0, "id_slot": 1, "return_tokens": True}
     first = post(server, "/completion", {**req, "cache_prompt": False}).json()
-    assert first["tokens_cached"] == 0
+    assert first["timings"]["cache_n"] == 0
     again = post(server, "/completion", req).json()
-    assert again["tokens_cached"] == len(p) - 1 and again["tokens"] == first["tokens"]
+    assert again["timings"]["cache_n"] == len(p) - 1 and again["tokens"] == first["tokens"]
     longer = p + [13, 1678]
     a = post(server, "/completion", {**req, "prompt": longer}).json()
-    assert a["tokens_cached"] == len(p)
+    assert a["timings"]["cache_n"] == len(p)
     b = post(server, "/completion", {**req, "prompt": longer, "cache_prompt": False}).json()
-    assert b["tokens_cached"] == 0 and a["tokens"] == b["tokens"] and a["content"] == b["content"]
+    assert b["timings"]["cache_n"] == 0 and a["tokens"] == b["tokens"]
+    assert a["content"] == b["content"]
+    # tokens_cached, as llama-server's: what the slot's cache holds at the end, the prompt and
+    # the generated tokens but the last (sampled, never evaluated: the limit stopped it)
+    for r, prompt in ((first, p), (again, p), (a, longer), (b, longer)):
+        assert r["stop_type"] == "limit" and len(r["tokens"]) == 8
+        assert r["tokens_cached"] == len(prompt) + 8 - 1
     slots = httpx.get(server.url + "/slots", headers=AUTH).json()
     assert slots[1]["n_cached"] >= len(longer) and not any(s["is_processing"] for s in slots)
 
@@ -561,6 +585,13 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/completion", {"prompt": ["a", ""]}, "prompt.1: prompt is empty"),
     ("/completion", {"prompt": ["a", "x " * 400]}, "prompt.1: the prompt has"),
     ("/completion", {"prompt": "a", "max_tokens": -2}, "max_tokens must be -1"),
+    # llama-server's int32 bound, not a wrap-around to "no limit"
+    ("/completion", {"prompt": "a", "n_predict": 99999999999999999999},
+     "n_predict must be at most 2147483647, got 99999999999999999999"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 2**31},
+     "max_tokens must be at most 2147483647, got 2147483648"),
+    ("/completion", b'{"prompt": "abc\xff"}',
+     "the body is not valid UTF-8: invalid start byte (byte 0xff at offset 15)"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
      "messages.0.content: a 'image_url' part: only text parts"),
@@ -570,7 +601,7 @@ def test_completion_n_predict_0_and_response_fields(server):
      "tools: not supported"),
 ])
 def test_bad_requests(server, path, body, needle):
-    if isinstance(body, str):
+    if isinstance(body, (str, bytes)):
         r = httpx.post(server.url + path, content=body, headers=AUTH, timeout=60)
     else:
         r = post(server, path, body)
@@ -812,13 +843,15 @@ def test_qwen_cache_warming_ignores_t_max_prompt_ms(qwen_server):
     warm = post(qwen_server, "/completion", {
         "prompt": ids, "id_slot": 0, "n_predict": 0, "samplers": [], "cache_prompt": True,
         "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
-        "response_fields": ["content", "timings/prompt_n", "tokens_cached"]}).json()
-    assert warm["content"] == "" and warm["timings/prompt_n"] + warm["tokens_cached"] == len(ids)
+        "response_fields": ["content", "timings/prompt_n", "timings/cache_n",
+                            "tokens_cached"]}).json()
+    assert warm["content"] == "" and warm["timings/prompt_n"] + warm["timings/cache_n"] == len(ids)
+    assert warm["tokens_cached"] == len(ids)
     more = post(qwen_server, "/tokenize", {"content": "def g(x):\n"}).json()["tokens"]
     got = post(qwen_server, "/completion", {
         "prompt": ids + more, "id_slot": 0, "n_predict": 4, "top_k": 1, "t_max_prompt_ms": 1,
-        "response_fields": ["timings/prompt_n", "tokens_cached"]}).json()
-    assert got == {"timings/prompt_n": len(more), "tokens_cached": len(ids)}
+        "response_fields": ["timings/prompt_n", "timings/cache_n"]}).json()
+    assert got == {"timings/prompt_n": len(more), "timings/cache_n": len(ids)}
 
 
 def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
@@ -833,11 +866,11 @@ def test_qwen_infill_llama_vim_and_openai_suffix(qwen_server):
            "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
            "t_max_prompt_ms": 5000, "t_max_predict_ms": 20000,
            "response_fields": ["content", "timings/prompt_n", "timings/predicted_n",
-                               "truncated", "tokens_cached"]}
+                               "truncated", "timings/cache_n"]}
     warm = post(qwen_server, "/infill", req).json()
     assert warm["content"] == "" and warm["timings/prompt_n"] > 10 and warm["truncated"] is False
     got = post(qwen_server, "/infill", {**req, "n_predict": 12, "top_k": 1}).json()  # greedy
-    assert got["tokens_cached"] == warm["timings/prompt_n"] - 1  # the warm-up is reused
+    assert got["timings/cache_n"] == warm["timings/prompt_n"] - 1  # the warm-up is reused
     assert got["content"].startswith("a + b"), got
     client = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key=KEY)
     c = client.completions.create(model="qwen", prompt=prefix, suffix=suffix, max_tokens=8,

@@ -49,6 +49,10 @@ class ApiError(Exception):
 
 # ---------------------------------------------------------------------------- request models
 
+#: the largest n_predict / max_tokens llama-server takes (its int32 field)
+INT32_MAX = 2**31 - 1
+
+
 class _Req(BaseModel):
     # JSON's Infinity and NaN (Python's json reads them) are refused as any other bad value
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -224,6 +228,8 @@ class ContentPart(_Req):
 class ChatMessage(_Req):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[ContentPart], None] = None
+    #: an assistant turn's tool calls (OpenAI's shape): read only to refuse them by name
+    tool_calls: Union[list[Any], None] = None
 
 
 class ChatRequest(OAIParams):
@@ -361,6 +367,9 @@ class Server:
         contents = []
         for k, msg in enumerate(messages):
             c = msg.content
+            if c is None and msg.tool_calls:
+                raise ApiError(400, f"messages.{k}.tool_calls: tool calls are not supported by "
+                                    "ditto serve")
             if c is None:  # as llama-server: only a message with tool calls may leave it out
                 raise ApiError(400, f"messages.{k}: missing 'content'")
             if isinstance(c, list):
@@ -373,7 +382,11 @@ class Server:
                 c = "".join(part.text for part in c)
             contents.append(c)
         marks = [f"\x00ditto-message-{k}-{uuid.uuid4().hex}\x00" for k in range(len(messages))]
-        msgs = [{"role": m.role, "content": mk} for m, mk in zip(messages, marks)]
+        # llama-server renders OpenAI's 'developer' role as 'system' for every template but
+        # GPT-OSS's (the one that knows it; its text has <|channel|>), as common/chat.cpp does
+        developer = "developer" if "<|channel|>" in (self.chat_template or "") else "system"
+        msgs = [{"role": developer if m.role == "developer" else m.role, "content": mk}
+                for m, mk in zip(messages, marks)]
         try:
             text = _environment().from_string(self.chat_template or CHATML).render(
                 messages=msgs, tools=None, documents=None, add_generation_prompt=True,
@@ -450,6 +463,8 @@ class Server:
         if n_predict < -1:
             raise ApiError(400, f"{name} must be -1 (no limit), 0 (evaluate the prompt "
                                 f"only) or positive, got {n_predict}")
+        if n_predict > INT32_MAX:
+            raise ApiError(400, f"{name} must be at most {INT32_MAX}, got {n_predict}")
         check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         return GenParams(n_predict=n_predict, temperature=p.temperature, top_k=p.top_k,
@@ -467,6 +482,8 @@ class Server:
             raise ApiError(400, f"n: only 1 choice is supported, got {p.n}")
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}")
+        if max_tokens is not None and max_tokens > INT32_MAX:
+            raise ApiError(400, f"max_tokens must be at most {INT32_MAX}, got {max_tokens}")
         check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         return GenParams(n_predict=max_tokens if max_tokens is not None else -1,
@@ -572,6 +589,12 @@ def create_app(server: Server):
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
+        cause = exc.__cause__
+        if isinstance(cause, UnicodeDecodeError):  # FastAPI's body reading: name the bytes
+            return JSONResponse(error_body(
+                400, f"the body is not valid UTF-8: {cause.reason} (byte "
+                     f"0x{cause.object[cause.start]:02x} at offset {cause.start})",
+                "invalid_request_error"), status_code=400)
         return JSONResponse(error_body(exc.status_code, str(exc.detail),
                                        "not_found_error" if exc.status_code == 404
                                        else "invalid_request_error"),

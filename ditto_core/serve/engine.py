@@ -86,7 +86,11 @@ class Result:
     stop_type: str = "limit"
     stopping_word: str = ""
     truncated: bool = False
+    #: tokens the slot's KV cache holds when the request ends, prompt and generated (as
+    #: llama-server's tokens_cached: its slot's prompt length)
     tokens_cached: int = 0
+    #: prompt tokens taken from the cache instead of evaluated (timings.cache_n)
+    prompt_cached: int = 0
     tokens_evaluated: int = 0
     id_slot: int = 0
     timings: dict = attrs.Factory(dict)
@@ -454,13 +458,13 @@ class Engine:
         n_keep = min(n_keep, len(prompt) - 1, sess.pos)  # the last token runs for its logits
         sess.truncate(n_keep)
         del slot.tokens[n_keep:]
-        res.tokens_cached = n_keep
+        res.prompt_cached = n_keep
         logits = None
         rest = prompt[n_keep:]
         for i in range(0, len(rest), PROMPT_CHUNK):
             if cancel.is_set():
                 res.stop_type = "cancelled"
-                return self._finish(res, t0, t0, 0)
+                return self._finish(res, slot, t0, t0, 0)
             chunk = rest[i:i + PROMPT_CHUNK]
             last = i + PROMPT_CHUNK >= len(rest)
             logits = sess.eval(chunk, "last" if last else "none")
@@ -472,7 +476,7 @@ class Engine:
             self.metrics["n_tokens_max"] = max(self.metrics["n_tokens_max"], len(prompt))
         if params.n_predict == 0:
             res.stop_type = "limit"
-            return self._finish(res, t0, t_prompt, len(rest))
+            return self._finish(res, slot, t0, t_prompt, len(rest))
 
         seed = params.seed if params.seed >= 0 else int.from_bytes(
             np.random.default_rng().bytes(8), "little")
@@ -585,7 +589,7 @@ class Engine:
         t_end = time.perf_counter()
         self._count(tokens_predicted_total=len(res.tokens),
                     tokens_predicted_seconds_total=t_end - t_prompt)
-        return self._finish(res, t0, t_prompt, len(rest), t_end)
+        return self._finish(res, slot, t0, t_prompt, len(rest), t_end)
 
     @staticmethod
     def _under_indented(text: str, n_indent: int) -> bool:
@@ -608,13 +612,14 @@ class Engine:
         return len(text)
 
     @staticmethod
-    def _finish(res: Result, t0: float, t_prompt: float, n_prompt: int,
+    def _finish(res: Result, slot: Slot, t0: float, t_prompt: float, n_prompt: int,
                 t_end: float | None = None) -> Result:
+        res.tokens_cached = len(slot.tokens)
         t_end = t_prompt if t_end is None else t_end
         p_ms, g_ms = (t_prompt - t0) * 1e3, (t_end - t_prompt) * 1e3
         n_gen = len(res.tokens)
         res.timings = {
-            "cache_n": res.tokens_cached, "prompt_n": n_prompt, "prompt_ms": p_ms,
+            "cache_n": res.prompt_cached, "prompt_n": n_prompt, "prompt_ms": p_ms,
             "prompt_per_token_ms": p_ms / n_prompt if n_prompt else 0.0,
             "prompt_per_second": n_prompt / p_ms * 1e3 if p_ms > 0 else 0.0,
             "predicted_n": n_gen, "predicted_ms": g_ms,
