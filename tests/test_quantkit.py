@@ -68,6 +68,32 @@ def test_plan_order_rules_keep_embedding_default_size_guard():
     assert why["blk.1.attn_k.weight"]["reason"] == "codebook larger than f32"
 
 
+def test_attn_v_rule_under_gqa_of_four_or_more():
+    """The default attn_v rule: b + 1 for a V projection whose layer has at least 4 query
+    heads per KV head (Qwen2.5-Coder-0.5B: 896 / 128 = 7; llama.cpp's IQ4_NL gives attn_v Q5_K
+    at n_gqa >= 4), not under GQA 3 (SmolLM2: 576 / 192), not where a rule, --keep-fp32 or a
+    quantizer without the default rules (embedding_extra_bits None) decides."""
+    shapes = {"blk.0.attn_q.weight": (896, 896), "blk.0.attn_v.weight": (128, 896),
+              "blk.1.attn_q.weight": (576, 576), "blk.1.attn_v.weight": (192, 576),
+              "blk.2.attn_q.weight": (896, 896), "blk.2.attn_v.weight": (128, 896),
+              "blk.3.attn_q.weight": (256, 256), "blk.3.attn_v.weight": (64, 256),
+              "blk.4.attn_v.weight": (64, 256)}  # no attn_q in its layer: no GQA known
+    opts = QuantOptions(bits=4, group_size=256, keep_fp32=("blk.3.attn_v.weight",))
+    rules = quantkit.parse_rules(["blk.2.attn_v.weight=b6"])
+    plan, why = plan_tensors(shapes, opts, rules)
+    assert plan["blk.0.attn_v.weight"] == ("codebook", (5, 256, "f16"))
+    assert why["blk.0.attn_v.weight"]["rule"] == "attn_v under GQA >= 4 (b+1)"
+    assert plan["blk.1.attn_v.weight"] == ("codebook", (4, 256, "f16"))
+    assert why["blk.1.attn_v.weight"]["rule"] == "default"
+    assert plan["blk.2.attn_v.weight"] == ("codebook", (6, 256, "f16"))
+    assert plan["blk.3.attn_v.weight"] == ("f32", None)
+    assert why["blk.4.attn_v.weight"]["rule"] == "default"
+    assert plan_tensors(shapes, QuantOptions(bits=8, group_size=256))[0][
+        "blk.0.attn_v.weight"] == ("codebook", (8, 256, "f16"))  # capped at 8
+    plain, _ = plan_tensors(shapes, QuantOptions(bits=4, group_size=256), (), None)
+    assert plain["blk.0.attn_v.weight"] == ("codebook", (4, 256, "f16"))
+
+
 class Broken(CodebookQuantizer):
     name = "broken"
 

@@ -37,6 +37,7 @@ from ditto_core.model import codebook as CB
 from ditto_core.model.modelfile import TensorInfo, plan_layout
 from ditto_core.model import kernel_paths as KP
 from .importance import tensor_importance
+from .quantkit import ATTN_V_RULE
 
 #: (b, G) candidates of an ordinary matrix, and the bit widths of the embedding/classifier
 #: (one codebook per row, as the default policy)
@@ -251,8 +252,8 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
              quantize: Callable, importance: Callable[[str, int], np.ndarray | None],
              embedding_names: Sequence[str], progress: Callable[[str], None] | None = None,
              speed_table: str | None = None) -> tuple[dict, dict]:
-    """Re-plan the tensors of ``plan`` whose ``reasons[name]["rule"]`` is ``"default"`` or an
-    embedding rule under the file-size ``budget`` (bytes, whole file).
+    """Re-plan the tensors of ``plan`` whose ``reasons[name]["rule"]`` is ``"default"``, the
+    attn_v rule or an embedding rule under the file-size ``budget`` (bytes, whole file).
 
     ``quantize(W, b, G)`` → Ŵ (the quantizer's own method, weighted by the importance);
     ``importance(name, cols)`` → the tensor's k-means weights or None. Returns (new plan,
@@ -264,7 +265,8 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     Raises DittoError when the budget cannot hold the smallest candidates plus the fixed
     tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
-            and (reasons[n]["rule"] == "default" or reasons[n]["rule"].startswith("embedding"))]
+            and (reasons[n]["rule"] in ("default", ATTN_V_RULE)
+                 or reasons[n]["rule"].startswith("embedding"))]
     # the file of the current plan; the free tensors' aligned payloads are swapped out below
     base = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, plan)
     options, measured = {}, {}

@@ -13,7 +13,8 @@ rest, the same way for every quantizer:
 - planning: vectors stay f32; ``--tensor-type GLOB=SPEC`` rules (first match wins; ``f32``, or
   ``bN``, ``GN``, ``cb:TYPE`` separated by commas), ``--keep-fp32`` globs, then the default
   embedding rule (``token_embd.weight``/``output.weight``: b + 2 bits, one codebook per row;
-  docs/QUANT.md "Default policy"), then (b, G) from the options; the size guard keeps f32 any
+  docs/QUANT.md "Default policy") and attn_v rule (b + 1 under GQA >= 4), then (b, G) from
+  the options; the size guard keeps f32 any
   matrix whose codebook payload would not be smaller than f32 (``codebook.saves_space``);
 - finiteness checks (naming tensor and (row, col)), streaming one tensor at a time as the
   packer pulls (stop signals wait while ``quantize_matrix`` runs: ``signals.deferred``, as
@@ -57,6 +58,31 @@ from .importance import IMPORTANCE_FLOOR, importance_weights, tensor_importance
 #: G = 256 0.266 at 7.67 bpw.
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 EMBEDDING_EXTRA_BITS = 2
+
+#: The default attn_v rule: under grouped-query attention with at least GQA_MIN query heads per
+#: KV head, each layer's V projection is quantized with ATTN_V_EXTRA_BITS more bits (capped at
+#: 8), as llama.cpp's IQ4_NL/IQ4_XS give attn_v Q5_K when n_gqa >= 4 (src/llama-quant.cpp):
+#: every V row feeds a whole group of query heads, and the tensor is small (n_kv_heads x
+#: head_dim rows). docs/QUANT.md "Default policy": on Qwen2.5-Coder-0.5B (GQA 7) at b = 4 the
+#: greedy code ended every line with a space (token " \n" over "\n") until attn_v had b = 5;
+#: G = 128 or 64 at b = 4 did not fix it; f32 for any other kind of matrix did not either.
+ATTN_V_EXTRA_BITS = 1
+GQA_MIN = 4
+ATTN_V_RULE = f"attn_v under GQA >= {GQA_MIN} (b+{ATTN_V_EXTRA_BITS})"
+
+
+def gqa_of(name: str, shapes) -> int:
+    """Query heads per KV head of the layer of ``name`` when it is a V projection
+    (``blk.N.attn_v.weight``): attn_q's rows over attn_v's (both n_heads or n_kv_heads times
+    head_dim); 0 for any other tensor, or when the layer has no attn_q of a whole multiple."""
+    if not name.endswith(".attn_v.weight"):
+        return 0
+    q = shapes.get(name[:-len("attn_v.weight")] + "attn_q.weight")
+    v = shapes.get(name)
+    if q is None or v is None or len(q) != 2 or len(v) != 2 or int(v[0]) <= 0:
+        return 0
+    ratio, rest = divmod(int(q[0]), int(v[0]))
+    return ratio if rest == 0 else 0
 
 _SPEC_TOKEN = re.compile(r"^(?:b(?P<bits>\d+)|G(?P<group>\d+)|cb:(?P<cb>\w+))$")
 
@@ -131,7 +157,8 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
     ``"vector"``, ``"GLOB=SPEC"``, ``"keep_fp32 GLOB"``, ``"embedding (b+2, one codebook per
     row)"`` or ``"default"``) and, for a matrix kept f32 by the size guard, ``reason``
     (``REASON_CODEBOOK_LARGER``), ``codebook_bytes``, ``f32_bytes``, ``bits``, ``group_size``.
-    ``embedding_extra_bits`` None disables the embedding rule."""
+    After the embedding rule comes the attn_v rule (``ATTN_V_RULE``: b + 1 for a V projection
+    under GQA >= 4, ``gqa_of``). ``embedding_extra_bits`` None disables both default rules."""
     plan, reasons = {}, {}
     for name, shape in shapes.items():
         if len(shape) != 2:
@@ -156,6 +183,9 @@ def plan_tensors(shapes, options: QuantOptions, rules: Sequence[TensorRule] = ()
         elif name in EMBEDDING_NAMES and embedding_extra_bits is not None:
             why = f"embedding (b+{embedding_extra_bits}, one codebook per row)"
             bits, group = min(8, bits + embedding_extra_bits), max(group, cols)
+        elif embedding_extra_bits is not None and gqa_of(name, shapes) >= GQA_MIN:
+            why = ATTN_V_RULE
+            bits = min(8, bits + ATTN_V_EXTRA_BITS)
         else:
             why = "default"
         params = (bits, group, cb)

@@ -183,7 +183,9 @@ def plan_with_reasons(shapes, options: QuantOptions):
     take at least the bytes of f32 (``ditto_core.model.codebook.saves_space``; reason
     ``REASON_CODEBOOK_LARGER`` — e.g. rows of 16 at b = 6: 64 centroids per 16 weights);
     ("codebook", (b', G', codebook_type)) for the embedding/classifier with b' = min(8, b + 2),
-    G' = max(G, cols); else ("codebook", (b, G, codebook_type)) as a rule or the options say.
+    G' = max(G, cols); for a V projection under GQA >= 4 with b' = min(8, b + 1)
+    (``quantkit.ATTN_V_RULE``); else ("codebook", (b, G, codebook_type)) as a rule or the
+    options say.
     ``reasons[name]`` is a dict {``reason``, and for the size rule ``codebook_bytes``,
     ``f32_bytes``, ``bits``, ``group_size``}."""
     plan, why = quantkit.plan_tensors(shapes, options, quantkit.parse_rules(options.tensor_types))
