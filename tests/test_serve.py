@@ -637,6 +637,38 @@ def test_openai_client(server):
             model="x", prompt="a", max_tokens=2)
 
 
+def test_openai_completions_with_several_prompts(server):
+    """/v1/completions with a list of prompts (texts, or lists of token ids): one choice per
+    prompt, index K, each the text that prompt alone gets (greedy); usage summed; streamed,
+    each prompt's chunks carry its index; a bad prompt is named prompt.K, as llama-server
+    answers a list of prompts."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    texts = [PROMPT, "def add(a, b):"]
+    alone = [client.completions.create(model="x", prompt=t, max_tokens=6, temperature=0)
+             for t in texts]
+    both = client.completions.create(model="x", prompt=texts, max_tokens=6, temperature=0)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    ids = [post(server, "/tokenize", {"content": t}).json()["tokens"] for t in texts]
+    by_ids = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 6,
+                                              "temperature": 0}).json()
+    assert [c["index"] for c in by_ids["choices"]] == [0, 1]
+    streamed = list(client.completions.create(model="x", prompt=texts, max_tokens=6,
+                                              temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    for k in (0, 1):
+        got = "".join(ch.choices[0].text for ch in streamed
+                      if ch.choices and ch.choices[0].index == k)
+        assert got == alone[k].choices[0].text
+    assert streamed[-1].usage.total_tokens == both.usage.total_tokens
+    r = post(server, "/v1/completions", {"prompt": ["a", ""], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt.1: prompt is empty"
+
+
 def test_concurrent_load_with_disconnects(server):
     """12 clients at once on 2 slots: completions, streams dropped after the first event,
     malformed bodies. Every completion is answered, no slot stays busy."""

@@ -215,7 +215,8 @@ class OAIParams(_Req):
 
 
 class OAICompletionRequest(OAIParams):
-    prompt: Union[str, list[str], list[StrictInt]]
+    #: one prompt (a text or token ids) or several (texts, or lists of token ids)
+    prompt: Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
     suffix: Union[str, None] = None
     echo: StrictBool = False
 
@@ -801,31 +802,44 @@ def create_app(server: Server):
         return await llama_completion(request, [ids], req, params)
 
     # -- OpenAI endpoints ------------------------------------------------------------------
-    async def oai(request, ids, params: GenParams, stream: bool, include_usage: bool,
-                  chat: bool):
+    async def oai(request, prompts: list[list[int]], params: GenParams, stream: bool,
+                  include_usage: bool, chat: bool):
+        """OpenAI's response to ``prompts`` (one for chat; for /v1/completions one or more,
+        each its own choice, ``index`` K, run one after the other, as llama-server answers a
+        list of prompts)."""
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         obj = "chat.completion" if chat else "text_completion"
 
-        def usage(res):
-            return {"prompt_tokens": len(ids), "completion_tokens": len(res.tokens),
-                    "total_tokens": len(ids) + len(res.tokens)}
+        def usage(results):
+            n_prompt = sum(len(ids) for ids in prompts[:len(results)])
+            n_gen = sum(len(res.tokens) for res in results)
+            return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+                    "total_tokens": n_prompt + n_gen}
 
-        def choice(text, fr, delta=False):
+        def choice(text, fr, index=0, delta=False):
             if chat:
                 key = "delta" if delta else "message"
                 msg = {"content": text} if delta else {"role": "assistant", "content": text}
-                return {"index": 0, key: msg, "logprobs": None, "finish_reason": fr}
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr}
+                return {"index": index, key: msg, "logprobs": None, "finish_reason": fr}
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": fr}
 
         if not stream:
-            res = await server.run(request, ids, params)
-            if res is None:
-                return JSONResponse({}, status_code=499)
-            return {"id": cid, "object": obj, "created": int(time.time()),
+            results = []
+            for ids in prompts:
+                res = await server.run(request, ids, params)
+                if res is None:
+                    return JSONResponse({}, status_code=499)
+                results.append(res)
+            body = {"id": cid, "object": obj, "created": int(time.time()),
                     "model": server.alias, "system_fingerprint": "ditto",
-                    "choices": [choice(res.content, finish_reason(res))],
-                    "usage": usage(res), "timings": res.timings}
-        server.check_prompt(ids)
+                    "choices": [choice(res.content, finish_reason(res), k)
+                                for k, res in enumerate(results)],
+                    "usage": usage(results)}
+            if len(results) == 1:
+                body["timings"] = results[0].timings
+            return body
+        for ids in prompts:
+            server.check_prompt(ids)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choices, **kw):
@@ -843,38 +857,41 @@ def create_app(server: Server):
             if chat:
                 yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}])
-            task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
-            getter = None
-            try:
-                while True:
-                    getter = asyncio.ensure_future(out.get())
-                    done, _ = await asyncio.wait({getter, task},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if getter in done:
-                        yield chunk([choice(getter.result(), None, delta=True)])
-                        continue
-                    getter.cancel()
-                    while not out.empty():
-                        yield chunk([choice(out.get_nowait(), None, delta=True)])
-                    try:
-                        res = task.result()
-                    except ApiError as exc:
-                        yield {"data": json.dumps(error_body(exc.status, exc.message,
-                                                             exc.type))}
-                        return
-                    if chat:
-                        yield chunk([{"index": 0, "delta": {}, "logprobs": None,
-                                      "finish_reason": finish_reason(res)}])
-                    else:
-                        yield chunk([choice("", finish_reason(res))])
-                    if include_usage:
-                        yield chunk([], usage=usage(res))
-                    yield {"data": "[DONE]"}
-                    return
-            finally:  # a stream closed early (client gone) leaves no task pending
-                if getter is not None:
-                    getter.cancel()
-                task.cancel()
+            results = []
+            for k, ids in enumerate(prompts):
+                task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
+                getter = None
+                try:
+                    while True:
+                        getter = asyncio.ensure_future(out.get())
+                        done, _ = await asyncio.wait({getter, task},
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        if getter in done:
+                            yield chunk([choice(getter.result(), None, k, delta=True)])
+                            continue
+                        getter.cancel()
+                        while not out.empty():
+                            yield chunk([choice(out.get_nowait(), None, k, delta=True)])
+                        try:
+                            res = task.result()
+                        except ApiError as exc:
+                            yield {"data": json.dumps(error_body(exc.status, exc.message,
+                                                                 exc.type))}
+                            return
+                        break
+                finally:  # a stream closed early (client gone) leaves no task pending
+                    if getter is not None:
+                        getter.cancel()
+                    task.cancel()
+                results.append(res)
+                if chat:
+                    yield chunk([{"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": finish_reason(res)}])
+                else:
+                    yield chunk([choice("", finish_reason(res), k)])
+            if include_usage:
+                yield chunk([], usage=usage(results))
+            yield {"data": "[DONE]"}
 
         return EventSourceResponse(events(), sep="\n")
 
@@ -884,18 +901,27 @@ def create_app(server: Server):
         if req.echo:
             raise ApiError(400, "echo: not supported")
         prompt = req.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise ApiError(400, "prompt: only one prompt per request is supported")
-            prompt = prompt[0]
-        if req.suffix is not None:
-            if not isinstance(prompt, str):
-                raise ApiError(400, "suffix needs a text prompt")
-            ids = server.infill_prompt(prompt, req.suffix, [], "", params.n_predict)
-        else:
-            ids = server.completion_prompt(prompt)
+        # several prompts (texts, or lists of token ids) are several choices, as llama-server
+        several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        prompts = list(prompt) if several else [prompt]
+        prompts_ids = []
+        for k, p in enumerate(prompts):
+            try:
+                if req.suffix is not None:
+                    if not isinstance(p, str):
+                        raise ApiError(400, "suffix needs a text prompt")
+                    ids = server.infill_prompt(p, req.suffix, [], "", params.n_predict)
+                else:
+                    ids = server.completion_prompt(p)
+                    if several:
+                        server.check_prompt(ids)
+            except ApiError as exc:
+                if not several:
+                    raise
+                raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
+            prompts_ids.append(ids)
         inc = bool(req.stream_options and req.stream_options.include_usage)
-        return await oai(request, ids, params, req.stream, inc, chat=False)
+        return await oai(request, prompts_ids, params, req.stream, inc, chat=False)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
@@ -905,7 +931,7 @@ def create_app(server: Server):
         params = server.oai_params(req, mt)
         ids = server.chat_prompt(req.messages)
         inc = bool(req.stream_options and req.stream_options.include_usage)
-        return await oai(request, ids, params, req.stream, inc, chat=True)
+        return await oai(request, [ids], params, req.stream, inc, chat=True)
 
     from starlette.middleware.cors import CORSMiddleware
 
