@@ -83,6 +83,8 @@ def test_attn_v_rule_under_gqa_of_four_or_more():
     plan, why = plan_tensors(shapes, opts, rules)
     assert plan["blk.0.attn_v.weight"] == ("codebook", (5, 256, "f16"))
     assert why["blk.0.attn_v.weight"]["rule"] == "attn_v under GQA >= 4 (b+1)"
+    # the allocator (the layer below) knows the rule by this prefix
+    assert quantkit.ATTN_V_RULE.startswith("attn_v under GQA")
     assert plan["blk.1.attn_v.weight"] == ("codebook", (4, 256, "f16"))
     assert why["blk.1.attn_v.weight"]["rule"] == "default"
     assert plan["blk.2.attn_v.weight"] == ("codebook", (6, 256, "f16"))

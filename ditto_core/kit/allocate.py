@@ -37,7 +37,6 @@ from ditto_core.model import codebook as CB
 from ditto_core.model.modelfile import TensorInfo, plan_layout
 from ditto_core.model import kernel_paths as KP
 from .importance import tensor_importance
-from .quantkit import ATTN_V_RULE
 
 #: (b, G) candidates of an ordinary matrix, and the bit widths of the embedding/classifier
 #: (one codebook per row, as the default policy)
@@ -265,8 +264,9 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     Raises DittoError when the budget cannot hold the smallest candidates plus the fixed
     tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
-            and (reasons[n]["rule"] in ("default", ATTN_V_RULE)
-                 or reasons[n]["rule"].startswith("embedding"))]
+            and (reasons[n]["rule"] == "default"
+                 # quantkit's default embedding and attn_v rules (it is the layer above)
+                 or reasons[n]["rule"].startswith(("embedding", "attn_v under GQA")))]
     # the file of the current plan; the free tensors' aligned payloads are swapped out below
     base = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, plan)
     options, measured = {}, {}
