@@ -348,6 +348,10 @@ def test_chat_message_the_template_leaves_out_is_refused():
         srv.chat_prompt([*msgs, call])
     assert e.value.status == 400 and e.value.message == (
         "messages.1.tool_calls: tool calls are not supported by ditto serve")
+    with pytest.raises(ApiError) as e:  # with content too: the template would drop the calls
+        srv.chat_prompt([*msgs, ChatMessage(role="assistant", content="let me check",
+                                            tool_calls=call.tool_calls)])
+    assert e.value.message == "messages.1.tool_calls: tool calls are not supported by ditto serve"
     with pytest.raises(ApiError) as e:
         srv.chat_prompt([*msgs, ChatMessage(role="assistant")])
     assert e.value.message == "messages.1: missing 'content'"
@@ -583,6 +587,10 @@ def test_completion_n_predict_0_and_response_fields(server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages.0.content.0.text: Field required"),
     ("/completion", {"prompt": ["a", ""]}, "prompt.1: prompt is empty"),
+    ("/completion", {"prompt": ["a", [1, 99999999]]}, "prompt.1: token id 99999999 is out"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "max_completion_tokens": 0},
+     "max_completion_tokens must be at least 1, got 0"),
     ("/completion", {"prompt": ["a", "x " * 400]}, "prompt.1: the prompt has"),
     ("/completion", {"prompt": "a", "max_tokens": -2}, "max_tokens must be -1"),
     # llama-server's int32 bound, not a wrap-around to "no limit"
@@ -635,6 +643,23 @@ def test_openai_client(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="bad").completions.create(
             model="x", prompt="a", max_tokens=2)
+
+
+def test_completion_prompt_parses_control_tokens(server):
+    """A raw /completion or /v1/completions prompt is tokenized with control-token texts
+    parsed, as llama-server tokenizes its prompts (the client wrote the template too): the same
+    ids as /tokenize with parse_special and BOS."""
+    eos = httpx.get(server.url + "/props", headers=AUTH).json()["eos_token"]
+    text = PROMPT + eos + "def"
+    want = post(server, "/tokenize", {"content": text, "add_special": True,
+                                      "parse_special": True}).json()["tokens"]
+    plain = post(server, "/tokenize", {"content": text, "add_special": True,
+                                       "parse_special": False}).json()["tokens"]
+    assert len(want) < len(plain)  # the EOS text is one control token
+    r = post(server, "/completion", {"prompt": text, "n_predict": 1, "temperature": 0}).json()
+    assert r["tokens_evaluated"] == len(want)
+    u = post(server, "/v1/completions", {"prompt": text, "max_tokens": 1}).json()["usage"]
+    assert u["prompt_tokens"] == len(want)
 
 
 def test_openai_completions_with_several_prompts(server):

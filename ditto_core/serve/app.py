@@ -266,10 +266,11 @@ class Server:
                                                                                 "replace")
 
     # -- prompts -----------------------------------------------------------------------------
-    def tokens_of(self, text: str, *, bos: bool = False) -> list[int]:
-        """User text → ids; control-token texts in it stay plain text."""
+    def tokens_of(self, text: str, *, bos: bool = False, special: bool = False) -> list[int]:
+        """User text → ids; control-token texts in it stay plain text unless ``special`` (a
+        raw /completion prompt, which llama-server tokenizes with them parsed)."""
         return self.model.tokenize(text, add_bos=bos and self.model.info["add_bos"],
-                                   parse_special=False)
+                                   parse_special=special)
 
     def completion_prompts(self, prompt) -> list[list[int]]:
         """/completion's prompts as llama-server splits them: a list holding no token id at
@@ -283,15 +284,18 @@ class Server:
                     out.append(self.completion_prompt(p))
                     self.check_prompt(out[-1])
                 except ApiError as exc:
-                    raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
+                    msg = exc.message.removeprefix("prompt: ")
+                    raise ApiError(exc.status, f"prompt.{k}: {msg}", exc.type) from None
             return out
         if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
             raise ApiError(400, "prompt: a list of token ids cannot also hold lists")
         return [self.completion_prompt(prompt)]
 
     def completion_prompt(self, prompt) -> list[int]:
-        """/completion's prompt: text, ids, or a mix (BOS first when the model wants it and
-        the prompt starts with text)."""
+        """/completion's (and /v1/completions') prompt: text, ids, or a mix (BOS first when
+        the model wants it and the prompt starts with text). Control-token texts in it are
+        parsed, as llama-server's prompts are: the client wrote the whole prompt, template
+        included."""
         if isinstance(prompt, str):
             parts = [prompt]
         else:
@@ -301,7 +305,7 @@ class Server:
         ids: list[int] = []
         for k, p in enumerate(parts):
             if isinstance(p, str):
-                ids += self.tokens_of(p, bos=(k == 0))
+                ids += self.tokens_of(p, bos=(k == 0), special=True)
             else:
                 if not 0 <= p < self.model.vocab_size:
                     raise ApiError(400, f"prompt: token id {p} is out of range "
@@ -368,7 +372,7 @@ class Server:
         contents = []
         for k, msg in enumerate(messages):
             c = msg.content
-            if c is None and msg.tool_calls:
+            if msg.tool_calls:  # with or without content: the template would drop them
                 raise ApiError(400, f"messages.{k}.tool_calls: tool calls are not supported by "
                                     "ditto serve")
             if c is None:  # as llama-server: only a message with tool calls may leave it out
@@ -478,13 +482,14 @@ class Server:
                          cache_prompt=p.cache_prompt, ignore_eos=p.ignore_eos,
                          id_slot=p.id_slot)
 
-    def oai_params(self, p: OAIParams, max_tokens: int | None) -> GenParams:
+    def oai_params(self, p: OAIParams, max_tokens: int | None,
+                   name: str = "max_tokens") -> GenParams:
         if p.n != 1:
             raise ApiError(400, f"n: only 1 choice is supported, got {p.n}")
         if max_tokens is not None and max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}")
+            raise ApiError(400, f"{name} must be at least 1, got {max_tokens}")
         if max_tokens is not None and max_tokens > INT32_MAX:
-            raise ApiError(400, f"max_tokens must be at most {INT32_MAX}, got {max_tokens}")
+            raise ApiError(400, f"{name} must be at most {INT32_MAX}, got {max_tokens}")
         check_unsupported(p)
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         return GenParams(n_predict=max_tokens if max_tokens is not None else -1,
@@ -628,6 +633,9 @@ def create_app(server: Server):
                 "total_slots": len(server.engine.slots),
                 "model_path": str(server.model.path), "model_alias": server.alias,
                 "chat_template": server.chat_template,
+                # the BOS and EOS texts, as llama-server's /props gives them
+                **{k: server.special[k] for k in ("bos_token", "eos_token")
+                   if k in server.special},
                 "modalities": {"vision": False, "audio": False},
                 "build_info": f"ditto serve; kernel {server.model.info['kernel']}",
                 "infill": server.has_fim(),
@@ -918,7 +926,8 @@ def create_app(server: Server):
             except ApiError as exc:
                 if not several:
                     raise
-                raise ApiError(exc.status, f"prompt.{k}: {exc.message}", exc.type) from None
+                msg = exc.message.removeprefix("prompt: ")
+                raise ApiError(exc.status, f"prompt.{k}: {msg}", exc.type) from None
             prompts_ids.append(ids)
         inc = bool(req.stream_options and req.stream_options.include_usage)
         return await oai(request, prompts_ids, params, req.stream, inc, chat=False)
@@ -926,9 +935,9 @@ def create_app(server: Server):
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def v1_chat(req: ChatRequest, request: Request):
-        mt = req.max_completion_tokens if req.max_completion_tokens is not None \
-            else req.max_tokens
-        params = server.oai_params(req, mt)
+        named = "max_completion_tokens" if req.max_completion_tokens is not None \
+            else "max_tokens"
+        params = server.oai_params(req, getattr(req, named), named)
         ids = server.chat_prompt(req.messages)
         inc = bool(req.stream_options and req.stream_options.include_usage)
         return await oai(request, [ids], params, req.stream, inc, chat=True)
