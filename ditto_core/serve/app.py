@@ -549,6 +549,30 @@ def select_fields(body: dict, fields: list[str] | None) -> dict:
     return out
 
 
+#: next_piece's answer once the run has finished and everything it put out was taken
+RUN_DONE = object()
+
+
+async def next_piece(out: asyncio.Queue, task: asyncio.Future) -> Any:
+    """The next piece a streamed run put on ``out`` (its ``on_chunk`` callback), waiting for
+    one while ``task`` (the run) goes on; ``RUN_DONE`` once the task has finished and ``out``
+    is empty (the task's result or error is then ``task.result()``). The waiting getter never
+    outlives the call, also when the caller is cancelled (a client gone)."""
+    if not out.empty():
+        return out.get_nowait()
+    if task.done():
+        return RUN_DONE
+    getter = asyncio.ensure_future(out.get())
+    try:
+        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    return out.get_nowait() if not out.empty() else RUN_DONE
+
+
 def finish_reason(res: Result) -> str:
     return "length" if res.stop_type == "limit" else "stop"
 
@@ -765,32 +789,19 @@ def create_app(server: Server):
                                "stop": False, "id_slot": id_slot})
 
             task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
-            getter = None
             try:
-                while True:
-                    getter = asyncio.ensure_future(out.get())
-                    done, _ = await asyncio.wait({getter, task},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if getter in done:
-                        yield {"data": json.dumps(getter.result())}
-                        continue
-                    getter.cancel()
-                    while not out.empty():
-                        yield {"data": json.dumps(out.get_nowait())}
-                    try:
-                        res = task.result()
-                    except ApiError as exc:
-                        failed.append(exc)
-                        yield {"data": json.dumps(error_body(exc.status, exc.message,
-                                                             exc.type))}
-                        return
-                    body = server.completion_body(res, params, ids, req.return_tokens)
-                    body["content"], body["index"] = "", index
-                    yield {"data": json.dumps(select_fields(body, req.response_fields))}
+                while (piece := await next_piece(out, task)) is not RUN_DONE:
+                    yield {"data": json.dumps(piece)}
+                try:
+                    res = task.result()
+                except ApiError as exc:
+                    failed.append(exc)
+                    yield {"data": json.dumps(error_body(exc.status, exc.message, exc.type))}
                     return
+                body = server.completion_body(res, params, ids, req.return_tokens)
+                body["content"], body["index"] = "", index
+                yield {"data": json.dumps(select_fields(body, req.response_fields))}
             finally:  # a stream closed early (client gone) leaves no task pending
-                if getter is not None:
-                    getter.cancel()
                 task.cancel()
 
         return EventSourceResponse(events(), sep="\n")
@@ -868,28 +879,16 @@ def create_app(server: Server):
             results = []
             for k, ids in enumerate(prompts):
                 task = asyncio.ensure_future(server.run(request, ids, params, on_chunk))
-                getter = None
                 try:
-                    while True:
-                        getter = asyncio.ensure_future(out.get())
-                        done, _ = await asyncio.wait({getter, task},
-                                                     return_when=asyncio.FIRST_COMPLETED)
-                        if getter in done:
-                            yield chunk([choice(getter.result(), None, k, delta=True)])
-                            continue
-                        getter.cancel()
-                        while not out.empty():
-                            yield chunk([choice(out.get_nowait(), None, k, delta=True)])
-                        try:
-                            res = task.result()
-                        except ApiError as exc:
-                            yield {"data": json.dumps(error_body(exc.status, exc.message,
-                                                                 exc.type))}
-                            return
-                        break
+                    while (piece := await next_piece(out, task)) is not RUN_DONE:
+                        yield chunk([choice(piece, None, k, delta=True)])
+                    try:
+                        res = task.result()
+                    except ApiError as exc:
+                        yield {"data": json.dumps(error_body(exc.status, exc.message,
+                                                             exc.type))}
+                        return
                 finally:  # a stream closed early (client gone) leaves no task pending
-                    if getter is not None:
-                        getter.cancel()
                     task.cancel()
                 results.append(res)
                 if chat:
