@@ -16,7 +16,9 @@ with a note; ``--compare-native``'s tree tiles its own copy, so it must have row
 every layout of ``--bits`` x ``--group-size`` (default 4 x 256; G above the row length is the
 whole row, as the runtime clamps it); each result names its layout and the kernel path of the
 table (ditto_core.model.kernel_paths). Payloads are random (the speed does not depend on the
-values).
+values) and live in NumPy-owned arrays, which NumPy places in 2 MiB pages from 4 MiB up, as
+ditto-run does with a model it loads; from memory, a payload in 4 KiB pages read 5-30 % slower
+at 1 thread on a Zen 4 (docs/KERNELS.md "Where a decode token goes").
 Kernel ``best`` is the table this CPU selects by default. ``--compare-native DIR`` also builds
 the kernels of another source tree (e.g. ``git archive`` of an older commit's native/) and
 runs every int8 case through it too, interleaved in the same rounds (labels ending ``@DIR``'s
@@ -218,7 +220,9 @@ def payload_for(fmt: str, rows: int, cols: int, rng, b: int = 4, G: int = 256) -
     else:
         ct = CodebookTensor(bits=b, group_size=G, codebooks=cent.astype(np.float16)
                             .astype(np.float32), indices=idx, codebook_type="f16")
-    return np.frombuffer(codebook_payload(ct), np.uint8)
+    # a NumPy-owned copy (NumPy marks arrays of 4 MiB and more MADV_HUGEPAGE, as it does the
+    # STREAM array); the bytes object itself sits in 4 KiB pages
+    return np.frombuffer(codebook_payload(ct), np.uint8).copy()
 
 
 def main(argv=None) -> int:
