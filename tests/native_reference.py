@@ -26,14 +26,18 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
+def reference_logits(cfg: dict, w: dict, ids, linear=None, k_dtype=None,
+                     v_dtype=None) -> np.ndarray:
     """Logits [T, vocab] (float64) at every position of the token ids ``ids``.
 
     ``cfg``: a ditto_core.base.types.ModelConfig; ``w``: float64 weights by FORMAT.md tensor name
     (matrices [out, in]; "output.weight" present, the embedding itself when tied; the q/k/v
     biases of a Qwen2 model).
     ``linear(h, name)``: the product h [T, in] @ w[name].T, by default in float64 (a caller can
-    emulate a kernel's arithmetic, e.g. the int8 GEMV's activation quantization)."""
+    emulate a kernel's arithmetic, e.g. the int8 GEMV's activation quantization).
+    ``k_dtype``, ``v_dtype``: the keys (after RoPE) and values rounded to this dtype before
+    attention, as a KV cache of that element type stores them (np.float16: --cache-type-k/v
+    f16)."""
     if linear is None:
         def linear(h, name):
             return h @ w[name].T
@@ -56,6 +60,10 @@ def reference_logits(cfg: dict, w: dict, ids, linear=None) -> np.ndarray:
         q = rope(q.reshape(T, H, d), cos, sin)
         k = rope(k.reshape(T, KV, d), cos, sin)
         v = v.reshape(T, KV, d)
+        if k_dtype is not None:
+            k = k.astype(np.float32).astype(k_dtype).astype(np.float64)
+        if v_dtype is not None:
+            v = v.astype(np.float32).astype(v_dtype).astype(np.float64)
         k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))

@@ -144,3 +144,37 @@ def test_steps_by_key_blocks_equal_one_pass(lib, d, nq):
         one(want.ctypes.data, Q[j].ctypes.data, K.ctypes.data, V.ctypes.data, stride, n_keys,
             d, scale, scratch.ctypes.data)
         np.testing.assert_array_equal(out[j], want)
+
+
+@pytest.mark.parametrize("d", [64, 60])  # the AVX2 steps (on AVX2 CPUs) and the scalar ones
+@pytest.mark.parametrize("nq,n_keys", [(1, 5), (3, 37), (7, 300)])
+@pytest.mark.parametrize("f16_k,f16_v", [(1, 1), (1, 0), (0, 1)])
+def test_f16_rows_give_the_float32_bits_of_their_widened_values(lib, d, nq, n_keys, f16_k,
+                                                                f16_v):
+    """attend_group_steps over an f16 KV cache (--cache-type-k/-v f16) equals the float32
+    steps on the same rows widened to float32, bit for bit."""
+    L = lib
+    L.attend_steps_for.restype = P
+    L.attend_steps_for.argtypes = [ctypes.c_int]
+    L.attend_group_steps.argtypes = [P, P, P, ctypes.c_size_t, ctypes.c_int, P, ctypes.c_int,
+                                     P, ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_int, ctypes.c_float, P, ctypes.c_size_t]
+    rng = np.random.default_rng(d + 10 * nq + n_keys)
+    stride = 2 * d
+    K = rng.normal(size=(n_keys, stride)).astype(np.float16)
+    V = rng.normal(size=(n_keys, stride)).astype(np.float16)
+    q = rng.normal(size=(nq, d)).astype(np.float32)
+    steps = L.attend_steps_for(d)
+
+    def run(Kr, kf, Vr, vf):
+        out = np.full((nq, d), np.nan, np.float32)
+        att = np.zeros((nq, n_keys), np.float32)
+        L.attend_group_steps(steps, out.ctypes.data, q.ctypes.data, d, nq, Kr.ctypes.data, kf,
+                             Vr.ctypes.data, vf, stride, n_keys, d, ctypes.c_float(0.125),
+                             att.ctypes.data, n_keys)
+        return out
+
+    want = run(K.astype(np.float32), 0, V.astype(np.float32), 0)
+    got = run(K if f16_k else K.astype(np.float32), f16_k, V if f16_v else V.astype(np.float32),
+              f16_v)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -38,7 +38,8 @@ def test_build_dir_and_build_json(tiny_builds):
     assert os.access(d / "ditto-run", os.X_OK)
     # the runtime's C API as a shared library: only the DITTO_API functions are exported
     lib = ctypes.CDLL(str(d / "libditto.so"))
-    assert lib.ditto_api_version() == 2 and hasattr(lib, "ditto_sampler_set_min_p")
+    assert lib.ditto_api_version() == 3 and hasattr(lib, "ditto_sampler_set_min_p")
+    assert hasattr(lib, "ditto_session_new_kv")
     assert not hasattr(lib, "forward") and not hasattr(lib, "main")
     on_disk = json.loads((d / "build.json").read_text())
     assert on_disk["status"] == "complete" and on_disk["blas"] == "openblas"

@@ -147,6 +147,36 @@ def test_batched_prompt_then_decode_equals_token_by_token(native_build, native_s
     assert runs[0][0] == int(reference_logits(m.cfg, m.weights, ids)[-1].argmax())
 
 
+@pytest.mark.parametrize("name", ["f32", "quant_qwen2"])
+def test_f16_kv_cache_equals_reference_on_f16_keys_and_values(native_build, native_synth,
+                                                              tmp_path, name):
+    """--cache-type-k/-v f16 (llama.cpp's flags) store each key and value rounded to f16:
+    token by token and batched, the logits are the reference's with the keys (after RoPE) and
+    values so rounded, and measurably not the float32 cache's."""
+    m = getattr(native_synth, name)
+    ids = np.random.default_rng(12).integers(0, m.cfg.vocab_size, size=45).tolist()
+    ref32 = reference_logits(m.cfg, m.weights, ids)
+    ref_k = reference_logits(m.cfg, m.weights, ids, k_dtype=np.float16)
+    ref_kv = reference_logits(m.cfg, m.weights, ids, k_dtype=np.float16, v_dtype=np.float16)
+    for tile in (1, 16):
+        kv = dump_logits(native_build.run, m.path, ids, tmp_path, "-b", tile, "-ctk", "f16",
+                         "-ctv", "f16")
+        assert rel_error(kv, ref_kv).max() <= 2e-5, tile
+        assert rel_error(kv, ref32).max() >= 5e-5, tile
+        k = dump_logits(native_build.run, m.path, ids, tmp_path, "-b", tile,
+                        "--cache-type-k", "f16", "--cache-type-v", "f32")
+        assert rel_error(k, ref_k).max() <= 2e-5, tile
+        assert rel_error(k, ref_kv).max() >= 5e-5, tile
+
+
+@pytest.mark.parametrize("flag", ["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"])
+def test_bad_kv_cache_type_is_a_usage_error(native_build, native_synth, flag):
+    p = run_native(native_build.run, "-m", native_synth.f32.path, "-p", "hi", flag, "q8_0")
+    assert p.returncode == 1
+    long = "--cache-type-k" if flag in ("-ctk", "--cache-type-k") else "--cache-type-v"
+    assert f"ditto-run: {long} must be f32 or f16, got 'q8_0'" in p.stderr.decode()
+
+
 def test_batched_prefill_under_asan(native_build, native_synth, tmp_path):
     for name in MODELS:
         m = getattr(native_synth, name)
@@ -158,6 +188,9 @@ def test_batched_prefill_under_asan(native_build, native_synth, tmp_path):
         assert p.returncode == 0, p.stderr.decode()
         p = run_native(native_build.asan, "-m", m.path, "--ids", tmp_path / "s.json", "-n", 5,
                        "--temp", 0, "-b", 512)
+        assert p.returncode == 0, p.stderr.decode()
+        p = run_native(native_build.asan, "-m", m.path, "--ids", tmp_path / "s.json", "-n", 5,
+                       "--temp", 0, "-b", 6, "-ctk", "f16", "-ctv", "f16")
         assert p.returncode == 0, p.stderr.decode()
 
 

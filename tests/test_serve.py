@@ -206,6 +206,62 @@ def test_long_context_prefill_bits(tiny_build):
     m.close()
 
 
+def test_f16_kv_cache_sessions(tiny_build):
+    """A session with f16 keys and values (llama.cpp's --cache-type-k/-v f16): a prefill
+    tile's logits are those of one token at a time, bit for bit (so the prompt cache and the
+    ngram speculation stay exact), and not the float32 cache's; the engine takes the types
+    and refuses another by its flag."""
+    from ditto_core.base.errors import DittoError
+    from ditto_core.serve.engine import Engine
+
+    m = open_build(tiny_build, threads=2)
+    ids = np.random.default_rng(6).integers(3, m.vocab_size, size=600).tolist()
+    a, b = m.session(700, 256, "f16", "f16"), m.session(700, 1, "f16", "f16")
+    c = m.session(700, 256)
+    la = a.eval(ids, "all")
+    lb = np.stack([b.eval([t]) for t in ids])
+    assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
+    assert np.abs(c.eval(ids, "all") - la).max() > 0
+    a.close(), b.close(), c.close()
+    with pytest.raises(RuntimeAPIError, match="cache_type_v 'q8_0' is not a KV cache type "
+                                              r"\(f32, f16\)"):
+        m.session(16, 1, "f16", "q8_0")
+    e = Engine(m, n_ctx=32, cache_type_k="f16", cache_type_v="f32")
+    assert e.slots[0].session.eval([5, 6, 7]).shape == (m.vocab_size,)
+    e.close()
+    with pytest.raises(DittoError, match="--cache-type-k: unknown KV cache type 'bf16'"):
+        Engine(m, n_ctx=32, cache_type_k="bf16")
+    m.close()
+
+
+def test_session_on_a_library_of_api_version_2(tiny_build):
+    """A build linked before ditto_session_new_kv (API version 3) still opens and makes float32
+    sessions; an f16 cache on it is refused with the advice to rebuild."""
+    from ditto_core.base.errors import DittoError
+
+    class Version2:
+        def __init__(self, lib):
+            self._lib, self._name = lib, "old-build/libditto.so"
+
+        def __getattr__(self, name):
+            if name == "ditto_session_new_kv":
+                raise AttributeError(name)
+            return getattr(self._lib, name)
+
+    m = open_build(tiny_build, threads=1)
+    real, m.lib = m.lib, Version2(m.lib)
+    try:
+        s = m.session(8, 1)
+        assert s.eval([3, 4]).shape == (m.vocab_size,)
+        s.close()
+        with pytest.raises(DittoError, match="old-build/libditto.so: this build's runtime "
+                                             "library predates f16 KV caches"):
+            m.session(8, 1, "f16", "f16")
+    finally:
+        m.lib = real
+        m.close()
+
+
 def test_sampler_min_p(tiny_build):
     """min_p keeps the tokens whose probability at temperature 1 is at least min_p times the
     most likely one's (llama.cpp's min_p on the logits): with probabilities 1 : 0.04 : 0.06

@@ -44,16 +44,22 @@ from .common import reports_errors
               help="requests that may wait for a slot; more are answered 503")
 @click.option("--alias", default=None, help="model name in responses [default: the build "
                                             "directory's name]")
+@click.option("--cache-type-k", "-ctk", "cache_type_k", type=click.Choice(["f32", "f16"]),
+              default="f32", show_default=True,
+              help="KV cache type for keys: f16 halves the bytes attention reads per token")
+@click.option("--cache-type-v", "-ctv", "cache_type_v", type=click.Choice(["f32", "f16"]),
+              default="f32", show_default=True, help="KV cache type for values")
 def serve_command(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec,
-                  spec_k, spec_cost, max_queue, alias):
+                  spec_k, spec_cost, max_queue, alias, cache_type_k, cache_type_v):
     """Serve BUILD over HTTP with llama-server's /infill, /completion, /tokenize ... and
     OpenAI's /v1/completions and /v1/chat/completions (docs/SERVE.md)."""
     reports_errors(_serve)(build, host, port, ctx, slots, threads, batch, api_key,
-                           api_key_file, spec, spec_k, spec_cost, max_queue, alias)
+                           api_key_file, spec, spec_k, spec_cost, max_queue, alias,
+                           cache_type_k, cache_type_v)
 
 
 def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec, spec_k,
-           spec_cost, max_queue, alias):
+           spec_cost, max_queue, alias, cache_type_k="f32", cache_type_v="f32"):
     import uvicorn
 
     if api_key is not None and api_key_file is not None:
@@ -69,7 +75,8 @@ def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file,
     try:
         server = load_server(build, ctx=ctx, slots=slots, threads=threads, batch=batch,
                              api_key=api_key, spec=spec, spec_k=spec_k, spec_cost=spec_cost,
-                             max_queue=max_queue, alias=alias)
+                             max_queue=max_queue, alias=alias, cache_type_k=cache_type_k,
+                             cache_type_v=cache_type_v)
     except OptionValueError as exc:  # a usage error (exit 2), as click's own range checks
         sock.close()
         raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None

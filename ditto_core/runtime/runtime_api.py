@@ -75,6 +75,9 @@ _SIGNATURES = {
     "ditto_decoder_free": (None, [_P]),
     "ditto_session_new": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P),
                                          ctypes.c_char_p, ctypes.c_size_t]),
+    "ditto_session_new_kv": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                            ctypes.c_char_p, ctypes.POINTER(_P),
+                                            ctypes.c_char_p, ctypes.c_size_t]),
     "ditto_session_free": (None, [_P]),
     "ditto_session_pos": (ctypes.c_int, [_P]),
     "ditto_session_ctx": (ctypes.c_int, [_P]),
@@ -96,6 +99,11 @@ _libs: dict[str, ctypes.CDLL] = {}
 _libs_lock = threading.Lock()
 
 
+#: Functions a library of an older API version lacks, and the version that added them: such a
+#: library still loads, and only what needs them is refused.
+_SINCE = {"ditto_session_new_kv": 3}
+
+
 def load_library(path: str | Path) -> ctypes.CDLL:
     """The shared library at ``path`` with every function's ctypes signature set (loaded once
     per path). Raises DittoError when it cannot be loaded or lacks a function of the API."""
@@ -111,6 +119,8 @@ def load_library(path: str | Path) -> ctypes.CDLL:
             try:
                 fn = getattr(lib, name)
             except AttributeError:
+                if name in _SINCE:
+                    continue
                 raise DittoError(f"{path}: the runtime library lacks {name}; rebuild with "
                                  "`ditto build`") from None
             fn.restype, fn.argtypes = res, args
@@ -261,10 +271,14 @@ class Model:
         return Decoder(self)
 
     # -- sessions and sampling -------------------------------------------------------------
-    def session(self, n_ctx: int, n_batch: int = 256) -> "Session":
+    def session(self, n_ctx: int, n_batch: int = 256, cache_type_k: str = "f32",
+                cache_type_v: str = "f32") -> "Session":
         """A new session: a KV cache of ``n_ctx`` positions, evaluating in tiles of up to
-        ``n_batch`` tokens. Raises RuntimeAPIError (n_ctx above max_seq_len, out of memory)."""
-        return Session(self, n_ctx, n_batch)
+        ``n_batch`` tokens; keys and values stored as ``cache_type_k`` / ``cache_type_v``
+        ("f32", or "f16": half the bytes, each rounded to nearest even; llama.cpp's
+        --cache-type-k/-v names). Raises RuntimeAPIError (n_ctx above max_seq_len, a cache
+        type that is neither, out of memory)."""
+        return Session(self, n_ctx, n_batch, cache_type_k, cache_type_v)
 
     def sampler(self, temperature: float, top_k: int = 0, top_p: float = 1.0,
                 seed: int = 0, min_p: float = 0.0) -> "Sampler":
@@ -314,12 +328,21 @@ class Session:
     Not thread-safe: one thread uses a session at a time (sessions of one model may be used
     by different threads at once; their evaluations take turns inside the library)."""
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int = 256):
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 256, cache_type_k: str = "f32",
+                 cache_type_v: str = "f32"):
         self.model = model
         h = _P()
         err = ctypes.create_string_buffer(_ERRLEN)
-        _check(model.lib.ditto_session_new(model._h, int(n_ctx), int(n_batch), ctypes.byref(h),
-                                           err, _ERRLEN), err)
+        if hasattr(model.lib, "ditto_session_new_kv"):
+            _check(model.lib.ditto_session_new_kv(model._h, int(n_ctx), int(n_batch),
+                                                  cache_type_k.encode(), cache_type_v.encode(),
+                                                  ctypes.byref(h), err, _ERRLEN), err)
+        elif (cache_type_k, cache_type_v) == ("f32", "f32"):
+            _check(model.lib.ditto_session_new(model._h, int(n_ctx), int(n_batch),
+                                               ctypes.byref(h), err, _ERRLEN), err)
+        else:
+            raise DittoError(f"{model.lib._name}: this build's runtime library predates f16 KV "
+                             "caches (API version 3); rebuild it with `ditto build`")
         self._h = h.value
         self.n_ctx = int(n_ctx)
 

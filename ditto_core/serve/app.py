@@ -999,10 +999,12 @@ class JsonBody:
 def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads: int = 0,
                 batch: int = 256, api_key: str | None = None, spec: str = "none",
                 spec_k: int = 7, spec_cost: float | None = None, max_queue: int = 16,
-                alias: str | None = None) -> Server:
+                alias: str | None = None, cache_type_k: str = "f32",
+                cache_type_v: str = "f32") -> Server:
     """Open a build's model through its ``libditto.so`` and make the engine. ``ctx``: positions
     per slot (default: min(4096, max_seq_len)). ``spec_cost``: what a draft token adds to a
-    verification, in one-token steps (None: measured at start-up). Raises DittoError for a
+    verification, in one-token steps (None: measured at start-up). ``cache_type_k``,
+    ``cache_type_v``: the slots' KV cache element types ("f32", "f16"). Raises DittoError for a
     directory that is no build, a build without the library (rebuild), a bad value."""
     model = open_build(build, threads=threads)
     try:
@@ -1011,7 +1013,8 @@ def load_server(build: Path, *, ctx: int | None = None, slots: int = 1, threads:
             raise OptionValueError("--ctx", f"{n_ctx} is not in 1..{model.max_seq_len} (the "
                                             "model's max_seq_len)")
         engine = Engine(model, n_slots=slots, n_ctx=n_ctx, n_batch=batch, max_queue=max_queue,
-                        spec=spec, spec_k=spec_k, spec_cost=spec_cost)
+                        spec=spec, spec_k=spec_k, spec_cost=spec_cost,
+                        cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     except BaseException:
         model.close()
         raise

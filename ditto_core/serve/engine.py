@@ -248,7 +248,7 @@ class Slot:
 
     def __init__(self, engine: "Engine", idx: int, n_ctx: int, n_batch: int):
         self.engine, self.id, self.n_ctx = engine, idx, n_ctx
-        self.session = engine.model.session(n_ctx, n_batch)
+        self.session = engine.model.session(n_ctx, n_batch, *engine.cache_types)
         self.tokens: list[int] = []
         self.busy = False
         self.last_used = 0.0
@@ -274,14 +274,20 @@ class Engine:
     tokens, used by greedy requests when the batched evaluation gives the same bits as one-token
     decoding, ``batch_exact``; ``spec_cost``: what each draft token adds to a verification, in
     one-token steps, for DraftPolicy, None to measure it, ``probe_verify_cost``). ``max_queue``: requests that may wait for a slot; one more is
-    refused with ``Busy``."""
+    refused with ``Busy``. ``cache_type_k``, ``cache_type_v``: the slots' KV cache element
+    types, "f32" or "f16" (``Model.session``)."""
 
     def __init__(self, model: Model, *, n_slots: int = 1, n_ctx: int = 4096, n_batch: int = 256,
                  max_queue: int = 16, spec: str = "none", spec_k: int = 7,
-                 spec_cost: float | None = None):
+                 spec_cost: float | None = None, cache_type_k: str = "f32",
+                 cache_type_v: str = "f32"):
         if spec not in ("none", "ngram"):
             raise DittoError(f"--spec: unknown speculation {spec!r} (none, ngram)")
+        for flag, t in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
+            if t not in ("f32", "f16"):
+                raise DittoError(f"{flag}: unknown KV cache type {t!r} (f32, f16)")
         self.model = model
+        self.cache_types = (cache_type_k, cache_type_v)
         self.n_ctx, self.n_batch, self.max_queue = n_ctx, n_batch, max_queue
         self.spec, self.spec_k = spec, spec_k
         self.batch_exact = self.probe_batch_exact() if spec != "none" else None
@@ -306,8 +312,8 @@ class Engine:
         m = self.model
         ids = [(i * 7919 + 13) % m.vocab_size for i in range(n)]
         ctx = min(n + 1, m.max_seq_len)
-        a = m.session(ctx, max(2, min(n, 512)))
-        b = m.session(ctx, 1)
+        a = m.session(ctx, max(2, min(n, 512)), *self.cache_types)
+        b = m.session(ctx, 1, *self.cache_types)
         try:
             a.eval(ids[:3], "none")
             b.eval(ids[:3], "none")
@@ -325,7 +331,7 @@ class Engine:
         it, so a CPU whose batched evaluation costs more drafts less."""
         m = self.model
         ids = [(i * 7919 + 13) % m.vocab_size for i in range(256 + k + 1)]
-        sess = m.session(min(len(ids) + 1, m.max_seq_len), 256)
+        sess = m.session(min(len(ids) + 1, m.max_seq_len), 256, *self.cache_types)
         try:
             sess.eval(ids[:256], "none")
             one, many = float("inf"), float("inf")

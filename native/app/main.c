@@ -110,6 +110,9 @@ static void usage(FILE *f) {
             "                     instead of reading it into memory in 2 MiB pages, which\n"
             "                     decodes faster; also $DITTO_MMAP=1 (0: always read)\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
+            "  -ctk, --cache-type-k T  key cache element type: f32 (default) or f16 (half\n"
+            "                     the bytes, keys rounded to f16)\n"
+            "  -ctv, --cache-type-v T  value cache element type: f32 (default) or f16\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 256; 1 = one token at a time)\n"
             "  --chat             wrap the prompt in the model's own chat template\n"
@@ -286,6 +289,7 @@ typedef struct {
     uint64_t seed;
     int seed_given, chat, bos, special, tokens_only, print_ids, ignore_eos; /* bos: -1 default */
     int mmap; /* --mmap */
+    int type_k, type_v; /* --cache-type-k, --cache-type-v: KV_F32 or KV_F16 */
 } Args;
 
 static int parse_args(int argc, char **argv, Args *a) {
@@ -312,7 +316,8 @@ static int parse_args(int argc, char **argv, Args *a) {
         /* flags with a value */
         static const char *const with_value[] = {"-m", "-p", "-f", "--ids", "-n", "--temp",
             "--top-p", "--seed", "--threads", "--ctx", "--score", "--dump-logits", "-b",
-            "--batch-size", "--kernel", "--suffix", "--suffix-file"};
+            "--batch-size", "--kernel", "--suffix", "--suffix-file", "--cache-type-k", "-ctk",
+            "--cache-type-v", "-ctv"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(o, with_value[k]);
@@ -328,7 +333,13 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (!strcmp(o, "--kernel")) a->kernel = v;
         else if (!strcmp(o, "--suffix")) a->suffix = v;
         else if (!strcmp(o, "--suffix-file")) a->suffix_file = v;
-        else if (!strcmp(o, "-n")) {
+        else if (!strcmp(o, "--cache-type-k") || !strcmp(o, "-ctk")) {
+            if ((a->type_k = kv_type_parse(v)) < 0)
+                return usage_error("--cache-type-k must be f32 or f16, got '%s'", v);
+        } else if (!strcmp(o, "--cache-type-v") || !strcmp(o, "-ctv")) {
+            if ((a->type_v = kv_type_parse(v)) < 0)
+                return usage_error("--cache-type-v must be f32 or f16, got '%s'", v);
+        } else if (!strcmp(o, "-n")) {
             if (parse_long(v, 1, 1L << 30, &a->n_gen))
                 return usage_error("-n must be an integer in 1..1073741824, got '%s'", v);
         } else if (!strcmp(o, "--threads")) {
@@ -640,14 +651,14 @@ static int prepare_context(const Args *a, Run *r) {
     }
     r->ctx = ctx;
     r->batch = a->batch < r->n_ids ? a->batch : r->n_ids;
-    if (runstate_init(&r->state, cfg, (int)ctx) ||
+    if (runstate_init(&r->state, cfg, (int)ctx, a->type_k, a->type_v) ||
         (r->batch > 1 && prefill_init(&r->prefill, cfg, (int)r->batch, (int)ctx)) ||
         sampler_init(&r->sampler, (int)cfg->vocab_size, a->temp, a->topp, a->seed)) {
         int threads = 1;
 #ifdef _OPENMP
         threads = omp_get_max_threads();
 #endif
-        size_t bytes = runstate_bytes(cfg, (int)ctx) +
+        size_t bytes = runstate_bytes(cfg, (int)ctx, a->type_k, a->type_v) +
                        (r->batch > 1 ? prefill_bytes(cfg, (int)r->batch, (int)ctx, threads) : 0);
         fprintf(stderr, "%s: error: out of memory for a context of %ld positions (%.1f MiB)\n",
                 prog, ctx, bytes / 1048576.0);

@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int n = ctx - 1 > 0 ? ctx - 1 : 1;
             int32_t ids[3];
             for (int i = 0; i < 3; i++) ids[i] = (int32_t)((uint32_t)(i + 1) * 7919u % c->vocab_size);
-            if (runstate_init(&s, c, ctx) == 0) {
+            if (runstate_init(&s, c, ctx, KV_F32, KV_F32) == 0) {
                 if (prefill_init(&p, c, 3, ctx) == 0) {
                     prefill(&m, &s, &p, ids, n, 0, PREFILL_ALL_LOGITS);
                     prefill_free(&p);

@@ -2,6 +2,7 @@
 #include "attention.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* The scalar form's three steps (AttendSteps; defined below): attend_scalar runs the same
@@ -13,6 +14,10 @@ static void scores_scalar(float *att, size_t ld, const float *q, size_t qs, int 
 static void softmax_scalar(float *att, int n_keys);
 static void wsum_acc_scalar(float *out, size_t qs, int nq, const float *V, size_t stride,
                             int n_keys, const float *w, size_t ld, int d);
+static void scores_scalar_f16(float *att, size_t ld, const float *q, size_t qs, int nq,
+                              const uint16_t *K, size_t stride, int n_keys, int d, float scale);
+static void wsum_acc_scalar_f16(float *out, size_t qs, int nq, const uint16_t *V, size_t stride,
+                                int n_keys, const float *w, size_t ld, int d);
 
 void attend_scalar(float *out, const float *q, const float *K, const float *V, size_t stride,
                    int n_keys, int d, float scale, float *att) {
@@ -26,6 +31,12 @@ void attend_scalar(float *out, const float *q, const float *K, const float *V, s
 #include "simd_exp.h"
 
 #define AVX2_FMA_FN __attribute__((target("avx2,fma")))
+/* the score and weighted-sum steps also widen f16 rows (F16C) */
+#define ATT_FN __attribute__((target("avx2,fma,f16c")))
+
+/* Eight elements of a KV row as float32: a float32 cache as it is, an f16 one widened (exact). */
+#define LOAD8_F32(p) _mm256_loadu_ps(p)
+#define LOAD8_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
 
 /* The four key scores of one query from its four 8-lane accumulators: one vhaddps tree for
  * every key (so a score does not depend on which keys share the group), times scale; the
@@ -60,20 +71,20 @@ AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __
             a##2##c = _mm256_fmadd_ps(m2, v, a##2##c);                                        \
         }                                                                                     \
     }
-#define SCORE_KEY(c, kp) FMA_NQ(a, c, q0, q1, q2, _mm256_loadu_ps(kp + 8 * i))
-#define DEFINE_SCORES(NQ)                                                                     \
-    AVX2_FMA_FN static inline void scores##NQ(float *att, size_t ld, const float *q, size_t qs, \
-                                              const float *K, size_t stride, int n_keys,      \
-                                              float scale, int nv) {                          \
+#define SCORE_KEY(c, kp) FMA_NQ(a, c, q0, q1, q2, LOAD(kp + 8 * i))
+#define DEFINE_SCORES(NAME, NQ, T)                                                            \
+    ATT_FN static inline void NAME(float *att, size_t ld, const float *q, size_t qs,     \
+                                        const T *K, size_t stride, int n_keys, float scale,   \
+                                        int nv) {                                             \
         const __m128 sc = _mm_set1_ps(scale);                                                 \
         const int nqc = NQ;                                                                   \
         (void)qs;                                                                             \
         (void)ld;                                                                             \
         for (int u = 0; u < n_keys; u += 4) {                                                 \
             const int nk = n_keys - u < 4 ? n_keys - u : 4;                                   \
-            const float *k0 = K + (size_t)u * stride;                                         \
-            const float *k1 = nk > 1 ? k0 + stride : k0, *k2 = nk > 2 ? k0 + 2 * stride : k0; \
-            const float *k3 = nk > 3 ? k0 + 3 * stride : k0;                                  \
+            const T *k0 = K + (size_t)u * stride;                                             \
+            const T *k1 = nk > 1 ? k0 + stride : k0, *k2 = nk > 2 ? k0 + 2 * stride : k0;     \
+            const T *k3 = nk > 3 ? k0 + 3 * stride : k0;                                      \
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;                \
             __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;                                \
             __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;                                \
@@ -95,8 +106,14 @@ AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __
             }                                                                                 \
         }                                                                                     \
     }
-DEFINE_SCORES(1)
-DEFINE_SCORES(3)
+#define LOAD LOAD8_F32
+DEFINE_SCORES(scores1, 1, float)
+DEFINE_SCORES(scores3, 3, float)
+#undef LOAD
+#define LOAD LOAD8_F16
+DEFINE_SCORES(scores1_f16, 1, uint16_t)
+DEFINE_SCORES(scores3_f16, 3, uint16_t)
+#undef LOAD
 #undef DEFINE_SCORES
 #undef SCORE_KEY
 
@@ -136,11 +153,10 @@ __attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n
  * order, whatever NQ, continued from the value out_j holds (a caller going through the keys
  * block by block, from out_j = 0, gets the bits of one pass). Named registers, as in the
  * scores. */
-#define WSUM_VEC(c) FMA_NQ(o, c, w0, w1, w2, _mm256_loadu_ps(v + 8 * c))
-#define DEFINE_WSUM(NQ)                                                                       \
-    AVX2_FMA_FN static inline void wsum##NQ(float *out, size_t qs, const float *V,            \
-                                            size_t stride, int n_keys, const float *w,        \
-                                            size_t ld, int d) {                               \
+#define WSUM_VEC(c) FMA_NQ(o, c, w0, w1, w2, LOAD(v + 8 * c))
+#define DEFINE_WSUM(NAME, NQ, T)                                                              \
+    ATT_FN static inline void NAME(float *out, size_t qs, const T *V, size_t stride,     \
+                                        int n_keys, const float *w, size_t ld, int d) {       \
         const int nqc = NQ;                                                                   \
         (void)qs;                                                                             \
         (void)ld;                                                                             \
@@ -160,7 +176,7 @@ __attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n
                 o23 = _mm256_loadu_ps(out + 2 * qs + i + 24);                                 \
             }                                                                                 \
             for (int u = 0; u < n_keys; u++) {                                                \
-                const float *v = V + (size_t)u * stride + i;                                  \
+                const T *v = V + (size_t)u * stride + i;                                      \
                 __m256 w0 = _mm256_broadcast_ss(w + u), w1 = w0, w2 = w0;                     \
                 if (NQ == 3) {                                                                \
                     w1 = _mm256_broadcast_ss(w + ld + u);                                     \
@@ -191,46 +207,61 @@ __attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n
                 __m256 o = _mm256_loadu_ps(out + (size_t)j * qs + i);                         \
                 for (int u = 0; u < n_keys; u++)                                              \
                     o = _mm256_fmadd_ps(_mm256_broadcast_ss(w + (size_t)j * ld + u),          \
-                                        _mm256_loadu_ps(V + (size_t)u * stride + i), o);      \
+                                        LOAD(V + (size_t)u * stride + i), o);                 \
                 _mm256_storeu_ps(out + (size_t)j * qs + i, o);                                \
             }                                                                                 \
         }                                                                                     \
     }
-DEFINE_WSUM(1)
-DEFINE_WSUM(3)
+#define LOAD LOAD8_F32
+DEFINE_WSUM(wsum1, 1, float)
+DEFINE_WSUM(wsum3, 3, float)
+#undef LOAD
+#define LOAD LOAD8_F16
+DEFINE_WSUM(wsum1_f16, 1, uint16_t)
+DEFINE_WSUM(wsum3_f16, 3, uint16_t)
+#undef LOAD
 #undef DEFINE_WSUM
 #undef WSUM_VEC
 #undef FMA_NQ
 
-/* The AttendSteps of the AVX2 form: query heads three at a time, then one at a time. Not
- * inlined, so that decode (attend_group_avx2) and prefill run the same code (see the scalar
- * form's steps). */
-__attribute__((noinline)) AVX2_FMA_FN static void
-scores_avx2(float *att, size_t ld, const float *q, size_t qs, int nq, const float *K,
-            size_t stride, int n_keys, int d, float scale) {
-    int j = 0;
-    for (; j + 3 <= nq; j += 3)
-        scores3(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale,
-                d / 8);
-    for (; j < nq; j++)
-        scores1(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, scale,
-                d / 8);
-}
+#define DEFINE_STEPS(SCORES, WSUM, T, SFX)                                                   \
+    __attribute__((noinline)) ATT_FN static void SCORES(                                 \
+        float *att, size_t ld, const float *q, size_t qs, int nq, const T *K, size_t stride,  \
+        int n_keys, int d, float scale) {                                                     \
+        int j = 0;                                                                            \
+        for (; j + 3 <= nq; j += 3)                                                           \
+            scores3##SFX(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, \
+                         scale, d / 8);                                                       \
+        for (; j < nq; j++)                                                                   \
+            scores1##SFX(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, \
+                         scale, d / 8);                                                       \
+    }                                                                                         \
+    __attribute__((noinline)) ATT_FN static void WSUM(                                   \
+        float *out, size_t qs, int nq, const T *V, size_t stride, int n_keys, const float *w, \
+        size_t ld, int d) {                                                                   \
+        int j = 0;                                                                            \
+        for (; j + 3 <= nq; j += 3)                                                           \
+            wsum3##SFX(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld,   \
+                       d);                                                                    \
+        for (; j < nq; j++)                                                                   \
+            wsum1##SFX(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld,   \
+                       d);                                                                    \
+    }
 
-__attribute__((noinline)) AVX2_FMA_FN static void
-wsum_acc_avx2(float *out, size_t qs, int nq, const float *V, size_t stride, int n_keys,
-              const float *w, size_t ld, int d) {
-    int j = 0;
-    for (; j + 3 <= nq; j += 3)
-        wsum3(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld, d);
-    for (; j < nq; j++)
-        wsum1(out + (size_t)j * qs, qs, V, stride, n_keys, w + (size_t)j * ld, ld, d);
-}
+/* The AttendSteps of the AVX2 form over float32 and over f16 KV rows: query heads three at a
+ * time, then one at a time. Not inlined, so that decode (attend_group_avx2,
+ * attend_group_steps) and prefill run the same code (see the scalar form's steps). The f16
+ * rows are widened to float32 as they are loaded, so the sums are those of the float32 form
+ * on the widened values. */
+DEFINE_STEPS(scores_avx2, wsum_acc_avx2, float, )
+DEFINE_STEPS(scores_avx2_f16, wsum_acc_avx2_f16, uint16_t, _f16)
+#undef DEFINE_STEPS
 
-static const AttendSteps STEPS_AVX2 = {scores_avx2, softmax_avx2, wsum_acc_avx2};
+static const AttendSteps STEPS_AVX2 = {scores_avx2, softmax_avx2, wsum_acc_avx2,
+                                       scores_avx2_f16, wsum_acc_avx2_f16};
 
 /* Query heads j < nq against the same keys and values, in one pass over the keys. */
-AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
+ATT_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
                                           const float *K, const float *V, size_t stride,
                                           int n_keys, int d, float scale, float *att,
                                           size_t ld) {
@@ -242,7 +273,7 @@ AVX2_FMA_FN static void attend_group_avx2(float *out, const float *q, size_t qs,
     wsum_acc_avx2(out, qs, nq, V, stride, n_keys, att, ld, d);
 }
 
-AVX2_FMA_FN static void attend_avx2(float *out, const float *q, const float *K, const float *V,
+ATT_FN static void attend_avx2(float *out, const float *q, const float *K, const float *V,
                                     size_t stride, int n_keys, int d, float scale, float *att) {
     attend_group_avx2(out, q, (size_t)d, 1, K, V, stride, n_keys, d, scale, att,
                       (size_t)n_keys);
@@ -288,7 +319,58 @@ __attribute__((noinline)) static void wsum_acc_scalar(float *out, size_t qs, int
         }
 }
 
-static const AttendSteps STEPS_SCALAR = {scores_scalar, softmax_scalar, wsum_acc_scalar};
+/* The scalar steps over f16 KV rows: the float32 loops above on the widened values. */
+static float widen(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
+}
+
+__attribute__((noinline)) static void scores_scalar_f16(float *att, size_t ld, const float *q,
+                                                        size_t qs, int nq, const uint16_t *K,
+                                                        size_t stride, int n_keys, int d,
+                                                        float scale) {
+    for (int j = 0; j < nq; j++)
+        for (int u = 0; u < n_keys; u++) {
+            const uint16_t *k = K + (size_t)u * stride;
+            const float *qj = q + (size_t)j * qs;
+            float score = 0.0f;
+            for (int i = 0; i < d; i++) score += qj[i] * widen(k[i]);
+            att[(size_t)j * ld + u] = score * scale;
+        }
+}
+
+__attribute__((noinline)) static void wsum_acc_scalar_f16(float *out, size_t qs, int nq,
+                                                          const uint16_t *V, size_t stride,
+                                                          int n_keys, const float *w, size_t ld,
+                                                          int d) {
+    for (int j = 0; j < nq; j++)
+        for (int u = 0; u < n_keys; u++) {
+            const uint16_t *v = V + (size_t)u * stride;
+            float a = w[(size_t)j * ld + u];
+            for (int i = 0; i < d; i++) out[(size_t)j * qs + i] += a * widen(v[i]);
+        }
+}
+
+static const AttendSteps STEPS_SCALAR = {scores_scalar, softmax_scalar, wsum_acc_scalar,
+                                         scores_scalar_f16, wsum_acc_scalar_f16};
+
+void attend_group_steps(const AttendSteps *A, float *out, const float *q, size_t qs, int nq,
+                        const void *K, int k_f16, const void *V, int v_f16, size_t stride,
+                        int n_keys, int d, float scale, float *att, size_t ld) {
+    if (k_f16)
+        A->scores_f16(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
+    else
+        A->scores(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
+    for (int j = 0; j < nq; j++) {
+        A->softmax(att + (size_t)j * ld, n_keys);
+        memset(out + (size_t)j * qs, 0, (size_t)d * sizeof(float));
+    }
+    if (v_f16)
+        A->wsum_acc_f16(out, qs, nq, V, stride, n_keys, att, ld, d);
+    else
+        A->wsum_acc(out, qs, nq, V, stride, n_keys, att, ld, d);
+}
 
 void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const float *K,
                          const float *V, size_t stride, int n_keys, int d, float scale,
@@ -303,7 +385,7 @@ void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const fl
 static int simd_for(int d) {
     __builtin_cpu_init();
     return d % 8 == 0 && d <= 256 && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 #endif
 

@@ -4,6 +4,7 @@
 #define DITTO_ATTENTION_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* One query head's attention: out[0..d) = sum over u < n_keys of softmax_u(scale * q·k_u) * v_u,
  * with k_u = K + u * stride and v_u = V + u * stride (float32 rows of the KV cache) and
@@ -50,8 +51,22 @@ typedef struct {
     void (*softmax)(float *att, int n_keys);
     void (*wsum_acc)(float *out, size_t qs, int nq, const float *V, size_t stride, int n_keys,
                      const float *w, size_t ld, int d);
+    /* scores and wsum_acc over IEEE f16 key (value) rows (an f16 KV cache): each element
+     * widened to float32, then the float32 arithmetic, so the result has the bits of scores
+     * (wsum_acc) on the widened rows */
+    void (*scores_f16)(float *att, size_t ld, const float *q, size_t qs, int nq,
+                       const uint16_t *K, size_t stride, int n_keys, int d, float scale);
+    void (*wsum_acc_f16)(float *out, size_t qs, int nq, const uint16_t *V, size_t stride,
+                         int n_keys, const float *w, size_t ld, int d);
 } AttendSteps;
 
 const AttendSteps *attend_steps_for(int d);
+
+/* attend_group's result through the steps A: the keys K are float32 rows, or f16 rows when
+ * k_f16 is set (the values V likewise with v_f16). With float32 keys and values it has the
+ * bits of attend_group_for(d), whose steps A are. */
+void attend_group_steps(const AttendSteps *A, float *out, const float *q, size_t qs, int nq,
+                        const void *K, int k_f16, const void *V, int v_f16, size_t stride,
+                        int n_keys, int d, float scale, float *att, size_t ld);
 
 #endif

@@ -25,7 +25,7 @@
 #define DITTO_API
 #endif
 
-#define DITTO_API_VERSION 2 /* 2: ditto_sampler_set_min_p */
+#define DITTO_API_VERSION 3 /* 2: ditto_sampler_set_min_p; 3: ditto_session_new_kv */
 #define DITTO_MAX_THREADS 1024 /* the most OpenMP threads a model or ditto-run takes */
 
 typedef enum {
@@ -126,6 +126,13 @@ DITTO_API void ditto_decoder_free(DittoDecoder *d);
  * n_batch tokens (1..512; 1 = one token at a time through forward()). */
 DITTO_API DittoStatus ditto_session_new(DittoModel *m, int n_ctx, int n_batch, DittoSession **out,
                                         char *err, size_t errlen);
+/* The same with the key and value caches' element types named as llama.cpp's --cache-type-k
+ * and --cache-type-v name them: "f32" (what ditto_session_new gives) or "f16" (half the bytes;
+ * each key and value rounded to nearest even, attention then widening them to float32).
+ * Another name is DITTO_ERR_ARG. */
+DITTO_API DittoStatus ditto_session_new_kv(DittoModel *m, int n_ctx, int n_batch,
+                                           const char *type_k, const char *type_v,
+                                           DittoSession **out, char *err, size_t errlen);
 DITTO_API void ditto_session_free(DittoSession *s);
 /* Positions filled (the next token goes there) and positions available. */
 DITTO_API int ditto_session_pos(const DittoSession *s);

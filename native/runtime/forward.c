@@ -17,19 +17,30 @@ static size_t kv_floats(const DittoConfig *c, int ctx) {
     return (size_t)c->n_layers * (size_t)ctx * c->n_kv_heads * c->head_dim;
 }
 
-size_t runstate_bytes(const DittoConfig *c, int ctx) {
-    size_t q_dim = (size_t)c->n_heads * c->head_dim;
-    size_t n = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim +
-               (size_t)c->n_heads * ctx + c->vocab_size + 2 * kv_floats(c, ctx) +
-               2 * (size_t)c->n_kv_heads * c->head_dim +
-               (size_t)ctx * c->head_dim; /* cos + sin tables */
-    return n * sizeof(float);
+int kv_type_parse(const char *name) {
+    if (name && !strcmp(name, "f32")) return KV_F32;
+    if (name && !strcmp(name, "f16")) return KV_F16;
+    return -1;
 }
 
-int runstate_init(RunState *s, const DittoConfig *c, int ctx) {
+static size_t kv_elem_bytes(int type) { return type == KV_F16 ? 2 : sizeof(float); }
+
+size_t runstate_bytes(const DittoConfig *c, int ctx, int type_k, int type_v) {
+    size_t q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t n = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim +
+               (size_t)c->n_heads * ctx + c->vocab_size +
+               2 * (size_t)c->n_kv_heads * c->head_dim +
+               (size_t)ctx * c->head_dim; /* cos + sin tables */
+    return n * sizeof(float) +
+           kv_floats(c, ctx) * (kv_elem_bytes(type_k) + kv_elem_bytes(type_v));
+}
+
+int runstate_init(RunState *s, const DittoConfig *c, int ctx, int type_k, int type_v) {
     memset(s, 0, sizeof *s);
     size_t q_dim = (size_t)c->n_heads * c->head_dim, half = c->head_dim / 2;
     s->ctx = ctx;
+    s->type_k = type_k;
+    s->type_v = type_v;
     s->x = calloc(c->dim, sizeof(float));
     s->xb = calloc(c->dim, sizeof(float));
     s->xb2 = calloc(c->dim, sizeof(float));
@@ -41,8 +52,8 @@ int runstate_init(RunState *s, const DittoConfig *c, int ctx) {
     s->logits = calloc(c->vocab_size, sizeof(float));
     s->k = calloc((size_t)c->n_kv_heads * c->head_dim, sizeof(float));
     s->v = calloc((size_t)c->n_kv_heads * c->head_dim, sizeof(float));
-    s->key_cache = calloc(kv_floats(c, ctx), sizeof(float));
-    s->value_cache = calloc(kv_floats(c, ctx), sizeof(float));
+    s->key_cache = calloc(kv_floats(c, ctx), kv_elem_bytes(type_k));
+    s->value_cache = calloc(kv_floats(c, ctx), kv_elem_bytes(type_v));
     s->rope_cos = calloc((size_t)ctx * half, sizeof(float));
     s->rope_sin = calloc((size_t)ctx * half, sizeof(float));
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->att_out || !s->hb || !s->hb2 || !s->att ||
@@ -181,7 +192,7 @@ static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
     int d = (int)c->head_dim;
     int group = (int)(c->n_heads / c->n_kv_heads), n_heads = (int)c->n_heads;
     float inv_sqrt_d = 1.0f / sqrtf((float)d);
-    AttendGroupFn attend = attend_group_for(d);
+    const AttendSteps *steps = attend_steps_for(d);
 #pragma omp parallel
     {
         int t = 0, nt = 1;
@@ -192,13 +203,27 @@ static void attention(const DittoConfig *c, RunState *s, int layer, int pos) {
         const int h0 = (int)((long)n_heads * t / nt), h1 = (int)((long)n_heads * (t + 1) / nt);
         for (int h = h0; h < h1;) {
             const int kvh = h / group, end = (kvh + 1) * group < h1 ? (kvh + 1) * group : h1;
-            attend(s->att_out + (size_t)h * d, s->q + (size_t)h * d, (size_t)d, end - h,
-                   s->key_cache + kv_at(c, s->ctx, layer, kvh),
-                   s->value_cache + kv_at(c, s->ctx, layer, kvh), (size_t)d, pos + 1, d,
-                   inv_sqrt_d, s->att + (size_t)h * s->ctx, (size_t)s->ctx);
+            attend_group_steps(steps, s->att_out + (size_t)h * d, s->q + (size_t)h * d,
+                               (size_t)d, end - h,
+                               kv_head(s->key_cache, s->type_k, c, s->ctx, layer, kvh),
+                               s->type_k,
+                               kv_head(s->value_cache, s->type_v, c, s->ctx, layer, kvh),
+                               s->type_v, (size_t)d, pos + 1, d, inv_sqrt_d,
+                               s->att + (size_t)h * s->ctx, (size_t)s->ctx);
             h = end;
         }
     }
+}
+
+/* dst[0..n) = src[0..n) in the cache's element type: float32 as it is, f16 rounded to nearest
+ * even (the C conversion to _Float16: IEEE 754's rounding, F16C's vcvtps2ph with mode 0). */
+static void kv_put(void *dst, int type, const float *src, size_t n) {
+    if (type != KV_F16) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    _Float16 *h = dst;
+    for (size_t i = 0; i < n; i++) h[i] = (_Float16)src[i];
 }
 
 void kv_store(const DittoConfig *c, RunState *s, int layer, int pos, const float *k,
@@ -206,8 +231,8 @@ void kv_store(const DittoConfig *c, RunState *s, int layer, int pos, const float
     const size_t d = c->head_dim;
     for (int h = 0; h < (int)c->n_kv_heads; h++) {
         size_t at = kv_at(c, s->ctx, layer, h) + (size_t)pos * d;
-        memcpy(s->key_cache + at, k + h * d, d * sizeof(float));
-        memcpy(s->value_cache + at, v + h * d, d * sizeof(float));
+        kv_put((char *)s->key_cache + at * kv_elem_bytes(s->type_k), s->type_k, k + h * d, d);
+        kv_put((char *)s->value_cache + at * kv_elem_bytes(s->type_v), s->type_v, v + h * d, d);
     }
 }
 

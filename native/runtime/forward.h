@@ -11,6 +11,14 @@
 
 #include "../model/model.h"
 
+/* The element type of a KV cache (llama.cpp's --cache-type-k / --cache-type-v names "f32",
+ * "f16"). f16 keys and values are the float32 ones rounded to nearest (even); attention
+ * widens them back to float32, so it runs the float32 arithmetic on the rounded values. */
+enum { KV_F32 = 0, KV_F16 = 1 };
+
+/* The type named (exactly "f32" or "f16"), or -1. */
+int kv_type_parse(const char *name);
+
 /* Activations and KV cache, allocated once; forward() allocates nothing. */
 typedef struct {
     int ctx;            /* positions the KV cache holds (<= config.max_seq_len) */
@@ -26,17 +34,25 @@ typedef struct {
     float *k;           /* [n_kv_heads*head_dim] this position's key, then stored in key_cache */
     float *v;           /* [n_kv_heads*head_dim] this position's value */
     /* [n_layers][n_kv_heads][ctx][head_dim]: each KV head's keys (values) one contiguous run,
-     * so attention reads them as one sequential stream (kv_at) */
-    float *key_cache;
-    float *value_cache;
+     * so attention reads them as one sequential stream (kv_at); float32, or IEEE f16 (half
+     * the bytes: KV_F16) per cache */
+    void *key_cache;
+    void *value_cache;
+    int type_k, type_v; /* KV_F32 or KV_F16 */
     float *rope_cos;    /* [ctx][head_dim/2] cos(pos * theta^(-2j/head_dim)) */
     float *rope_sin;    /* [ctx][head_dim/2] */
 } RunState;
 
 /* The keys (or values) of KV head kvh in layer `layer`: [ctx][head_dim] at cache + the
- * returned offset, in floats. */
+ * returned offset, in elements (floats, or f16 halves: kv_head()). */
 static inline size_t kv_at(const DittoConfig *c, int ctx, int layer, int kvh) {
     return (((size_t)layer * c->n_kv_heads + (size_t)kvh) * (size_t)ctx) * c->head_dim;
+}
+
+/* The keys (values) of KV head kvh in layer `layer` in a cache of element type `type`. */
+static inline const void *kv_head(const void *cache, int type, const DittoConfig *c, int ctx,
+                                  int layer, int kvh) {
+    return (const char *)cache + kv_at(c, ctx, layer, kvh) * (type == KV_F16 ? 2u : 4u);
 }
 
 /* Store the key and value of position pos ([n_kv_heads*head_dim] each) in layer `layer`'s
@@ -44,13 +60,14 @@ static inline size_t kv_at(const DittoConfig *c, int ctx, int layer, int kvh) {
 void kv_store(const DittoConfig *c, RunState *s, int layer, int pos, const float *k,
               const float *v);
 
-/* Allocate the state for a context of ctx positions (1 <= ctx <= max_seq_len).
+/* Allocate the state for a context of ctx positions (1 <= ctx <= max_seq_len), its key and
+ * value caches of element types type_k and type_v (KV_F32, KV_F16).
  * Returns 0, or -1 when out of memory (s then holds nothing to free). */
-int runstate_init(RunState *s, const DittoConfig *c, int ctx);
+int runstate_init(RunState *s, const DittoConfig *c, int ctx, int type_k, int type_v);
 void runstate_free(RunState *s);
 
 /* Bytes runstate_init() allocates for ctx positions (KV cache included). */
-size_t runstate_bytes(const DittoConfig *c, int ctx);
+size_t runstate_bytes(const DittoConfig *c, int ctx, int type_k, int type_v);
 
 /* Run token (0 <= token < vocab_size) at position pos (0 <= pos < s->ctx), positions
  * 0..pos-1 having been run before. Returns s->logits, [vocab_size] float32. */

@@ -269,11 +269,24 @@ void ditto_decoder_free(DittoDecoder *d) { free(d); }
 
 DittoStatus ditto_session_new(DittoModel *m, int n_ctx, int n_batch, DittoSession **out,
                               char *err, size_t errlen) {
+    return ditto_session_new_kv(m, n_ctx, n_batch, "f32", "f32", out, err, errlen);
+}
+
+DittoStatus ditto_session_new_kv(DittoModel *m, int n_ctx, int n_batch, const char *type_k,
+                                 const char *type_v, DittoSession **out, char *err,
+                                 size_t errlen) {
     if (!m || !out) {
         set_err(err, errlen, "ditto_session_new: model and out must not be NULL");
         return DITTO_ERR_ARG;
     }
     *out = NULL;
+    const int tk = kv_type_parse(type_k), tv = kv_type_parse(type_v);
+    if (tk < 0 || tv < 0) {
+        set_err(err, errlen, "cache_type_%s '%s' is not a KV cache type (f32, f16)",
+                tk < 0 ? "k" : "v", tk < 0 ? (type_k ? type_k : "(null)")
+                                           : (type_v ? type_v : "(null)"));
+        return DITTO_ERR_ARG;
+    }
     const DittoConfig *c = &m->model.config;
     if (n_ctx < 1 || (uint32_t)n_ctx > c->max_seq_len) {
         set_err(err, errlen, "n_ctx %d is outside 1..%u (the model's max_seq_len)", n_ctx,
@@ -292,13 +305,13 @@ DittoStatus ditto_session_new(DittoModel *m, int n_ctx, int n_batch, DittoSessio
     s->m = m;
     s->batch = n_batch;
     use_threads(m->threads); /* prefill's attention scratch has a row per thread */
-    if (runstate_init(&s->state, c, n_ctx) ||
+    if (runstate_init(&s->state, c, n_ctx, tk, tv) ||
         (n_batch > 1 && prefill_init(&s->prefill, c, n_batch, n_ctx))) {
         int threads = 1;
 #ifdef _OPENMP
         threads = omp_get_max_threads();
 #endif
-        size_t bytes = runstate_bytes(c, n_ctx) +
+        size_t bytes = runstate_bytes(c, n_ctx, tk, tv) +
                        (n_batch > 1 ? prefill_bytes(c, n_batch, n_ctx, threads) : 0);
         runstate_free(&s->state);
         free(s);
