@@ -80,7 +80,11 @@ DITTO = {
     "ditto-fp32-naive": dict(quantizer="none", rewrite=False),
     "ditto-fp32-mkl": dict(quantizer="none", blas="mkl"),
     "ditto-calibrated": dict(quantizer="kmeans", calibration="stdlib"),  # + max_size_of Q4_0
+    # the default build run with an f16 KV cache (llama.cpp's default cache type)
+    "ditto-default-f16kv": dict(quantizer="kmeans"),
 }
+#: configurations that run another configuration's build with extra ditto-run flags
+RUN_AS = {"ditto-default-f16kv": ("ditto-default", ["-ctk", "f16", "-ctv", "f16"])}
 MODEL_TITLES = {"smollm2": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B",
                 "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}
 LABELS = {"ditto-default": "Ditto default build (`ditto build MODEL`)",
@@ -88,7 +92,8 @@ LABELS = {"ditto-default": "Ditto default build (`ditto build MODEL`)",
           "ditto-fp32-blas": "Ditto fp32 + BLAS (`--quantizer none`)",
           "ditto-fp32-naive": "Ditto fp32 naive (`--quantizer none --no-rewrite`)",
           "ditto-fp32-mkl": "Ditto fp32 + MKL (`--quantizer none --blas mkl`)",
-          "ditto-calibrated": "Ditto calibrated (`--calibration stdlib --max-size-of` Q4_0's file)"}
+          "ditto-calibrated": "Ditto calibrated (`--calibration stdlib --max-size-of` Q4_0's file)",
+          "ditto-default-f16kv": "Ditto default build, f16 KV cache (`-ctk f16 -ctv f16`)"}
 MARK_BEGIN, MARK_END = "<!-- bench_llamacpp:begin -->", "<!-- bench_llamacpp:end -->"
 
 
@@ -218,17 +223,18 @@ def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int,
 
 
 def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int,
-                depth_file: Path | None = None) -> dict:
+                depth_file: Path | None = None, extra: tuple = ()) -> dict:
     """{"pp": tok/s, "tg": tok/s} of a Ditto build (its own stats lines); with ``depth_file``
-    (the ids of a prompt), only tg, decoding after that prompt."""
+    (the ids of a prompt), only tg, decoding after that prompt. ``extra``: more ditto-run
+    flags for every run."""
     if depth_file is not None:
         tg = run_stats(build, ["--ids", str(depth_file), "-n", str(n), "--temp", "0",
-                               "--ignore-eos", "--threads", str(threads)])
+                               "--ignore-eos", "--threads", str(threads), *extra])
         return {"tg": float(tg["tok_per_s"])}
     tg = run_stats(build, ["-p", "def fibonacci(n):", "-n", str(n), "--temp", "0",
-                           "--ignore-eos", "--threads", str(threads)])
+                           "--ignore-eos", "--threads", str(threads), *extra])
     pp = run_stats(build, ["--ids", str(ids_file), "-n", "1", "--temp", "0",
-                           "--threads", str(threads)])
+                           "--threads", str(threads), *extra])
     return {"pp": p / (pp["prompt_ms"] / 1e3), "tg": float(tg["tok_per_s"])}
 
 
@@ -385,17 +391,22 @@ def main(argv=None) -> int:
     if D:
         depth_file = args.work / f"depth{D}.json"
         depth_file.write_text(json.dumps(random.Random(1).choices(range(100, 49000), k=D)))
+    built_records = {}
     for name in [c for c in configs if c in DITTO]:
         d = args.work / (args.model if args.isa == "native" else f"{args.model}-{args.isa}")
-        d = d / name
+        built, extra = RUN_AS.get(name, (name, []))
+        d = d / built
         kw = dict(DITTO[name])
         if args.isa != "native":
             kw["options"] = dict(ISA_LLVM[args.isa])
         if name == "ditto-calibrated":
             q4_0 = llama_models(llama_bin(args.llama_bin), args.work, ["Q4_0"], args.model)
             kw["max_size_of"] = q4_0["Q4_0"]
-        rec = ditto_build(args.model, out=d, **kw).record
-        runners[name] = (lambda th, d=d: ditto_bench(d, ids_file, th, P, N, depth_file))
+        if d not in built_records:  # a build run as two configurations is made once
+            built_records[d] = ditto_build(args.model, out=d, **kw).record
+        rec = built_records[d]
+        runners[name] = (lambda th, d=d, x=tuple(extra): ditto_bench(d, ids_file, th, P, N,
+                                                                     depth_file, x))
         results[name] = {"label": LABELS[name].replace("MODEL", args.model), "bytes": (d / "model.ditto").stat().st_size,
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
     order = [c for c in configs if c in runners]

@@ -97,3 +97,22 @@ def test_negative_depth_refused(bl, tmp_path, capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(": error: --depth must be >= 0")
     assert not work.exists()
+
+
+def test_f16kv_config_runs_the_default_build_with_the_cache_flags(bl, monkeypatch, tmp_path):
+    """ditto-default-f16kv is the default build's directory run with -ctk f16 -ctv f16 on every
+    ditto-run call (decode and prompt)."""
+    calls = []
+
+    def fake_stats(build, args):
+        calls.append((build, list(args)))
+        return {"tok_per_s": 10.0, "prompt_ms": 100.0}
+
+    monkeypatch.setattr(bl, "run_stats", fake_stats)
+    build, extra = bl.RUN_AS["ditto-default-f16kv"]
+    assert build == "ditto-default" and extra == ["-ctk", "f16", "-ctv", "f16"]
+    assert bl.ditto_bench(tmp_path, tmp_path / "p.json", 2, 512, 128, None,
+                          tuple(extra)) == {"pp": 5120.0, "tg": 10.0}
+    assert len(calls) == 2 and all(a[-4:] == extra for _, a in calls)
+    bl.ditto_bench(tmp_path, tmp_path / "p.json", 1, 512, 128, tmp_path / "d.json", tuple(extra))
+    assert calls[-1][1][:2] == ["--ids", str(tmp_path / "d.json")] and calls[-1][1][-4:] == extra
