@@ -264,7 +264,8 @@ def table(results: dict, threads: list[int], p: int, n: int, model: str = "smoll
 
 #: The ratios worth reading, (numerator, denominator), kept when both ran.
 RATIO_PAIRS = [("ditto-default", "llama-Q4_0"), ("ditto-calibrated", "llama-Q4_0"),
-               ("ditto-default", "llama-shipped"), ("ditto-calibrated", "ditto-default")]
+               ("ditto-default", "llama-shipped"), ("ditto-calibrated", "ditto-default"),
+               ("ditto-default-f16kv", "llama-Q4_0"), ("ditto-default-f16kv", "ditto-default")]
 
 
 def ratio_table(results: dict, threads: list[int], depth: int = 0, p: int = 512) -> str:
