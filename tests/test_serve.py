@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -226,12 +227,39 @@ def test_f16_kv_cache_sessions(tiny_build):
     with pytest.raises(RuntimeAPIError, match="cache_type_v 'q8_0' is not a KV cache type "
                                               r"\(f32, f16\)"):
         m.session(16, 1, "f16", "q8_0")
+    for bad in (None, b"f16", 16, "f16\x00x"):  # not a name, or one that C would cut short
+        with pytest.raises(RuntimeAPIError,
+                           match=re.escape(f"cache_type_k {bad!r} is not a KV cache")):
+            m.session(16, 1, bad)
     e = Engine(m, n_ctx=32, cache_type_k="f16", cache_type_v="f32")
     assert e.slots[0].session.eval([5, 6, 7]).shape == (m.vocab_size,)
     e.close()
     with pytest.raises(DittoError, match="--cache-type-k: unknown KV cache type 'bf16'"):
         Engine(m, n_ctx=32, cache_type_k="bf16")
     m.close()
+
+
+def test_serve_with_an_f16_kv_cache(tiny_build):
+    """ditto serve -ctk f16 (llama-server's flag): the start-up line names the cache types and
+    a greedy /completion gives ditto-run's text with the same flags; a bad value is refused
+    even when a good one follows it, as llama-server refuses it."""
+    srv = start_server(tiny_build, "-ctk", "f16", "--cache-type-v", "f16")
+    try:
+        r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):",
+                                                       "n_predict": 12, "temperature": 0},
+                       timeout=60).json()
+    finally:
+        rc = stop_server(srv)
+    assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+    assert "KV cache f16/f16, kernel " in srv.proc.stderr.read()
+    want = run_build(tiny_build, ["-p", "def add(a, b):", "-n", "12", "--temp", "0", "-ctk",
+                                  "f16", "-ctv", "f16"], capture_output=True, text=True)
+    assert r["content"] == want.stdout.removesuffix("\n")  # ditto-run ends its text with one
+    proc = subprocess.run([sys.executable, "-m", "ditto_core", "serve", str(tiny_build),
+                           "-ctk", "q8_0", "-ctk", "f16", "--port", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and ("Invalid value for '--cache-type-k' / '-ctk': 'q8_0' is "
+                                     "not one of 'f32', 'f16'.") in proc.stderr
 
 
 def test_session_on_a_library_of_api_version_2(tiny_build):
@@ -257,6 +285,9 @@ def test_session_on_a_library_of_api_version_2(tiny_build):
         with pytest.raises(DittoError, match="old-build/libditto.so: this build's runtime "
                                              "library predates f16 KV caches"):
             m.session(8, 1, "f16", "f16")
+        # a name that is no cache type is refused as such, not as a reason to rebuild
+        with pytest.raises(RuntimeAPIError, match="cache_type_k 'q8_0' is not a KV cache type"):
+            m.session(8, 1, "q8_0")
     finally:
         m.lib = real
         m.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ditto_core.base.errors import DittoError, OptionValueError
+from ditto_core.runtime.runtime_api import KV_CACHE_TYPES
 from ditto_core.serve.app import create_app, load_server
 
 from .common import reports_errors
@@ -44,18 +45,19 @@ from .common import reports_errors
               help="requests that may wait for a slot; more are answered 503")
 @click.option("--alias", default=None, help="model name in responses [default: the build "
                                             "directory's name]")
-@click.option("--cache-type-k", "-ctk", "cache_type_k", type=click.Choice(["f32", "f16"]),
-              default="f32", show_default=True,
-              help="KV cache type for keys: f16 halves the bytes attention reads per token")
-@click.option("--cache-type-v", "-ctv", "cache_type_v", type=click.Choice(["f32", "f16"]),
-              default="f32", show_default=True, help="KV cache type for values")
+# given several times, the last value counts, and every one must be valid (as llama-server)
+@click.option("--cache-type-k", "-ctk", "cache_type_k", type=click.Choice(KV_CACHE_TYPES),
+              multiple=True, help="KV cache type for keys: f32 (default) or f16, half the "
+                                  "bytes attention reads per token")
+@click.option("--cache-type-v", "-ctv", "cache_type_v", type=click.Choice(KV_CACHE_TYPES),
+              multiple=True, help="KV cache type for values: f32 (default) or f16")
 def serve_command(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec,
                   spec_k, spec_cost, max_queue, alias, cache_type_k, cache_type_v):
     """Serve BUILD over HTTP with llama-server's /infill, /completion, /tokenize ... and
     OpenAI's /v1/completions and /v1/chat/completions (docs/SERVE.md)."""
     reports_errors(_serve)(build, host, port, ctx, slots, threads, batch, api_key,
                            api_key_file, spec, spec_k, spec_cost, max_queue, alias,
-                           cache_type_k, cache_type_v)
+                           (cache_type_k or ("f32",))[-1], (cache_type_v or ("f32",))[-1])
 
 
 def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file, spec, spec_k,
@@ -90,8 +92,8 @@ def _serve(build, host, port, ctx, slots, threads, batch, api_key, api_key_file,
     app = create_app(server)
     port = sock.getsockname()[1]  # the port the system chose for --port 0
     click.echo(f"ditto serve: {build} on http://{host}:{port} ({slots} slot(s) of "
-               f"{server.engine.n_ctx} positions, kernel {server.model.info['kernel']})",
-               err=True)
+               f"{server.engine.n_ctx} positions, KV cache {cache_type_k}/{cache_type_v}, "
+               f"kernel {server.model.info['kernel']})", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=10, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

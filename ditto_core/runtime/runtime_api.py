@@ -99,6 +99,9 @@ _libs: dict[str, ctypes.CDLL] = {}
 _libs_lock = threading.Lock()
 
 
+#: The KV cache element types (ditto_session_new_kv; llama.cpp's --cache-type-k/-v names).
+KV_CACHE_TYPES = ("f32", "f16")
+
 #: Functions a library of an older API version lacks, and the version that added them: such a
 #: library still loads, and only what needs them is refused.
 _SINCE = {"ditto_session_new_kv": 3}
@@ -331,6 +334,9 @@ class Session:
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 256, cache_type_k: str = "f32",
                  cache_type_v: str = "f32"):
         self.model = model
+        for name, t in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+            if t not in KV_CACHE_TYPES:  # as the library words it; also for one that predates it
+                raise RuntimeAPIError(ERR_ARG, f"{name} {t!r} is not a KV cache type (f32, f16)")
         h = _P()
         err = ctypes.create_string_buffer(_ERRLEN)
         if hasattr(model.lib, "ditto_session_new_kv"):

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from ditto_core.base.errors import DittoError
-from ditto_core.runtime.runtime_api import Model, RuntimeAPIError
+from ditto_core.runtime.runtime_api import KV_CACHE_TYPES, Model, RuntimeAPIError
 
 #: tokens of the prompt evaluated per call (cancellation is checked between calls)
 PROMPT_CHUNK = 256
@@ -284,7 +284,7 @@ class Engine:
         if spec not in ("none", "ngram"):
             raise DittoError(f"--spec: unknown speculation {spec!r} (none, ngram)")
         for flag, t in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
-            if t not in ("f32", "f16"):
+            if t not in KV_CACHE_TYPES:
                 raise DittoError(f"{flag}: unknown KV cache type {t!r} (f32, f16)")
         self.model = model
         self.cache_types = (cache_type_k, cache_type_v)

@@ -110,9 +110,11 @@ static void usage(FILE *f) {
             "                     instead of reading it into memory in 2 MiB pages, which\n"
             "                     decodes faster; also $DITTO_MMAP=1 (0: always read)\n"
             "  --ctx C            KV cache positions (default: prompt + N - 1, at most max_seq_len)\n"
-            "  -ctk, --cache-type-k T  key cache element type: f32 (default) or f16 (half\n"
-            "                     the bytes, keys rounded to f16)\n"
-            "  -ctv, --cache-type-v T  value cache element type: f32 (default) or f16\n"
+            "  -ctk, --cache-type-k T\n"
+            "                     key cache element type: f32 (default) or f16 (half the\n"
+            "                     bytes, each key rounded to f16)\n"
+            "  -ctv, --cache-type-v T\n"
+            "                     value cache element type: f32 (default) or f16\n"
             "  -b, --batch-size B prompt tokens evaluated together (batched prefill, 1..512;\n"
             "                     default 256; 1 = one token at a time)\n"
             "  --chat             wrap the prompt in the model's own chat template\n"
@@ -407,6 +409,8 @@ static long peak_rss_kib(void) {
 static const char *load_kind = "mmap";
 /* How many weight matrices tile_weights() put in row tiles (0: file order throughout). */
 static int tiled_tensors = 0;
+/* The KV caches' element types (--cache-type-k, --cache-type-v). */
+static const char *cache_type_k = "f32", *cache_type_v = "f32";
 
 /* The stats line on stderr (machine-readable for bench/bench_runtime.py), after a
  * human-readable line: for generation (eval_what NULL) TTFT and tok/s; for --score and
@@ -430,9 +434,11 @@ static void print_stats(const char *eval_what, long n_eval, double load_s, long 
             "stats {\"load_ms\": %.3f, \"prompt_tokens\": %ld, \"prompt_ms\": %.3f, "
             "\"ttft_ms\": %.3f, \"generated_tokens\": %ld, \"decode_ms\": %.3f, "
             "\"tok_per_s\": %.4f, \"threads\": %d, \"ctx\": %ld, \"peak_rss_kib\": %ld, "
-            "\"kernel\": \"%s\", \"load\": \"%s\", \"tiled_tensors\": %d}\n",
+            "\"kernel\": \"%s\", \"load\": \"%s\", \"tiled_tensors\": %d, "
+            "\"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\"}\n",
             load_s * 1e3, n_prompt, prompt_s * 1e3, ttft_s * 1e3, n_gen, gen_s * 1e3, tps,
-            threads, ctx, peak_rss_kib(), kernels_active()->name, load_kind, tiled_tensors);
+            threads, ctx, peak_rss_kib(), kernels_active()->name, load_kind, tiled_tensors,
+            cache_type_k, cache_type_v);
 }
 
 /* What a run has opened and computed, shared by the modes below. */
@@ -900,6 +906,8 @@ int main(int argc, char **argv) {
     Args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    cache_type_k = a.type_k == KV_F16 ? "f16" : "f32";
+    cache_type_v = a.type_v == KV_F16 ? "f16" : "f32";
     occupy_standard_fds();
     install_signal_handlers();
 #ifdef _OPENMP

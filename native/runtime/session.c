@@ -269,6 +269,10 @@ void ditto_decoder_free(DittoDecoder *d) { free(d); }
 
 DittoStatus ditto_session_new(DittoModel *m, int n_ctx, int n_batch, DittoSession **out,
                               char *err, size_t errlen) {
+    if (!m || !out) {
+        set_err(err, errlen, "ditto_session_new: model and out must not be NULL");
+        return DITTO_ERR_ARG;
+    }
     return ditto_session_new_kv(m, n_ctx, n_batch, "f32", "f32", out, err, errlen);
 }
 
@@ -276,7 +280,7 @@ DittoStatus ditto_session_new_kv(DittoModel *m, int n_ctx, int n_batch, const ch
                                  const char *type_v, DittoSession **out, char *err,
                                  size_t errlen) {
     if (!m || !out) {
-        set_err(err, errlen, "ditto_session_new: model and out must not be NULL");
+        set_err(err, errlen, "ditto_session_new_kv: model and out must not be NULL");
         return DITTO_ERR_ARG;
     }
     *out = NULL;
