@@ -67,6 +67,15 @@ def test_bench_cli(eval_builds):
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert list(r["threads"]) == ["1"] and r["quantizer"] == "none"
+    assert (r["cache_type_k"], r["cache_type_v"]) == ("f32", "f32")
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
+                           eval_builds["none"], "--threads", "1", "--repeat", "1", "-n", "4",
+                           "--prompt-tokens", "16", "-ctk", "f16", "-ctv", "f16", "--json", "-q"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert (r["cache_type_k"], r["cache_type_v"]) == ("f16", "f16")
+    assert r["threads"]["1"]["decode_tok_per_s"]["median"] > 0
     proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
                            eval_builds["none"], "--threads", "0,x"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and ("Invalid value for '--threads': '0,x': expected thread "

@@ -147,10 +147,15 @@ def parse_threads(value: str) -> list[int]:
               help="Generated tokens per decode run (tg).")
 @click.option("--prompt-tokens", type=click.IntRange(min=2), default=512, show_default=True,
               help="Prompt tokens per prompt-processing run (pp), from the eval corpus.")
+@click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(["f32", "f16"]),
+              default="f32", show_default=True, help="KV cache type for keys (as llama-bench).")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(["f32", "f16"]),
+              default="f32", show_default=True, help="KV cache type for values.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @reports_errors
-def bench_cmd(build, threads, repeat, tokens, prompt_tokens, as_json, quiet):
+def bench_cmd(build, threads, repeat, tokens, prompt_tokens, cache_type_k, cache_type_v,
+              as_json, quiet):
     """Benchmark BUILD: decode tok/s (tg), prompt tok/s (pp, 512-token prompt), time to first
     token, peak RSS, file size and bpw per thread count, repeated (median and spread); energy
     per token from Linux RAPL where readable, else "not available"."""
@@ -161,7 +166,8 @@ def bench_cmd(build, threads, repeat, tokens, prompt_tokens, as_json, quiet):
     update, stop = progress_callback("bench", quiet)
     try:
         r = bench.bench_build(build, threads=threads, repeat=repeat, tokens=tokens,
-                              prompt_tokens=prompt_tokens, progress=update)
+                              prompt_tokens=prompt_tokens, progress=update,
+                              cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     finally:
         stop()
     if as_json:
@@ -176,7 +182,8 @@ def print_bench(r: dict) -> None:
 
     con = _stdout()
     con.print(f"{r['build']}: {r['file_bytes']:,} bytes, {r['bpw']:.3f} bpw; pp{r['prompt_tokens']}"
-              f", tg{r['tokens']}, {r['repeat']} runs each (median [min-max])", soft_wrap=True)
+              f", tg{r['tokens']}, {r['repeat']} runs each (median [min-max]); KV cache "
+              f"{r.get('cache_type_k', 'f32')}/{r.get('cache_type_v', 'f32')}", soft_wrap=True)
 
     def m(x, spec=".1f"):
         return "-" if x is None else (f"{x['median']:{spec}} [{x['min']:{spec}}-"

@@ -90,14 +90,16 @@ def spread(values: list[float]) -> dict:
 
 
 def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens: int = 128,
-                prompt_tokens: int = 512, powercap: Path = POWERCAP, progress=None) -> dict:
+                prompt_tokens: int = 512, powercap: Path = POWERCAP, progress=None,
+                cache_type_k: str = "f32", cache_type_v: str = "f32") -> dict:
     """Benchmark a build (module docstring). Returns a JSON-ready dict: ``build``, ``file_bytes``,
     ``n_weights``, ``bpw``, ``prompt_tokens``, ``tokens``, ``repeat``, ``energy`` (a note when
     not available) and ``threads``: {T: {``prompt_tok_per_s``, ``decode_tok_per_s``,
     ``ttft_ms``, ``ttft_prompt_ms`` (each median/min/max/spread), ``peak_rss_mib``,
     ``joules_per_token`` (or None)}} and ``load_average`` (the 1-minute load average before
-    and after the runs: other jobs on the machine make the speed figures lower bounds). Raises
-    DittoError if a run fails."""
+    and after the runs: other jobs on the machine make the speed figures lower bounds).
+    ``cache_type_k``, ``cache_type_v``: the KV cache element types of every run ("f32",
+    "f16": ditto-run's -ctk/-ctv), also in the result. Raises DittoError if a run fails."""
     from . import corpus
 
     exe, model, meta = find_build(build_dir)
@@ -115,6 +117,8 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
     domains = rapl_domains(powercap)
     samples = {t: {"pp": [], "tg": [], "joules": []} for t in threads}
     total = repeat * len(threads)
+    kv = [] if (cache_type_k, cache_type_v) == ("f32", "f32") else [
+        "-ctk", cache_type_k, "-ctv", cache_type_v]  # a build before -ctk/-ctv runs the default
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ditto-bench-") as tmp:
         ids_file = Path(tmp) / "prompt.ids"
@@ -123,10 +127,10 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
         for _ in range(repeat):
             for t in threads:
                 pp = run_stats(build_dir, ["--ids", str(ids_file), "-n", "1", "--temp", "0",
-                                           "--threads", str(t)])
+                                           "--threads", str(t), *kv])
                 e0 = read_energy_uj(domains) if domains else None
                 tg = run_stats(build_dir, ["-p", DECODE_PROMPT, "-n", str(tokens), "--temp", "0",
-                                           "--ignore-eos", "--threads", str(t)])
+                                           "--ignore-eos", "--threads", str(t), *kv])
                 if e0 is not None:
                     j = energy_joules(e0, read_energy_uj(domains))
                     samples[t]["joules"].append(j / max(tg["generated_tokens"], 1))
@@ -139,6 +143,10 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
     for t, s in samples.items():
         if any(r["prompt_tokens"] != len(ids) for r in s["pp"]):
             raise DittoError(f"{build_dir}: the prompt run did not evaluate {len(ids)} tokens")
+        if any((r.get("cache_type_k", "f32"), r.get("cache_type_v", "f32")) !=
+               (cache_type_k, cache_type_v) for r in s["pp"] + s["tg"]):
+            raise DittoError(f"{build_dir}: a run did not use the KV cache types "
+                             f"{cache_type_k}/{cache_type_v}")
         per_thread[str(t)] = {
             "prompt_tok_per_s": spread([1000.0 * r["prompt_tokens"] / r["prompt_ms"]
                                         for r in s["pp"]]),
@@ -153,7 +161,8 @@ def bench_build(build_dir: Path, *, threads: list[int], repeat: int = 3, tokens:
         "build": str(build_dir), "cpu": cpu_name(), "quantizer": meta.get("quantizer"),
         "options": meta.get("options"), "file_bytes": file_bytes, "n_weights": n_weights,
         "bpw": 8.0 * file_bytes / n_weights, "prompt_tokens": len(ids), "tokens": tokens,
-        "decode_prompt": DECODE_PROMPT, "repeat": repeat,
+        "decode_prompt": DECODE_PROMPT, "repeat": repeat, "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
         "energy": (f"RAPL: {', '.join(d.name for d in domains)} (whole package)" if domains
                    else "not available (no readable /sys/class/powercap RAPL domain)"),
         "threads": per_thread,
