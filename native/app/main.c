@@ -906,8 +906,8 @@ int main(int argc, char **argv) {
     Args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
-    cache_type_k = a.type_k == KV_F16 ? "f16" : "f32";
-    cache_type_v = a.type_v == KV_F16 ? "f16" : "f32";
+    cache_type_k = kv_type_name(a.type_k);
+    cache_type_v = kv_type_name(a.type_v);
     occupy_standard_fds();
     install_signal_handlers();
 #ifdef _OPENMP

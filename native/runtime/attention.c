@@ -14,10 +14,6 @@ static void scores_scalar(float *att, size_t ld, const float *q, size_t qs, int 
 static void softmax_scalar(float *att, int n_keys);
 static void wsum_acc_scalar(float *out, size_t qs, int nq, const float *V, size_t stride,
                             int n_keys, const float *w, size_t ld, int d);
-static void scores_scalar_f16(float *att, size_t ld, const float *q, size_t qs, int nq,
-                              const uint16_t *K, size_t stride, int n_keys, int d, float scale);
-static void wsum_acc_scalar_f16(float *out, size_t qs, int nq, const uint16_t *V, size_t stride,
-                                int n_keys, const float *w, size_t ld, int d);
 
 void attend_scalar(float *out, const float *q, const float *K, const float *V, size_t stride,
                    int n_keys, int d, float scale, float *att) {
@@ -73,9 +69,9 @@ AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __
     }
 #define SCORE_KEY(c, kp) FMA_NQ(a, c, q0, q1, q2, LOAD(kp + 8 * i))
 #define DEFINE_SCORES(NAME, NQ, T)                                                            \
-    ATT_FN static inline void NAME(float *att, size_t ld, const float *q, size_t qs,     \
-                                        const T *K, size_t stride, int n_keys, float scale,   \
-                                        int nv) {                                             \
+    ATT_FN static inline void NAME(float *att, size_t ld, const float *q, size_t qs,          \
+                                   const T *K, size_t stride, int n_keys, float scale,        \
+                                   int nv) {                                                  \
         const __m128 sc = _mm_set1_ps(scale);                                                 \
         const int nqc = NQ;                                                                   \
         (void)qs;                                                                             \
@@ -155,8 +151,8 @@ __attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n
  * scores. */
 #define WSUM_VEC(c) FMA_NQ(o, c, w0, w1, w2, LOAD(v + 8 * c))
 #define DEFINE_WSUM(NAME, NQ, T)                                                              \
-    ATT_FN static inline void NAME(float *out, size_t qs, const T *V, size_t stride,     \
-                                        int n_keys, const float *w, size_t ld, int d) {       \
+    ATT_FN static inline void NAME(float *out, size_t qs, const T *V, size_t stride,          \
+                                   int n_keys, const float *w, size_t ld, int d) {            \
         const int nqc = NQ;                                                                   \
         (void)qs;                                                                             \
         (void)ld;                                                                             \
@@ -224,8 +220,8 @@ DEFINE_WSUM(wsum3_f16, 3, uint16_t)
 #undef WSUM_VEC
 #undef FMA_NQ
 
-#define DEFINE_STEPS(SCORES, WSUM, T, SFX)                                                   \
-    __attribute__((noinline)) ATT_FN static void SCORES(                                 \
+#define DEFINE_STEPS(SCORES, WSUM, T, SFX)                                                    \
+    __attribute__((noinline)) ATT_FN static void SCORES(                                      \
         float *att, size_t ld, const float *q, size_t qs, int nq, const T *K, size_t stride,  \
         int n_keys, int d, float scale) {                                                     \
         int j = 0;                                                                            \
@@ -236,7 +232,7 @@ DEFINE_WSUM(wsum3_f16, 3, uint16_t)
             scores1##SFX(att + (size_t)j * ld, ld, q + (size_t)j * qs, qs, K, stride, n_keys, \
                          scale, d / 8);                                                       \
     }                                                                                         \
-    __attribute__((noinline)) ATT_FN static void WSUM(                                   \
+    __attribute__((noinline)) ATT_FN static void WSUM(                                        \
         float *out, size_t qs, int nq, const T *V, size_t stride, int n_keys, const float *w, \
         size_t ld, int d) {                                                                   \
         int j = 0;                                                                            \
@@ -261,20 +257,15 @@ static const AttendSteps STEPS_AVX2 = {scores_avx2, softmax_avx2, wsum_acc_avx2,
                                        scores_avx2_f16, wsum_acc_avx2_f16};
 
 /* Query heads j < nq against the same keys and values, in one pass over the keys. */
-ATT_FN static void attend_group_avx2(float *out, const float *q, size_t qs, int nq,
-                                          const float *K, const float *V, size_t stride,
-                                          int n_keys, int d, float scale, float *att,
-                                          size_t ld) {
-    scores_avx2(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
-    for (int j = 0; j < nq; j++) {
-        softmax_avx2(att + (size_t)j * ld, n_keys);
-        memset(out + (size_t)j * qs, 0, (size_t)d * sizeof(float));
-    }
-    wsum_acc_avx2(out, qs, nq, V, stride, n_keys, att, ld, d);
+static void attend_group_avx2(float *out, const float *q, size_t qs, int nq, const float *K,
+                              const float *V, size_t stride, int n_keys, int d, float scale,
+                              float *att, size_t ld) {
+    attend_group_steps(&STEPS_AVX2, out, q, qs, nq, K, 0, V, 0, stride, n_keys, d, scale, att,
+                       ld);
 }
 
-ATT_FN static void attend_avx2(float *out, const float *q, const float *K, const float *V,
-                                    size_t stride, int n_keys, int d, float scale, float *att) {
+static void attend_avx2(float *out, const float *q, const float *K, const float *V,
+                        size_t stride, int n_keys, int d, float scale, float *att) {
     attend_group_avx2(out, q, (size_t)d, 1, K, V, stride, n_keys, d, scale, att,
                       (size_t)n_keys);
 }
@@ -282,19 +273,46 @@ ATT_FN static void attend_avx2(float *out, const float *q, const float *K, const
 #endif
 
 /* The AttendSteps of the scalar form: attend_scalar's arithmetic in three parts (the softmax
- * divides by the sum where attend_scalar's weighted sum does: the same quotients). */
-__attribute__((noinline)) static void scores_scalar(float *att, size_t ld, const float *q,
-                                                    size_t qs, int nq, const float *K,
-                                                    size_t stride, int n_keys, int d,
-                                                    float scale) {
-    for (int j = 0; j < nq; j++)
-        for (int u = 0; u < n_keys; u++) {
-            const float *k = K + (size_t)u * stride, *qj = q + (size_t)j * qs;
-            float score = 0.0f;
-            for (int i = 0; i < d; i++) score += qj[i] * k[i];
-            att[(size_t)j * ld + u] = score * scale;
-        }
+ * divides by the sum where attend_scalar's weighted sum does: the same quotients). The score
+ * and weighted-sum loops are written once for float32 rows and for f16 rows, whose elements
+ * are widened to float32 (ELEM) before the same arithmetic. */
+#define ELEM_F32(x) (x)
+#define ELEM_F16(x) widen(x)
+
+static inline float widen(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
 }
+
+#define DEFINE_SCALAR_STEPS(SCORES, WSUM, T, ELEM)                                             \
+    __attribute__((noinline)) static void SCORES(float *att, size_t ld, const float *q,        \
+                                                 size_t qs, int nq, const T *K, size_t stride, \
+                                                 int n_keys, int d, float scale) {             \
+        for (int j = 0; j < nq; j++)                                                           \
+            for (int u = 0; u < n_keys; u++) {                                                 \
+                const T *k = K + (size_t)u * stride;                                           \
+                const float *qj = q + (size_t)j * qs;                                          \
+                float score = 0.0f;                                                            \
+                for (int i = 0; i < d; i++) score += qj[i] * ELEM(k[i]);                       \
+                att[(size_t)j * ld + u] = score * scale;                                       \
+            }                                                                                  \
+    }                                                                                          \
+    __attribute__((noinline)) static void WSUM(float *out, size_t qs, int nq, const T *V,      \
+                                               size_t stride, int n_keys, const float *w,      \
+                                               size_t ld, int d) {                             \
+        for (int j = 0; j < nq; j++)                                                           \
+            for (int u = 0; u < n_keys; u++) {                                                 \
+                const T *v = V + (size_t)u * stride;                                           \
+                float a = w[(size_t)j * ld + u];                                               \
+                for (int i = 0; i < d; i++) out[(size_t)j * qs + i] += a * ELEM(v[i]);         \
+            }                                                                                  \
+    }
+DEFINE_SCALAR_STEPS(scores_scalar, wsum_acc_scalar, float, ELEM_F32)
+DEFINE_SCALAR_STEPS(scores_scalar_f16, wsum_acc_scalar_f16, uint16_t, ELEM_F16)
+#undef DEFINE_SCALAR_STEPS
+#undef ELEM_F32
+#undef ELEM_F16
 
 __attribute__((noinline)) static void softmax_scalar(float *att, int n_keys) {
     float max = -INFINITY;
@@ -308,68 +326,36 @@ __attribute__((noinline)) static void softmax_scalar(float *att, int n_keys) {
     for (int u = 0; u < n_keys; u++) att[u] = att[u] / sum;
 }
 
-__attribute__((noinline)) static void wsum_acc_scalar(float *out, size_t qs, int nq,
-                                                      const float *V, size_t stride, int n_keys,
-                                                      const float *w, size_t ld, int d) {
-    for (int j = 0; j < nq; j++)
-        for (int u = 0; u < n_keys; u++) {
-            const float *v = V + (size_t)u * stride;
-            float a = w[(size_t)j * ld + u];
-            for (int i = 0; i < d; i++) out[(size_t)j * qs + i] += a * v[i];
-        }
-}
-
-/* The scalar steps over f16 KV rows: the float32 loops above on the widened values. */
-static float widen(uint16_t h) {
-    _Float16 v;
-    memcpy(&v, &h, sizeof v);
-    return (float)v;
-}
-
-__attribute__((noinline)) static void scores_scalar_f16(float *att, size_t ld, const float *q,
-                                                        size_t qs, int nq, const uint16_t *K,
-                                                        size_t stride, int n_keys, int d,
-                                                        float scale) {
-    for (int j = 0; j < nq; j++)
-        for (int u = 0; u < n_keys; u++) {
-            const uint16_t *k = K + (size_t)u * stride;
-            const float *qj = q + (size_t)j * qs;
-            float score = 0.0f;
-            for (int i = 0; i < d; i++) score += qj[i] * widen(k[i]);
-            att[(size_t)j * ld + u] = score * scale;
-        }
-}
-
-__attribute__((noinline)) static void wsum_acc_scalar_f16(float *out, size_t qs, int nq,
-                                                          const uint16_t *V, size_t stride,
-                                                          int n_keys, const float *w, size_t ld,
-                                                          int d) {
-    for (int j = 0; j < nq; j++)
-        for (int u = 0; u < n_keys; u++) {
-            const uint16_t *v = V + (size_t)u * stride;
-            float a = w[(size_t)j * ld + u];
-            for (int i = 0; i < d; i++) out[(size_t)j * qs + i] += a * widen(v[i]);
-        }
-}
-
 static const AttendSteps STEPS_SCALAR = {scores_scalar, softmax_scalar, wsum_acc_scalar,
                                          scores_scalar_f16, wsum_acc_scalar_f16};
 
-void attend_group_steps(const AttendSteps *A, float *out, const float *q, size_t qs, int nq,
-                        const void *K, int k_f16, const void *V, int v_f16, size_t stride,
-                        int n_keys, int d, float scale, float *att, size_t ld) {
+void attend_scores(const AttendSteps *A, int k_f16, float *att, size_t ld, const float *q,
+                   size_t qs, int nq, const void *K, size_t stride, int n_keys, int d,
+                   float scale) {
     if (k_f16)
         A->scores_f16(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
     else
         A->scores(att, ld, q, qs, nq, K, stride, n_keys, d, scale);
+}
+
+void attend_wsum_acc(const AttendSteps *A, int v_f16, float *out, size_t qs, int nq,
+                     const void *V, size_t stride, int n_keys, const float *w, size_t ld,
+                     int d) {
+    if (v_f16)
+        A->wsum_acc_f16(out, qs, nq, V, stride, n_keys, w, ld, d);
+    else
+        A->wsum_acc(out, qs, nq, V, stride, n_keys, w, ld, d);
+}
+
+void attend_group_steps(const AttendSteps *A, float *out, const float *q, size_t qs, int nq,
+                        const void *K, int k_f16, const void *V, int v_f16, size_t stride,
+                        int n_keys, int d, float scale, float *att, size_t ld) {
+    attend_scores(A, k_f16, att, ld, q, qs, nq, K, stride, n_keys, d, scale);
     for (int j = 0; j < nq; j++) {
         A->softmax(att + (size_t)j * ld, n_keys);
         memset(out + (size_t)j * qs, 0, (size_t)d * sizeof(float));
     }
-    if (v_f16)
-        A->wsum_acc_f16(out, qs, nq, V, stride, n_keys, att, ld, d);
-    else
-        A->wsum_acc(out, qs, nq, V, stride, n_keys, att, ld, d);
+    attend_wsum_acc(A, v_f16, out, qs, nq, V, stride, n_keys, att, ld, d);
 }
 
 void attend_group_scalar(float *out, const float *q, size_t qs, int nq, const float *K,

@@ -62,6 +62,15 @@ typedef struct {
 
 const AttendSteps *attend_steps_for(int d);
 
+/* A's scores (A->scores_f16 when k_f16 is set: K holds f16 rows) and weighted sum
+ * (A->wsum_acc_f16 when v_f16 is set), for callers whose KV cache type is known at run time. */
+void attend_scores(const AttendSteps *A, int k_f16, float *att, size_t ld, const float *q,
+                   size_t qs, int nq, const void *K, size_t stride, int n_keys, int d,
+                   float scale);
+void attend_wsum_acc(const AttendSteps *A, int v_f16, float *out, size_t qs, int nq,
+                     const void *V, size_t stride, int n_keys, const float *w, size_t ld,
+                     int d);
+
 /* attend_group's result through the steps A: the keys K are float32 rows, or f16 rows when
  * k_f16 is set (the values V likewise with v_f16). With float32 keys and values it has the
  * bits of attend_group_for(d), whose steps A are. */

@@ -23,8 +23,6 @@ int kv_type_parse(const char *name) {
     return -1;
 }
 
-static size_t kv_elem_bytes(int type) { return type == KV_F16 ? 2 : sizeof(float); }
-
 size_t runstate_bytes(const DittoConfig *c, int ctx, int type_k, int type_v) {
     size_t q_dim = (size_t)c->n_heads * c->head_dim;
     size_t n = 3 * (size_t)c->dim + 2 * q_dim + 2 * (size_t)c->hidden_dim +

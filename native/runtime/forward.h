@@ -19,6 +19,10 @@ enum { KV_F32 = 0, KV_F16 = 1 };
 /* The type named (exactly "f32" or "f16"), or -1. */
 int kv_type_parse(const char *name);
 
+/* The name of a type, and the bytes of one element of it. */
+static inline const char *kv_type_name(int type) { return type == KV_F16 ? "f16" : "f32"; }
+static inline size_t kv_elem_bytes(int type) { return type == KV_F16 ? 2u : 4u; }
+
 /* Activations and KV cache, allocated once; forward() allocates nothing. */
 typedef struct {
     int ctx;            /* positions the KV cache holds (<= config.max_seq_len) */
@@ -52,7 +56,7 @@ static inline size_t kv_at(const DittoConfig *c, int ctx, int layer, int kvh) {
 /* The keys (values) of KV head kvh in layer `layer` in a cache of element type `type`. */
 static inline const void *kv_head(const void *cache, int type, const DittoConfig *c, int ctx,
                                   int layer, int kvh) {
-    return (const char *)cache + kv_at(c, ctx, layer, kvh) * (type == KV_F16 ? 2u : 4u);
+    return (const char *)cache + kv_at(c, ctx, layer, kvh) * kv_elem_bytes(type);
 }
 
 /* Store the key and value of position pos ([n_kv_heads*head_dim] each) in layer `layer`'s

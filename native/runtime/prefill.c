@@ -100,21 +100,17 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
 #endif
         const char *K = kv_head(s->key_cache, s->type_k, c, s->ctx, layer, kvh);
         const char *V = kv_head(s->value_cache, s->type_v, c, s->ctx, layer, kvh);
-        const size_t kb = s->type_k == KV_F16 ? 2 : 4, vb = s->type_v == KV_F16 ? 2 : 4;
+        const size_t kb = kv_elem_bytes(s->type_k), vb = kv_elem_bytes(s->type_v);
         float *att = p->att + (size_t)tid * PREFILL_ATT_TOKENS * group * ld;
         int last_keys = pos0 + t1; /* the block's last token sees the most keys */
         for (int k0 = 0; k0 < last_keys; k0 += PREFILL_ATT_KEYS)
             for (int t = t0; t < t1; t++) {
                 int nk = pos0 + t + 1 - k0;
                 if (nk <= 0) continue;
-                float *at = att + (size_t)(t - t0) * group * ld + k0;
-                const float *qt = p->q + (size_t)t * q_dim + h0 * d;
-                const void *Kb = K + (size_t)k0 * d * kb;
-                const int nb = nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS;
-                if (s->type_k == KV_F16)
-                    A->scores_f16(at, ld, qt, (size_t)d, group, Kb, (size_t)d, nb, d, inv_sqrt_d);
-                else
-                    A->scores(at, ld, qt, (size_t)d, group, Kb, (size_t)d, nb, d, inv_sqrt_d);
+                attend_scores(A, s->type_k == KV_F16, att + (size_t)(t - t0) * group * ld + k0,
+                              ld, p->q + (size_t)t * q_dim + h0 * d, (size_t)d, group,
+                              K + (size_t)k0 * d * kb, (size_t)d,
+                              nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS, d, inv_sqrt_d);
             }
         for (int t = t0; t < t1; t++) {
             for (int j = 0; j < group; j++)
@@ -126,14 +122,10 @@ static void attention_tile(const DittoConfig *c, const RunState *s, Prefill *p, 
             for (int t = t0; t < t1; t++) {
                 int nk = pos0 + t + 1 - k0;
                 if (nk <= 0) continue;
-                float *ot = p->att_out + (size_t)t * q_dim + h0 * d;
-                const void *Vb = V + (size_t)k0 * d * vb;
-                const int nb = nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS;
-                const float *wt = att + (size_t)(t - t0) * group * ld + k0;
-                if (s->type_v == KV_F16)
-                    A->wsum_acc_f16(ot, (size_t)d, group, Vb, (size_t)d, nb, wt, ld, d);
-                else
-                    A->wsum_acc(ot, (size_t)d, group, Vb, (size_t)d, nb, wt, ld, d);
+                attend_wsum_acc(A, s->type_v == KV_F16, p->att_out + (size_t)t * q_dim + h0 * d,
+                                (size_t)d, group, V + (size_t)k0 * d * vb, (size_t)d,
+                                nk < PREFILL_ATT_KEYS ? nk : PREFILL_ATT_KEYS,
+                                att + (size_t)(t - t0) * group * ld + k0, ld, d);
             }
     }
 }
