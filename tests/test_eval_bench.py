@@ -77,6 +77,11 @@ def test_bench_cli(eval_builds):
     assert (r["cache_type_k"], r["cache_type_v"]) == ("f16", "f16")
     assert r["threads"]["1"]["decode_tok_per_s"]["median"] > 0
     proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
+                           eval_builds["none"], "-ctv", "q8_0"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2 and ("Invalid value for '-ctv' / '--cache-type-v': 'q8_0' is "
+                                     "not one of 'f32', 'f16'.") in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
                            eval_builds["none"], "--threads", "0,x"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and ("Invalid value for '--threads': '0,x': expected thread "
                                      "counts like 1,2") in proc.stderr

@@ -5,6 +5,7 @@ and int8 codebooks (``serve_build``), whose build directory holds ``libditto.so`
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -231,6 +232,10 @@ def test_f16_kv_cache_sessions(tiny_build):
         with pytest.raises(RuntimeAPIError,
                            match=re.escape(f"cache_type_k {bad!r} is not a KV cache")):
             m.session(16, 1, bad)
+    err = ctypes.create_string_buffer(256)
+    assert m.lib.ditto_session_new_kv(None, 16, 1, b"f16", b"f16", ctypes.byref(ctypes.c_void_p()),
+                                      err, 256) == 1
+    assert err.value == b"ditto_session_new_kv: model and out must not be NULL"
     e = Engine(m, n_ctx=32, cache_type_k="f16", cache_type_v="f32")
     assert e.slots[0].session.eval([5, 6, 7]).shape == (m.vocab_size,)
     e.close()
