@@ -63,9 +63,10 @@ EMBEDDING_EXTRA_BITS = 2
 #: KV head, each layer's V projection is quantized with ATTN_V_EXTRA_BITS more bits (capped at
 #: 8), as llama.cpp's IQ4_NL/IQ4_XS give attn_v Q5_K when n_gqa >= 4 (src/llama-quant.cpp):
 #: every V row feeds a whole group of query heads, and the tensor is small (n_kv_heads x
-#: head_dim rows). docs/QUANT.md "Default policy": on Qwen2.5-Coder-0.5B (GQA 7) at b = 4 the
-#: greedy code ended every line with a space (token " \n" over "\n") until attn_v had b = 5;
-#: G = 128 or 64 at b = 4 did not fix it; f32 for any other kind of matrix did not either.
+#: head_dim rows). docs/QUANT.md "Default policy": on Qwen2.5-Coder-0.5B (GQA 7) with attn_v
+#: at b = 4 the greedy code ends every line with a space (token " \n" over "\n"); attn_v at
+#: b = 5 gives the plain newlines, where G = 128 or 64 at b = 4, or f32 for any other kind of
+#: matrix, does not.
 ATTN_V_EXTRA_BITS = 1
 GQA_MIN = 4
 ATTN_V_RULE = f"attn_v under GQA >= {GQA_MIN} (b+{ATTN_V_EXTRA_BITS})"
