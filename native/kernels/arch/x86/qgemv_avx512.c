@@ -49,6 +49,25 @@ void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, 
         hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi, we_, ahe), wo_, aho);                 \
     } while (0)
 
+/* The same for a last step of at most 64 columns, in ymm: the 32 index bytes v of the chunk's
+ * first 64 columns meet the activations at c (their even columns) and c + 64 (their odd
+ * columns) of the perm128 order, loaded by ACTS64; lo and hi gain the sums in their low 8
+ * lanes. A ymm step costs half a zmm one, and the last sub-block of a 576-column row with
+ * G = 256 (SmolLM2) is 64 columns wide. */
+#define LOOKUP64_PERMB(tbl, v) _mm256_permutexvar_epi8((v), _mm512_castsi512_si256(tbl))
+#define LOOKUP64_PSHUFB(tbl, v)                                                                \
+    _mm256_shuffle_epi8(_mm512_castsi512_si256(tbl),                                           \
+                        _mm256_and_si256((v), _mm512_castsi512_si256(low4)))
+#define STEP64(LOOKUP, v, tbl, lo, hi)                                                         \
+    do {                                                                                       \
+        __m256i v_ = (v), z_ = _mm256_setzero_si256();                                         \
+        __m256i we_ = LOOKUP(tbl, v_), wo_ = LOOKUP(tbl, _mm256_srli_epi16(v_, 4));            \
+        lo = _mm512_add_epi32(lo, _mm512_zextsi256_si512(_mm256_dpbusd_epi32(                  \
+                                      _mm256_dpbusd_epi32(z_, we_, ale), wo_, alo)));          \
+        hi = _mm512_add_epi32(hi, _mm512_zextsi256_si512(_mm256_dpbusd_epi32(                  \
+                                      _mm256_dpbusd_epi32(z_, we_, ahe), wo_, aho)));          \
+    } while (0)
+
 /* The index line at byte off of each of the four rows into L2: one line per row per step,
  * i8_prefetch_ahead() past the row, so the loads of the rows the kernel reaches next are in
  * flight while these compute (the hardware prefetcher alone, or one burst per four-row group,
@@ -65,6 +84,12 @@ void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, 
     const __m512i ahe = _mm512_loadu_si512((const void *)(qa->mh + (c)));                      \
     const __m512i aho = _mm512_loadu_si512((const void *)(qa->mh + (c) + 64))
 
+#define ACTS64(c)                                                                              \
+    const __m256i ale = _mm256_loadu_si256((const __m256i *)(const void *)(qa->ml + (c)));     \
+    const __m256i alo = _mm256_loadu_si256((const __m256i *)(const void *)(qa->ml + (c) + 64)); \
+    const __m256i ahe = _mm256_loadu_si256((const __m256i *)(const void *)(qa->mh + (c)));     \
+    const __m256i aho = _mm256_loadu_si256((const __m256i *)(const void *)(qa->mh + (c) + 64))
+
 /* The mask of the index bytes of the last n < 128 columns of a b = 4 row (ceil(n / 2) bytes):
  * a masked load reads none of the bytes past it, so it never touches memory past the tensor,
  * and gives the zero-padded step that index 0 times zero activations makes exact. */
@@ -72,13 +97,41 @@ static inline __mmask64 tail_mask64(int n) {
     return (__mmask64)(~0ull >> (64u - (unsigned)(n + 1) / 2u));
 }
 
-/* lo + 256 hi, 16 lanes folded to 8 (wrapping int32) */
-__attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i lo, __m512i hi) {
-    __m512i t = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
-    return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+/* The sums of four rows' 16 lanes of lo + 256 hi (wrapping int32), row i in lane i: the lo/hi
+ * folds and a transpose tree of in-lane unpacks in zmm, then the four 128-bit lanes added
+ * (fewer cross-lane steps than folding each row to 8 lanes and a vphaddd tree). */
+__attribute__((target("avx512f,avx2"))) static inline __m128i
+sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2, __m512i l3,
+          __m512i h3) {
+    const __m512i t0 = _mm512_add_epi32(l0, _mm512_slli_epi32(h0, 8));
+    const __m512i t1 = _mm512_add_epi32(l1, _mm512_slli_epi32(h1, 8));
+    const __m512i t2 = _mm512_add_epi32(l2, _mm512_slli_epi32(h2, 8));
+    const __m512i t3 = _mm512_add_epi32(l3, _mm512_slli_epi32(h3, 8));
+    /* per 128-bit lane: rows 0, 1 (2, 3) with their lanes 0+2 and 1+3 */
+    const __m512i a =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(t0, t1), _mm512_unpackhi_epi32(t0, t1));
+    const __m512i b =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(t2, t3), _mm512_unpackhi_epi32(t2, t3));
+    /* per 128-bit lane: rows 0, 1, 2, 3 */
+    const __m512i c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    const __m256i d = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
 }
 
-#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP, REST)                                              \
+/* acc += the four rows' f16 scales of sub-block s times their exact sums T (sum4_lohi of the
+ * lo and hi lanes, less corr[s]): i8_combine's step for four rows */
+#define COMBINE4(acc, l0, h0, l1, h1, l2, h2, l3, h3, s)                                       \
+    do {                                                                                       \
+        const __m128i T_ = _mm_sub_epi32(sum4_lohi(l0, h0, l1, h1, l2, h2, l3, h3),            \
+                                         _mm_set1_epi32((int)corr[s]));                        \
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), _mm256_cvtepi32_pd(T_)));  \
+    } while (0)
+
+/* Each sub-block's sums are combined after the next sub-block's steps are issued: the combine
+ * is a long dependent chain (the reduction tree, the conversion to double, the multiply-add)
+ * that, issued right after its last vpdpbusd, held up the steps behind it (about 10 % of the
+ * kernel on the 576- to 4864-column rows of SmolLM2 and Qwen2.5-Coder, docs/KERNELS.md). */
+#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP, LOOKUP64, REST)                                    \
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
@@ -88,6 +141,8 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
         const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(-128);            \
         (void)low4;                                                                            \
         __m256d acc = _mm256_setzero_pd();                                                     \
+        __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0; /* sub-block s - 1 */  \
+        __m512i q0 = p0, q1 = p0, q2 = p0, q3 = p0;                                            \
         for (int s = 0; s < L->n_sub; s++) {                                                   \
             __m512i t0, t1, t2, t3;                                                            \
             const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 16u;     \
@@ -114,7 +169,15 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
                 STEP128(LOOKUP, row[2] + c / 2, t2, l2, h2);                                   \
                 STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
             }                                                                                  \
-            if (c < c1) { /* the rows' partial last step: masked loads, zero past the row */   \
+            if (c < c1 && cols - c <= 64) { /* the rows' last 64 columns or fewer, in ymm */   \
+                const __mmask32 m_ = (__mmask32)tail_mask64(cols - c); /* n <= 64: low 32 bits */ \
+                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
+                ACTS64(c);                                                                     \
+                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[0] + c / 2), t0, l0, h0);     \
+                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[1] + c / 2), t1, l1, h1);     \
+                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);     \
+                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);     \
+            } else if (c < c1) { /* the rows' partial last step: masked loads, zero past it */ \
                 const __mmask64 m_ = tail_mask64(cols - c);                                    \
                 PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS128(c);                                                                    \
@@ -123,12 +186,10 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
                 STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);    \
                 STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);    \
             }                                                                                  \
-            __m128i T = hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1), fold_lohi(l2, h2),   \
-                                    fold_lohi(l3, h3));                                        \
-            T = _mm_sub_epi32(T, _mm_set1_epi32((int)corr[s]));                                \
-            acc = _mm256_add_pd(acc,                                                           \
-                                _mm256_mul_pd(scales4_pd(L, r, s), _mm256_cvtepi32_pd(T)));    \
+            if (s > 0) COMBINE4(acc, p0, q0, p1, q1, p2, q2, p3, q3, s - 1);                   \
+            p0 = l0, p1 = l1, p2 = l2, p3 = l3, q0 = h0, q1 = h1, q2 = h2, q3 = h3;            \
         }                                                                                      \
+        COMBINE4(acc, p0, q0, p1, q1, p2, q2, p3, q3, L->n_sub - 1);                           \
         store4_combined(y + r, acc, qa->D);                                                    \
     }                                                                                          \
     FN void NAME(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols) { \
@@ -137,9 +198,10 @@ __attribute__((target("avx512f,avx2"))) static inline __m256i fold_lohi(__m512i 
 
 /* VBMI: G % 128 != 0 or G > 512 (e.g. a whole row of 576 or 896 columns) through the 64-column
  * any-b kernel below (G % 64 == 0), which hands the rest to the AVX2 b = 4 kernel */
-I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB,
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB, LOOKUP64_PERMB,
                   i8cb_rows_avx512vbmi_any)
-I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB, i8cb_b4_rows_avx2)
+I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB, LOOKUP64_PSHUFB,
+                  i8cb_b4_rows_avx2)
 
 /* ---- b = 6, AVX-512 VBMI: 64 columns per step (natural column order) ----
  * 64 indices are 48 bytes (eight groups of 6 bytes, FORMAT.md). One vpermb puts group k into
@@ -227,8 +289,7 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
                 B6_STEP_M(m, row[3] + off, t3, l3, h3);
                 c = run;
             }
-            __m128i t = _mm_sub_epi32(hsum4_epi32(fold_lohi(l0, h0), fold_lohi(l1, h1),
-                                                  fold_lohi(l2, h2), fold_lohi(l3, h3)),
+            __m128i t = _mm_sub_epi32(sum4_lohi(l0, h0, l1, h1, l2, h2, l3, h3),
                                       _mm_set1_epi32((int)(128u * corr)));
             T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
         }
@@ -400,13 +461,11 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
             }
 #undef ANYB_ACTS
 #undef ANYB_STEP
-            __m128i u0 = _mm_sub_epi32(hsum4_epi32(fold_lohi(l00, h00), fold_lohi(l01, h01),
-                                                   fold_lohi(l02, h02), fold_lohi(l03, h03)),
+            __m128i u0 = _mm_sub_epi32(sum4_lohi(l00, h00, l01, h01, l02, h02, l03, h03),
                                        _mm_set1_epi32((int)(128u * corr0)));
             T0 = _mm256_add_pd(T0, _mm256_cvtepi32_pd(u0));
             if (ni == 2) {
-                __m128i u1 = _mm_sub_epi32(hsum4_epi32(fold_lohi(l10, h10), fold_lohi(l11, h11),
-                                                       fold_lohi(l12, h12), fold_lohi(l13, h13)),
+                __m128i u1 = _mm_sub_epi32(sum4_lohi(l10, h10, l11, h11, l12, h12, l13, h13),
                                            _mm_set1_epi32((int)(128u * corr1)));
                 T1 = _mm256_add_pd(T1, _mm256_cvtepi32_pd(u1));
             }
