@@ -118,6 +118,16 @@ sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2
     return _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
 }
 
+/* The four rows' partial last step from column c: each row's index bytes loaded under mask m
+ * by LOAD (zero past the row), then STEP (STEP128_V or STEP64) with LOOKUP. */
+#define TAIL4(STEP, LOOKUP, LOAD, m)                                                           \
+    do {                                                                                       \
+        STEP(LOOKUP, LOAD((m), row[0] + c / 2), t0, l0, h0);                                   \
+        STEP(LOOKUP, LOAD((m), row[1] + c / 2), t1, l1, h1);                                   \
+        STEP(LOOKUP, LOAD((m), row[2] + c / 2), t2, l2, h2);                                   \
+        STEP(LOOKUP, LOAD((m), row[3] + c / 2), t3, l3, h3);                                   \
+    } while (0)
+
 /* acc += the four rows' f16 scales of sub-block s times their exact sums T (sum4_lohi of the
  * lo and hi lanes, less corr[s]): i8_combine's step for four rows */
 #define COMBINE4(acc, l0, h0, l1, h1, l2, h2, l3, h3, s)                                       \
@@ -170,21 +180,15 @@ sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2
                 STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
             }                                                                                  \
             if (c < c1 && cols - c <= 64) { /* the rows' last 64 columns or fewer, in ymm */   \
-                const __mmask32 m_ = (__mmask32)tail_mask64(cols - c); /* n <= 64: low 32 bits */ \
+                const __mmask32 m_ = (__mmask32)tail_mask64(cols - c); /* n <= 64 */           \
                 PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS64(c);                                                                     \
-                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[0] + c / 2), t0, l0, h0);     \
-                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[1] + c / 2), t1, l1, h1);     \
-                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);     \
-                STEP64(LOOKUP64, _mm256_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);     \
+                TAIL4(STEP64, LOOKUP64, _mm256_maskz_loadu_epi8, m_);                          \
             } else if (c < c1) { /* the rows' partial last step: masked loads, zero past it */ \
                 const __mmask64 m_ = tail_mask64(cols - c);                                    \
                 PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS128(c);                                                                    \
-                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[0] + c / 2), t0, l0, h0);    \
-                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[1] + c / 2), t1, l1, h1);    \
-                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[2] + c / 2), t2, l2, h2);    \
-                STEP128_V(LOOKUP, _mm512_maskz_loadu_epi8(m_, row[3] + c / 2), t3, l3, h3);    \
+                TAIL4(STEP128_V, LOOKUP, _mm512_maskz_loadu_epi8, m_);                         \
             }                                                                                  \
             if (s > 0) COMBINE4(acc, p0, q0, p1, q1, p2, q2, p3, q3, s - 1);                   \
             p0 = l0, p1 = l1, p2 = l2, p3 = l3, q0 = h0, q1 = h1, q2 = h2, q3 = h3;            \
