@@ -102,16 +102,6 @@ AVX2_FMA_FN static inline void store_scores(float *dst, __m256 a0, __m256 a1, __
             }                                                                                 \
         }                                                                                     \
     }
-#define LOAD LOAD8_F32
-DEFINE_SCORES(scores1, 1, float)
-DEFINE_SCORES(scores3, 3, float)
-#undef LOAD
-#define LOAD LOAD8_F16
-DEFINE_SCORES(scores1_f16, 1, uint16_t)
-DEFINE_SCORES(scores3_f16, 3, uint16_t)
-#undef LOAD
-#undef DEFINE_SCORES
-#undef SCORE_KEY
 
 /* att[u] = exp(att[u] - max) / sum over u of the same, in place (max skips NaN scores as the
  * scalar loop does; a NaN score gives NaN weights). The last n_keys % 8 scores go through a
@@ -208,14 +198,22 @@ __attribute__((noinline)) AVX2_FMA_FN static void softmax_avx2(float *att, int n
             }                                                                                 \
         }                                                                                     \
     }
+/* The scores and weighted sums for one and three queries, over float32 and over f16 KV rows
+ * (LOAD: how eight elements of a row are read). */
+#define DEFINE_ATTEND_STEPS(T, SFX)                                                           \
+    DEFINE_SCORES(scores1##SFX, 1, T)                                                         \
+    DEFINE_SCORES(scores3##SFX, 3, T)                                                         \
+    DEFINE_WSUM(wsum1##SFX, 1, T)                                                             \
+    DEFINE_WSUM(wsum3##SFX, 3, T)
 #define LOAD LOAD8_F32
-DEFINE_WSUM(wsum1, 1, float)
-DEFINE_WSUM(wsum3, 3, float)
+DEFINE_ATTEND_STEPS(float, )
 #undef LOAD
 #define LOAD LOAD8_F16
-DEFINE_WSUM(wsum1_f16, 1, uint16_t)
-DEFINE_WSUM(wsum3_f16, 3, uint16_t)
+DEFINE_ATTEND_STEPS(uint16_t, _f16)
 #undef LOAD
+#undef DEFINE_ATTEND_STEPS
+#undef DEFINE_SCORES
+#undef SCORE_KEY
 #undef DEFINE_WSUM
 #undef WSUM_VEC
 #undef FMA_NQ
