@@ -482,10 +482,114 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
     if (ni == 2) storen_combined(y[1] + r, acc1, q1->D, n);
 }
 
+/* anyb_rows4_vbmi for one input and b <= 6: each run's combine is issued after the next run's
+ * steps, as in the b = 4 kernel (I8CB_B4_ROWS4_128), so its dependent chain (reduction,
+ * correction, conversion, and at a sub-block's end the multiply-add) does not hold up the steps
+ * behind it. The same operations in the same order per row: the same bits. */
+VBMI512_F16C_FN __attribute__((always_inline)) static inline void
+anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, int cols,
+                     const int b) {
+    uint8_t place_b[64];
+    for (int k = 0; k < 8; k++)
+        for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
+    const __m512i place = _mm512_loadu_si512((const void *)place_b);
+    uint64_t off = 0;
+    for (int j = 0; j < 8; j++) off |= (uint64_t)(j * b) << (8 * j);
+    const __m512i offsets = _mm512_set1_epi64((long long)off);
+    const __mmask64 full_mask = (__mmask64)((1ull << (8 * b)) - 1u);
+    const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
+    int rr[4];
+    const uint8_t *row[4];
+    for (int i = 0; i < 4; i++) {
+        rr[i] = r + (i < n ? i : n - 1);
+        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
+    }
+    const int full = cols & ~63;
+    const size_t ahead = i8_prefetch_ahead(L, row[3]);
+    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    __m256d acc = _mm256_setzero_pd(), T = acc;
+    __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0; /* the pending run */
+    __m512i g0 = p0, g1 = p0, g2 = p0, g3 = p0;
+    uint32_t pcorr = 0;
+    int ps = -1, plast = 0; /* its sub-block (-1: none yet); whether it ends the sub-block */
+#define ANYB_LATE_COMBINE()                                                                    \
+    do {                                                                                       \
+        const __m128i u_ = _mm_sub_epi32(sum4_lohi(p0, g0, p1, g1, p2, g2, p3, g3),             \
+                                         _mm_set1_epi32((int)(128u * pcorr)));                 \
+        T = _mm256_add_pd(T, _mm256_cvtepi32_pd(u_));                                          \
+        if (plast) {                                                                           \
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_rows_pd(L, rr, ps), T));            \
+            T = _mm256_setzero_pd();                                                           \
+        }                                                                                      \
+    } while (0)
+#define ANYB_LATE_STEP(mask, ip, t, lo, hi)                                                    \
+    do {                                                                                       \
+        __m512i w_ = _mm512_permutexvar_epi8(                                                  \
+            _mm512_multishift_epi64_epi8(                                                      \
+                offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))), \
+            (t));                                                                              \
+        lo = _mm512_dpbusd_epi32(lo, w_, an);                                                  \
+        hi = _mm512_dpbusd_epi32(hi, w_, ah);                                                  \
+    } while (0)
+    for (int s = 0; s < L->n_sub; s++) {
+        const __m512i t0 = anyb_table64(L->cent + (size_t)rr[0] * cs + (size_t)s * K, b);
+        const __m512i t1 = anyb_table64(L->cent + (size_t)rr[1] * cs + (size_t)s * K, b);
+        const __m512i t2 = anyb_table64(L->cent + (size_t)rr[2] * cs + (size_t)s * K, b);
+        const __m512i t3 = anyb_table64(L->cent + (size_t)rr[3] * cs + (size_t)s * K, b);
+        int c = s * L->group_size;
+        const int c1 = c + L->group_size < cols ? c + L->group_size : cols;
+        while (c < c1) {
+            const int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
+            const int stop = run < full ? run : full;
+            uint32_t corr = 0;
+            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+                corr += (uint32_t)qa->msum[j];
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            for (; c < stop; c += 64) { /* no calls: everything stays in registers */
+                const size_t o = (size_t)c / 8 * (size_t)b;
+                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
+                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                PREFETCH4(row, ahead + o);
+                ANYB_LATE_STEP(full_mask, row[0] + o, t0, l0, h0);
+                ANYB_LATE_STEP(full_mask, row[1] + o, t1, l1, h1);
+                ANYB_LATE_STEP(full_mask, row[2] + o, t2, l2, h2);
+                ANYB_LATE_STEP(full_mask, row[3] + o, t3, l3, h3);
+            }
+            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
+                const size_t o = (size_t)c / 8 * (size_t)b;
+                const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
+                const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
+                const __mmask64 m = (__mmask64)(~0ull >> (64u - (unsigned)ditto_cb_row_bytes(
+                                                                    (uint64_t)(cols - c),
+                                                                    (uint32_t)b)));
+                ANYB_LATE_STEP(m, row[0] + o, t0, l0, h0);
+                ANYB_LATE_STEP(m, row[1] + o, t1, l1, h1);
+                ANYB_LATE_STEP(m, row[2] + o, t2, l2, h2);
+                ANYB_LATE_STEP(m, row[3] + o, t3, l3, h3);
+                c = run;
+            }
+            if (ps >= 0) ANYB_LATE_COMBINE();
+            p0 = l0, p1 = l1, p2 = l2, p3 = l3, g0 = h0, g1 = h1, g2 = h2, g3 = h3;
+            pcorr = corr, ps = s, plast = c >= c1;
+        }
+    }
+    ANYB_LATE_COMBINE();
+#undef ANYB_LATE_STEP
+#undef ANYB_LATE_COMBINE
+    storen_combined(y + r, acc, qa->D, n);
+}
+
 /* Rows [r0, r1) of a b-bit tensor, G % 64 == 0, qa with the VNNI arrays. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1, int cols,
                const int b) {
+    if (b <= 6) {
+        for (int r = r0; r < r1; r += 4)
+            anyb_rows4_late_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+        return;
+    }
     for (int r = r0; r < r1; r += 4)
         anyb_rows4_vbmi(&y, &qa, 1, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
 }
