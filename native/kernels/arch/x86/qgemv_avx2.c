@@ -235,14 +235,22 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     store4_combined(y + r, acc, qa->D);
 }
 
+/* How far ahead of a stream read front to back (the row tiles, the decoded classifier's tiles)
+ * its lines are prefetched into L2: 8 KiB on AMD CPUs, 2 KiB on others. On the Zen 4 measured
+ * (table avx2), 8 KiB decoded 1.2-1.3x faster than 2 KiB at 1 thread and 1.07-1.10x at 2; on the
+ * Xeon measured, the decoded classifier read 7-13 % slower at 4-8 KiB than at 2 KiB
+ * (docs/KERNELS.md "Decoded classifier", "Row tiles"). */
+static inline size_t stream_prefetch_ahead(void) {
+    return __builtin_cpu_is("amd") ? 8192u : 2048u;
+}
+
 /* Four rows at once from tiled indices (qgemv.h i8_b4_at; i8_tiles_fit: G % 64 == 0, G <= 512,
  * cols % 64 == 0): rows4_avx2's arithmetic, with each 64-column step's index bytes of the four
  * rows one 128-byte run of the tile, so the tensor is read as one sequential stream. The lines
- * TILE_PREFETCH_AHEAD bytes on are prefetched into L2 (docs/KERNELS.md "Row tiles": 482 us
- * against 565-588 without, 8960 x 1536 from DRAM on the Zen 3 measured). */
-#define TILE_PREFETCH_AHEAD 2048
+ * `ahead` bytes on (stream_prefetch_ahead) are prefetched into L2 (docs/KERNELS.md "Row tiles":
+ * 482 us against 565-588 without, 8960 x 1536 from DRAM on the Zen 3 measured, 2 KiB ahead). */
 AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r,
-                                     int cols) {
+                                     int cols, size_t ahead) {
     const uint8_t *w = L->indices + (size_t)r * L->row_bytes; /* the tile, read in order */
     prefetch_tables4(L, r);
     const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -260,8 +268,8 @@ AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layo
             __m256i qe, qo, ae, ao, m;
             acts64_p64(qp, ap, mp, &qe, &qo, &ae, &ao, &m);
             qp += 64, ap += 64, mp += 16;
-            _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD, _MM_HINT_T1);
-            _mm_prefetch((const char *)w + TILE_PREFETCH_AHEAD + 64, _MM_HINT_T1);
+            _mm_prefetch((const char *)w + ahead, _MM_HINT_T1);
+            _mm_prefetch((const char *)w + ahead + 64, _MM_HINT_T1);
             a0 = _mm256_add_epi32(a0, block64(w, tbl[0], qe, qo, ae, ao, m, low4));
             a1 = _mm256_add_epi32(a1, block64(w + 32, tbl[1], qe, qo, ae, ao, m, low4));
             a2 = _mm256_add_epi32(a2, block64(w + 64, tbl[2], qe, qo, ae, ao, m, low4));
@@ -277,7 +285,8 @@ AVX2_FN static void rows4_tiled_avx2(float *y, const QuantActs *qa, const I8Layo
  * chunks, kernels.c row_chunks, cut at multiples of 16, and a tiled tensor has rows % 4 == 0). */
 AVX2_FN void i8cb_b4_tiled_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
                                      int r1, int cols) {
-    for (int r = r0; r < r1; r += I8_TILE_ROWS) rows4_tiled_avx2(y, qa, L, r, cols);
+    const size_t ahead = stream_prefetch_ahead();
+    for (int r = r0; r < r1; r += I8_TILE_ROWS) rows4_tiled_avx2(y, qa, L, r, cols, ahead);
 }
 
 AVX2_FN void i8cb_b4_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
@@ -611,13 +620,14 @@ AVX2_FN void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
  * move to int64 every 128 chunks, as in the lookup kernels, and each row's sub-block sums are
  * combined by combine_f16c: the same bits. r0 is a multiple of DEC8_TILE (the threads' chunks
  * start on multiples of 16); the zero rows that pad the last tile are summed and dropped.
- * The two lines 2 KiB ahead of each step's 128 bytes are prefetched into L2: from DRAM the
- * hardware prefetchers alone fed this loop at 77 % of a STREAM read, these prefetches at 86 %
- * (docs/KERNELS.md "Decoded classifier"). A prefetch past the tensor's end is harmless (no
- * fault, nothing read into registers). */
-#define DEC8_PREFETCH_AHEAD 2048
+ * The two lines stream_prefetch_ahead() bytes ahead of each step's 128 bytes are prefetched
+ * into L2: from DRAM the hardware prefetchers alone fed this loop at 77 % of a STREAM read,
+ * these prefetches at 86 % (2 KiB ahead on the Xeon measured; docs/KERNELS.md "Decoded
+ * classifier"). A prefetch past the tensor's end is harmless (no fault, nothing read into
+ * registers). */
 AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                                int cols) {
+    const size_t ahead = stream_prefetch_ahead();
     const size_t stride = dec8_stride(cols);
     int64_t T[DEC8_TILE][L->n_sub];
     for (int r = r0; r < r1; r += DEC8_TILE) {
@@ -635,8 +645,8 @@ AVX2_FN void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L,
                     __m256i aq = _mm256_abs_epi8(q);
                     __m256i m = _mm256_set1_epi16(qa->m16[c / 32]);
                     const int8_t *w = tile + (size_t)c * DEC8_TILE; /* chunk c / 32 */
-                    _mm_prefetch((const char *)w + DEC8_PREFETCH_AHEAD, _MM_HINT_T1);
-                    _mm_prefetch((const char *)w + DEC8_PREFETCH_AHEAD + 64, _MM_HINT_T1);
+                    _mm_prefetch((const char *)w + ahead, _MM_HINT_T1);
+                    _mm_prefetch((const char *)w + ahead + 64, _MM_HINT_T1);
 #define DEC8_DOT(i, acc)                                                                       \
     acc = _mm256_add_epi32(                                                                    \
         acc, _mm256_madd_epi16(                                                                \
