@@ -237,7 +237,7 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
 
 /* How far ahead of a stream read front to back (the row tiles, the decoded classifier's tiles)
  * its lines are prefetched into L2: 8 KiB on AMD CPUs, 2 KiB on others. On the Zen 4 measured
- * (table avx2), 8 KiB decoded 1.2-1.3x faster than 2 KiB at 1 thread and 1.07-1.10x at 2; on the
+ * (table avx2), 8 KiB decoded ~1.2x faster than 2 KiB at 1 thread and ~1.08x at 2; on the
  * Xeon measured, the decoded classifier read 7-13 % slower at 4-8 KiB than at 2 KiB
  * (docs/KERNELS.md "Decoded classifier", "Row tiles"). */
 static inline size_t stream_prefetch_ahead(void) {
