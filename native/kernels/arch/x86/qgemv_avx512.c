@@ -373,6 +373,35 @@ anyb_lookup(__m512i idx, const __m512i *t, const int b) {
     return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
 }
 
+/* vpermb's control putting index group k (b bytes from byte k b) into qword k, and
+ * vpmultishiftqb's bit offsets 0, b, ..., 7b of the eight indices of a group. */
+VBMI512_F16C_FN static inline __m512i anyb_place(const int b) {
+    uint8_t place_b[64];
+    for (int k = 0; k < 8; k++) /* qword k <- bytes kb .. kb + 7 (group k and what follows) */
+        for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
+    return _mm512_loadu_si512((const void *)place_b);
+}
+VBMI512_F16C_FN static inline __m512i anyb_offsets(const int b) {
+    uint64_t off = 0;
+    for (int j = 0; j < 8; j++) off |= (uint64_t)(j * b) << (8 * j);
+    return _mm512_set1_epi64((long long)off);
+}
+
+/* The four rows r .. r + 3 a kernel reads for rows r .. r + n - 1 (a last group of fewer
+ * repeats its last row): their numbers rr and index rows; the centroids of the rows 8 on are
+ * prefetched into L2. Returns the in-loop prefetch distance (i8_prefetch_ahead). */
+static inline size_t anyb_rows4_start(const I8Layout *L, int r, int n, int b, int rr[4],
+                                      const uint8_t *row[4]) {
+    for (int i = 0; i < 4; i++) {
+        rr[i] = r + (i < n ? i : n - 1);
+        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
+    }
+    const size_t cs = (size_t)L->n_sub << b;
+    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
+                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
+    return i8_prefetch_ahead(L, row[3]);
+}
+
 /* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor for ni (1 or 2) inputs: y[i][r ..] from
  * qa[i]. Each 64-column step decodes a row's weights once and multiplies them by every input,
  * so two inputs cost two vpdpbusd pairs per decode instead of one (the few-input GEMM below);
@@ -382,26 +411,14 @@ anyb_lookup(__m512i idx, const __m512i *t, const int b) {
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const I8Layout *L,
                 int r, int n, int cols, const int b) {
-    uint8_t place_b[64];
-    for (int k = 0; k < 8; k++) /* qword k <- bytes kb .. kb + 7 (group k and what follows) */
-        for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
-    const __m512i place = _mm512_loadu_si512((const void *)place_b);
-    uint64_t off = 0;
-    for (int j = 0; j < 8; j++) off |= (uint64_t)(j * b) << (8 * j);
-    const __m512i offsets = _mm512_set1_epi64((long long)off);
+    const __m512i place = anyb_place(b), offsets = anyb_offsets(b);
     const __mmask64 full_mask = (__mmask64)(b == 8 ? ~0ull : (1ull << (8 * b)) - 1u);
     const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
     const QuantActs *q0 = qa[0], *q1 = qa[ni - 1];
     int rr[4];
     const uint8_t *row[4];
-    for (int i = 0; i < 4; i++) {
-        rr[i] = r + (i < n ? i : n - 1);
-        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
-    }
+    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row);
     const int full = cols & ~63;
-    const size_t ahead = i8_prefetch_ahead(L, row[3]);
-    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
-                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
     __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0;
     for (int s = 0; s < L->n_sub; s++) {
         __m512i t0[4], t1[4], t2[4], t3[4];
@@ -489,25 +506,13 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, int cols,
                      const int b) {
-    uint8_t place_b[64];
-    for (int k = 0; k < 8; k++)
-        for (int j = 0; j < 8; j++) place_b[8 * k + j] = (uint8_t)(k * b + j);
-    const __m512i place = _mm512_loadu_si512((const void *)place_b);
-    uint64_t off = 0;
-    for (int j = 0; j < 8; j++) off |= (uint64_t)(j * b) << (8 * j);
-    const __m512i offsets = _mm512_set1_epi64((long long)off);
+    const __m512i place = anyb_place(b), offsets = anyb_offsets(b);
     const __mmask64 full_mask = (__mmask64)((1ull << (8 * b)) - 1u);
     const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
     int rr[4];
     const uint8_t *row[4];
-    for (int i = 0; i < 4; i++) {
-        rr[i] = r + (i < n ? i : n - 1);
-        row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
-    }
+    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row);
     const int full = cols & ~63;
-    const size_t ahead = i8_prefetch_ahead(L, row[3]);
-    prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
-                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
     __m256d acc = _mm256_setzero_pd(), T = acc;
     __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0; /* the pending run */
     __m512i g0 = p0, g1 = p0, g2 = p0, g3 = p0;
