@@ -227,6 +227,15 @@ VBMI512_F16C_FN static inline __m512i b6_idx64(__m512i v, __m512i place, __m512i
     return _mm512_multishift_epi64_epi8(offsets, _mm512_permutexvar_epi8(place, v));
 }
 
+/* The VNNI correction of the columns [c, run) (QA_BLOCK-aligned c): the sum of qa->msum over
+ * their activation blocks, wrapping as the int32 lanes it is subtracted from. */
+static inline uint32_t run_corr(const QuantActs *qa, int c, int run) {
+    uint32_t corr = 0;
+    for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
+        corr += (uint32_t)qa->msum[j];
+    return corr;
+}
+
 #define B6_STEP(ip, tbl, lo, hi) B6_STEP_M(B6_LOAD_MASK, ip, tbl, lo, hi)
 
 /* The same reading only the index bytes in mask (the others zero). */
@@ -270,9 +279,7 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
         for (int c = c0; c < c1;) {
             int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
             int stop = run < full ? run : full;
-            uint32_t corr = 0;
-            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
-                corr += (uint32_t)qa->msum[j];
+            const uint32_t corr = run_corr(qa, c, run);
             __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
@@ -432,11 +439,8 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
         for (int c = c0; c < c1;) {
             int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
             int stop = run < full ? run : full;
-            uint32_t corr0 = 0, corr1 = 0;
-            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++) {
-                corr0 += (uint32_t)q0->msum[j];
-                if (ni == 2) corr1 += (uint32_t)q1->msum[j];
-            }
+            const uint32_t corr0 = run_corr(q0, c, run);
+            const uint32_t corr1 = ni == 2 ? run_corr(q1, c, run) : 0;
             __m512i l00 = _mm512_setzero_si512(), l01 = l00, l02 = l00, l03 = l00;
             __m512i h00 = l00, h01 = l00, h02 = l00, h03 = l00;
             __m512i l10 = l00, l11 = l00, l12 = l00, l13 = l00;
@@ -547,9 +551,7 @@ anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, in
         while (c < c1) {
             const int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
             const int stop = run < full ? run : full;
-            uint32_t corr = 0;
-            for (int j = c / QA_BLOCK; j < (run + QA_BLOCK - 1) / QA_BLOCK; j++)
-                corr += (uint32_t)qa->msum[j];
+            const uint32_t corr = run_corr(qa, c, run);
             __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
