@@ -222,9 +222,16 @@ void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0,
 
 #define B6_LOAD_MASK ((__mmask64)0x0000ffffffffffffull) /* the 48 index bytes of 64 columns */
 
-/* 64 b = 6 indices (the 48 bytes of v) as bytes, index in bits 0..5 */
-VBMI512_F16C_FN static inline __m512i b6_idx64(__m512i v, __m512i place, __m512i offsets) {
+/* 64 b-bit indices (the 8b bytes of v) as bytes, index j of group k in bits 0..b-1 of byte
+ * 8k + j: place puts group k into qword k, offsets (0, b, ..., 7b) pick its eight indices. */
+VBMI512_F16C_FN static inline __m512i idx64_groups(__m512i v, __m512i place, __m512i offsets) {
     return _mm512_multishift_epi64_epi8(offsets, _mm512_permutexvar_epi8(place, v));
+}
+
+/* The load mask of a row's last step: its index bytes for the n < 64 columns left at b bits
+ * (zero past the row). */
+static inline __mmask64 tail_mask_bits(int n, int b) {
+    return (__mmask64)(~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)n, (uint32_t)b)));
 }
 
 /* The VNNI correction of the columns [c, run) (QA_BLOCK-aligned c): the sum of qa->msum over
@@ -242,7 +249,7 @@ static inline uint32_t run_corr(const QuantActs *qa, int c, int run) {
 #define B6_STEP_M(mask, ip, tbl, lo, hi)                                                       \
     do {                                                                                       \
         __m512i w_ = _mm512_permutexvar_epi8(                                                  \
-            b6_idx64(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (tbl));           \
+            idx64_groups(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (tbl));       \
         lo = _mm512_dpbusd_epi32(lo, w_, _mm512_loadu_si512((const void *)(qa->nl + c)));     \
         hi = _mm512_dpbusd_epi32(hi, w_, _mm512_loadu_si512((const void *)(qa->nh + c)));     \
     } while (0)
@@ -292,8 +299,7 @@ VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I
             }
             if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
                 const size_t off = (size_t)c / 64 * 48;
-                const __mmask64 m = (__mmask64)(
-                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c), 6u)));
+                const __mmask64 m = tail_mask_bits(cols - c, 6);
                 B6_STEP_M(m, row[0] + off, t0, l0, h0);
                 B6_STEP_M(m, row[1] + off, t1, l1, h1);
                 B6_STEP_M(m, row[2] + off, t2, l2, h2);
@@ -448,9 +454,7 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
 #define ANYB_STEP(mask, ip, t, k)                                                                  \
     do {                                                                                           \
         __m512i w_ = anyb_lookup(                                                                  \
-            _mm512_multishift_epi64_epi8(                                                          \
-                offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))),   \
-            (t), b);                                                                               \
+            idx64_groups(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (t), b);          \
         l0##k = _mm512_dpbusd_epi32(l0##k, w_, an0);                                               \
         h0##k = _mm512_dpbusd_epi32(h0##k, w_, ah0);                                               \
         if (ni == 2) {                                                                             \
@@ -475,9 +479,7 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
             if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
                 const size_t o = (size_t)c / 8 * (size_t)b;
                 ANYB_ACTS(c);
-                const __mmask64 m = (__mmask64)(
-                    ~0ull >> (64u - (unsigned)ditto_cb_row_bytes((uint64_t)(cols - c),
-                                                                 (uint32_t)b)));
+                const __mmask64 m = tail_mask_bits(cols - c, b);
                 ANYB_STEP(m, row[0] + o, t0, 0);
                 ANYB_STEP(m, row[1] + o, t1, 1);
                 ANYB_STEP(m, row[2] + o, t2, 2);
@@ -535,9 +537,7 @@ anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, in
 #define ANYB_LATE_STEP(mask, ip, t, lo, hi)                                                    \
     do {                                                                                       \
         __m512i w_ = _mm512_permutexvar_epi8(                                                  \
-            _mm512_multishift_epi64_epi8(                                                      \
-                offsets, _mm512_permutexvar_epi8(place, _mm512_maskz_loadu_epi8((mask), (ip)))), \
-            (t));                                                                              \
+            idx64_groups(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (t));         \
         lo = _mm512_dpbusd_epi32(lo, w_, an);                                                  \
         hi = _mm512_dpbusd_epi32(hi, w_, ah);                                                  \
     } while (0)
@@ -568,9 +568,7 @@ anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, in
                 const size_t o = (size_t)c / 8 * (size_t)b;
                 const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
                 const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
-                const __mmask64 m = (__mmask64)(~0ull >> (64u - (unsigned)ditto_cb_row_bytes(
-                                                                    (uint64_t)(cols - c),
-                                                                    (uint32_t)b)));
+                const __mmask64 m = tail_mask_bits(cols - c, b);
                 ANYB_LATE_STEP(m, row[0] + o, t0, l0, h0);
                 ANYB_LATE_STEP(m, row[1] + o, t1, l1, h1);
                 ANYB_LATE_STEP(m, row[2] + o, t2, l2, h2);
