@@ -207,20 +207,20 @@ I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB, LOO
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB, LOOKUP64_PSHUFB,
                   i8cb_b4_rows_avx2)
 
-/* ---- b = 6, AVX-512 VBMI: 64 columns per step (natural column order) ----
- * 64 indices are 48 bytes (eight groups of 6 bytes, FORMAT.md). One vpermb puts group k into
- * qword k, one vpmultishiftqb takes the 8 bits at offsets 0, 6, ..., 42 of each qword (index
- * j of the group in bits 0..5 of byte j), and one vpermb looks the indices up in the
- * sub-block's 64 centroids (one zmm, stored as w + 128; vpermb reads bits 0..5 only). Two
- * vpdpbusd multiply them by the signed bytes nl, nh of m * q (qgemv.h) as in the b = 4 kernel
- * above. Four rows at a time; a sub-block is summed in runs of at most 512 columns, each run's
- * int32 sum exact (|run| < 2^31) and added in double (exact: integers below 2^53). G % 64 != 0,
- * inputs without the VNNI arrays and the last rows mod 4 go to the AVX2 b = 6 kernel. */
-
-void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
-                       int cols);
-
-#define B6_LOAD_MASK ((__mmask64)0x0000ffffffffffffull) /* the 48 index bytes of 64 columns */
+/* ---- any b in 1..8, AVX-512 VBMI: 64 columns per step (natural column order) ----
+ * 64 indices are 8b bytes (eight groups of b bytes, FORMAT.md); one vpermb puts group k into
+ * qword k, one vpmultishiftqb takes the 8 bits at offsets 0, b, ..., 7b of each qword (index j
+ * of the group in bits 0..b-1 of byte j, the next index's bits above it), and the lookup
+ * ignores those upper bits: for b <= 6 one vpermb on the sub-block's 2^b centroids repeated
+ * through the 64 table bytes (vpermb reads bits 0..5, and every copy holds the same
+ * centroids), for b = 7 one vpermi2b on the 128 centroids in two zmm (bits 0..6), for b = 8
+ * two vpermi2b joined on bit 7. Then two vpdpbusd multiply the unsigned bytes w + 128 by the
+ * signed bytes nl, nh of m * q (qgemv.h), as in the b = 4 kernel above. A sub-block is summed
+ * in runs of at most 512 columns, each run's int32 sum exact (|run| < 2^31) and added in
+ * double (exact: integers below 2^53). Four rows at a time; a last group of fewer rows
+ * repeats its last row (its sums are computed and dropped), so every row of the call takes
+ * this path. Needs G % 64 == 0 and the VNNI arrays (the callers check; else the AVX2 kernel
+ * of the bit width). The b = 6 slot of the table is this kernel at b = 6. */
 
 /* 64 b-bit indices (the 8b bytes of v) as bytes, index j of group k in bits 0..b-1 of byte
  * 8k + j: place puts group k into qword k, offsets (0, b, ..., 7b) pick its eight indices. */
@@ -242,91 +242,6 @@ static inline uint32_t run_corr(const QuantActs *qa, int c, int run) {
         corr += (uint32_t)qa->msum[j];
     return corr;
 }
-
-#define B6_STEP(ip, tbl, lo, hi) B6_STEP_M(B6_LOAD_MASK, ip, tbl, lo, hi)
-
-/* The same reading only the index bytes in mask (the others zero). */
-#define B6_STEP_M(mask, ip, tbl, lo, hi)                                                       \
-    do {                                                                                       \
-        __m512i w_ = _mm512_permutexvar_epi8(                                                  \
-            idx64_groups(_mm512_maskz_loadu_epi8((mask), (ip)), place, offsets), (tbl));       \
-        lo = _mm512_dpbusd_epi32(lo, w_, _mm512_loadu_si512((const void *)(qa->nl + c)));     \
-        hi = _mm512_dpbusd_epi32(hi, w_, _mm512_loadu_si512((const void *)(qa->nh + c)));     \
-    } while (0)
-
-VBMI512_F16C_FN static void b6_rows4_vbmi(float *y, const QuantActs *qa, const I8Layout *L,
-                                          int r, int cols) {
-    static const uint8_t PLACE[64] = {
-        0,  1,  2,  3,  4,  5,  5,  5,  6,  7,  8,  9,  10, 11, 11, 11,
-        12, 13, 14, 15, 16, 17, 17, 17, 18, 19, 20, 21, 22, 23, 23, 23,
-        24, 25, 26, 27, 28, 29, 29, 29, 30, 31, 32, 33, 34, 35, 35, 35,
-        36, 37, 38, 39, 40, 41, 41, 41, 42, 43, 44, 45, 46, 47, 47, 47};
-    const __m512i place = _mm512_loadu_si512((const void *)PLACE);
-    const __m512i offsets = _mm512_set1_epi64(0x2a241e18120c0600ll); /* 0, 6, ..., 42 */
-    const __m512i flip = _mm512_set1_epi8(-128);
-    const uint8_t *row[4];
-    for (int i = 0; i < 4; i++) row[i] = L->indices + (size_t)(r + i) * L->row_bytes;
-    const int full = cols & ~63;
-    const size_t ahead = i8_prefetch_ahead(L, row[3]);
-    prefetch_bytes(L->cent, (size_t)(r + 8) * (size_t)L->n_sub * 64u, 4 * (size_t)L->n_sub * 64u,
-                   (size_t)((const int8_t *)(const void *)L->scale - L->cent));
-    __m256d acc = _mm256_setzero_pd();
-    for (int s = 0; s < L->n_sub; s++) {
-        const int8_t *cb = L->cent + ((size_t)r * (size_t)L->n_sub + (size_t)s) * 64u;
-        const size_t cs = (size_t)L->n_sub * 64u;
-        const __m512i t0 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)cb));
-        const __m512i t1 = _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + cs)));
-        const __m512i t2 =
-            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 2 * cs)));
-        const __m512i t3 =
-            _mm512_xor_si512(flip, _mm512_loadu_si512((const void *)(cb + 3 * cs)));
-        int c0 = s * L->group_size;
-        int c1 = c0 + L->group_size < cols ? c0 + L->group_size : cols;
-        __m256d T = _mm256_setzero_pd();
-        for (int c = c0; c < c1;) {
-            int run = c + 512 < c1 ? c + 512 : c1; /* |sum of the run| < 2^31 */
-            int stop = run < full ? run : full;
-            const uint32_t corr = run_corr(qa, c, run);
-            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
-            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-            for (; c < stop; c += 64) { /* no calls: everything stays in registers */
-                const size_t off = (size_t)c / 64 * 48;
-                PREFETCH4(row, ahead + off);
-                B6_STEP(row[0] + off, t0, l0, h0);
-                B6_STEP(row[1] + off, t1, l1, h1);
-                B6_STEP(row[2] + off, t2, l2, h2);
-                B6_STEP(row[3] + off, t3, l3, h3);
-            }
-            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
-                const size_t off = (size_t)c / 64 * 48;
-                const __mmask64 m = tail_mask_bits(cols - c, 6);
-                B6_STEP_M(m, row[0] + off, t0, l0, h0);
-                B6_STEP_M(m, row[1] + off, t1, l1, h1);
-                B6_STEP_M(m, row[2] + off, t2, l2, h2);
-                B6_STEP_M(m, row[3] + off, t3, l3, h3);
-                c = run;
-            }
-            __m128i t = _mm_sub_epi32(sum4_lohi(l0, h0, l1, h1, l2, h2, l3, h3),
-                                      _mm_set1_epi32((int)(128u * corr)));
-            T = _mm256_add_pd(T, _mm256_cvtepi32_pd(t));
-        }
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(scales4_pd(L, r, s), T));
-    }
-    store4_combined(y + r, acc, qa->D);
-}
-
-/* ---- any b in 1..8, AVX-512 VBMI: 64 columns per step (natural column order) ----
- * The b = 6 kernel above for every b: 64 indices are 8b bytes (eight groups of b bytes); one
- * vpermb puts group k into qword k, one vpmultishiftqb takes the 8 bits at offsets 0, b, ...,
- * 7b of each qword (index j of the group in bits 0..b-1 of byte j, the next index's bits
- * above it), and the lookup ignores those upper bits: for b <= 6 one vpermb on the sub-block's
- * 2^b centroids repeated through the 64 table bytes (vpermb reads bits 0..5, and every copy
- * holds the same centroids), for b = 7 one vpermi2b on the 128 centroids in two zmm (bits
- * 0..6), for b = 8 two vpermi2b joined on bit 7. Then two vpdpbusd on the unsigned bytes
- * w + 128 and the signed bytes nl, nh of m * q, sums in runs of at most 512 columns as for
- * b = 6. Four rows at a time; a last group of fewer rows repeats its last row (its sums are
- * computed and dropped), so every row of the call takes this path. Needs G % 64 == 0 and the
- * VNNI arrays (the caller checks). */
 
 /* The 64 table bytes (as w + 128) of centroids cb[0 .. 2^b) for b <= 6, the 2^b centroids
  * repeated. */
@@ -622,6 +537,8 @@ anyb_gemm_few_vbmi(float *Y, const QuantActs *qa, int T, const I8Layout *L, int 
 }
 
 /* The AVX2 kernel of each bit width: where G % 64 != 0 or the input has no VNNI arrays. */
+void i8cb_b6_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
+                       int cols);
 void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
 void i8cb_rows_avx2_any(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
@@ -656,10 +573,8 @@ VBMI512_F16C_FN void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, con
 
 VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,
                                              int r0, int r1, int cols) {
-    int r = r0;
-    if (L->group_size % 64 == 0 && qa->has_vnni)
-        for (; r + 4 <= r1; r += 4) b6_rows4_vbmi(y, qa, L, r, cols);
-    if (r < r1) i8cb_b6_rows_avx2(y, qa, L, r, r1, cols);
+    if (L->group_size % 64 == 0 && qa->has_vnni) anyb_rows_vbmi(y, qa, L, r0, r1, cols, 6);
+    else i8cb_b6_rows_avx2(y, qa, L, r0, r1, cols);
 }
 
 void i8cb_gemm_avx512vnni(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
