@@ -157,6 +157,9 @@ def test_speed_limited_hand_checked():
     assert bits(plan) == {"a": 5, "b": 5} and mu == 0.0
     plan, mu = A.speed_limited(opts, 300, 250.0)
     assert bits(plan) == {"a": 5, "b": 4} and mu > 0
+    # the plan holds the candidates given, with their measured errors (not error + mu * time)
+    assert plan["a"] is opts["a"][1] and plan["b"] is opts["b"][0]
+    assert (plan["a"].error, plan["b"].error) == (2.0, 10.0)
     plan, mu = A.speed_limited(opts, 300, 200.0)
     assert bits(plan) == {"a": 4, "b": 4}
 
@@ -212,6 +215,25 @@ def test_speed_aware_allocation_holds_the_time_budget():
                     for n, c in run[None]["tensors"].items())
         assert plain > default * (1 + A.SPEED_SLACK)  # so the budget did bind
     assert "speed" not in run[None]
+    for t in ("avx2", "avx512vbmi"):
+        assert run[t]["speed"]["time_budget_met"] is True
+        for n, c in run[t]["tensors"].items():  # the measured error of the chosen candidate
+            measured = [m for m in run[t]["candidates"][n]
+                        if (m["bits"], m["group_size"]) == (c["bits"], c["group_size"])]
+            assert [m["error"] for m in measured] == [c["error"]]
+            assert c["error"] < 0.1
+
+    # a byte budget only b = 3 meets: no plan is modelled as fast as the default (avx2: b = 3
+    # costs 3.9x), so the fastest one is taken, recorded as such, and the build warns
+    small = int(base * 0.85)
+    with pytest.warns(UserWarning, match=r"no plan within the size budget is modelled as fast "
+                                         r"as the default layouts on kernel table avx2: the "
+                                         r"fastest found is \d+\.\d % slower"):
+        rec = A.allocate(ck, plan, reasons, small, "int8", quantize, lambda n, c: None,
+                         ["token_embd.weight"], speed_table="avx2")[1]
+    sp = rec["speed"]
+    assert sp["time_budget_met"] is False and sp["planned_time"] > sp["time_budget"]
+    assert rec["planned_bytes"] <= small
 
 
 def test_speed_aware_allocation_gives_the_untied_embedding_no_time():

@@ -27,6 +27,7 @@ every layout runs through one loop).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, Sequence
 
 import attrs
@@ -214,13 +215,17 @@ def speed_limited(options: dict[str, Sequence[Choice]], budget: int, time_budget
     """``greedy(options, budget)`` with the summed ``time`` of the plan also at most
     ``time_budget``: the greedy on errors ``error + mu * time / time_budget`` for the smallest
     ``mu`` (bisection over ``iters`` steps once a feasible one is found by doubling) whose
-    plan meets it. Returns (plan, mu); when no ``mu`` up to 2^40 meets it, the plan of the
-    largest (the fastest the greedy finds within the byte budget)."""
+    plan meets it. Returns (plan, mu), the plan's candidates those of ``options`` (their
+    measured errors); when no ``mu`` up to 2^40 meets it, the plan of the largest (the
+    fastest the greedy finds within the byte budget)."""
     def plan(mu):
         if mu == 0:
             return greedy(options, budget)
-        return greedy({n: [attrs.evolve(c, error=c.error + mu * c.time / time_budget)
-                           for c in ch] for n, ch in options.items()}, budget)
+        scored = {n: [attrs.evolve(c, error=c.error + mu * c.time / time_budget) for c in ch]
+                  for n, ch in options.items()}
+        original = {id(e): c for n in options for e, c in zip(scored[n], options[n])}
+        # the chosen candidates as given (their measured errors, not the priced ones)
+        return {n: original[id(c)] for n, c in greedy(scored, budget).items()}
 
     def t(p):
         return sum(c.time for c in p.values())
@@ -258,9 +263,11 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
     ``importance(name, cols)`` → the tensor's k-means weights or None. Returns (new plan,
     allocation record: ``budget_bytes``, ``planned_bytes``, per tensor ``{bits, group_size,
     error, bytes}``, the candidates measured, and with a speed table ``speed`` {table,
-    default_time, time_budget, planned_time, mu}: modelled GEMV times in weights x relative
-    cost). ``speed_table``: a kernel table name; the plan's modelled GEMV time on it is held
-    to ``1 + SPEED_SLACK`` times the default plan's (``speed_limited``; int8 codebooks only).
+    default_time, time_budget, planned_time, mu, time_budget_met}: modelled GEMV times in
+    weights x relative cost). ``speed_table``: a kernel table name; the plan's modelled GEMV
+    time on it is held to ``1 + SPEED_SLACK`` times the default plan's (``speed_limited``;
+    int8 codebooks only); when no plan within the byte budget meets that, the fastest found
+    is taken, ``time_budget_met`` is False and a warning says how much slower it is modelled.
     Raises DittoError when the budget cannot hold the smallest candidates plus the fixed
     tensors."""
     free = [n for n, (enc, _) in plan.items() if enc == "codebook"
@@ -313,8 +320,16 @@ def allocate(checkpoint, plan: dict, reasons: dict, budget: int, codebook_type: 
             default_time += tensor_time(kt, n, cls, rows, cols, b, g)
         limit = default_time * (1 + SPEED_SLACK)
         chosen, mu = speed_limited(options, budget - fixed, limit)
+        planned_time = sum(c.time for c in chosen.values())
         speed = {"table": kt.name, "default_time": default_time, "time_budget": limit,
-                 "planned_time": sum(c.time for c in chosen.values()), "mu": mu}
+                 "planned_time": planned_time, "mu": mu,
+                 "time_budget_met": planned_time <= limit}
+        if planned_time > limit:
+            warnings.warn(
+                f"ditto: no plan within the size budget is modelled as fast as the default "
+                f"layouts on kernel table {kt.name}: the fastest found is "
+                f"{100 * (planned_time / default_time - 1):.1f} % slower "
+                f"(--speed-aware off plans for the size budget alone)", stacklevel=2)
     new = {n: ("codebook", (chosen[n].bits, chosen[n].group_size, codebook_type))
            if n in chosen else p for n, p in plan.items()}
     planned = file_bytes(checkpoint.config, checkpoint.tokenizer, checkpoint.shapes, new)
