@@ -4,6 +4,7 @@ and a grid of group sizes and row lengths, picks the table the runtime picks on 
 `ditto inspect --json` reports each tensor's path and the file's layouts."""
 
 import ctypes
+import re
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ditto_core.base.errors import DittoError
 from ditto_core.model import kernel_paths as KP
 from ditto_core.cli.main import cli
 from ditto_core.model.modelfile import TensorInfo, expected_shapes, write_model
@@ -71,9 +73,22 @@ def test_python_paths_equal_the_c_rule(clib):
 def test_active_table_is_the_runtimes_choice(clib):
     assert KP.active_table().name == clib.kernel_active_name().decode()
     flags = KP.cpu_flags()
-    for t in KP.tables():  # DITTO_KERNEL forces a table this CPU runs, else the default
-        want = t.name if t.features <= flags else KP.active_table(env={}).name
-        assert KP.active_table(env={"DITTO_KERNEL": t.name}).name == want
+    names = ", ".join(t.name for t in KP.tables())
+    for t in KP.tables():  # DITTO_KERNEL forces a table this CPU runs; ditto-run refuses others
+        if t.features <= flags:
+            assert KP.active_table(env={"DITTO_KERNEL": t.name}).name == t.name
+        else:
+            with pytest.raises(DittoError, match=re.escape(
+                    f"DITTO_KERNEL: kernel '{t.name}' needs CPU features this CPU lacks: "
+                    f"{', '.join(sorted(t.features - flags))}")):
+                KP.active_table(env={"DITTO_KERNEL": t.name})
+    with pytest.raises(DittoError, match=re.escape(
+            f"DITTO_KERNEL: unknown kernel 'sse9' (this program has: {names})")):
+        KP.active_table(env={"DITTO_KERNEL": "sse9"})
+    no_avx2 = frozenset({"fma"})
+    with pytest.raises(DittoError, match=r"kernel 'avx2' needs CPU features this CPU lacks: "
+                                         r"avx2, bmi2, f16c$"):
+        KP.active_table(no_avx2, env={"DITTO_KERNEL": "avx2"}, machine="x86_64")
     assert KP.active_table(frozenset(), env={}).name == "generic"
     assert KP.cpu_flags("processor : 0\nflags : avx2 fma\n") == {"avx2", "fma"}
 
@@ -115,6 +130,15 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     p = subprocess.run(["ditto", "inspect", "--json", str(out)], capture_output=True, text=True,
                        env=env, check=True)
     assert json.loads(p.stdout)["kernel_table"] == KP.active_table(env={}).name
+    # a DITTO_KERNEL ditto-run would refuse: inspect refuses it too (its default column is
+    # the runtime's choice), and --kernel, which names the table itself, still works
+    p = subprocess.run(["ditto", "inspect", str(out)], capture_output=True, text=True,
+                       env={**env, "DITTO_KERNEL": "sse9"})
+    assert p.returncode == 1 and p.stdout == ""
+    assert "DITTO_KERNEL: unknown kernel 'sse9' (this program has: avx512vbmi" in p.stderr
+    r = CliRunner().invoke(cli, ["inspect", "--json", "--kernel", "avx2", str(out)],
+                           env={"DITTO_KERNEL": "sse9"})
+    assert r.exit_code == 0 and json.loads(r.output)["kernel_table"] == "avx2"
 
 
 def test_build_refuses_unknown_speed_table_before_work(tmp_path, monkeypatch):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import attrs
 
+from ditto_core.base.errors import DittoError
+
 
 @attrs.frozen
 class Table:
@@ -96,16 +98,23 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset:
 
 def active_table(flags: frozenset | None = None, env: dict | None = None,
                  machine: str | None = None) -> Table:
-    """The table the runtime chooses (kernels_select): ``DITTO_KERNEL`` when it names a table
-    this CPU runs, else the best one whose features are all in ``flags`` (this CPU's by
-    default)."""
+    """The table the runtime chooses (kernels_select): the one ``DITTO_KERNEL`` names, else
+    the best one whose features are all in ``flags`` (this CPU's by default). Raises
+    DittoError, as ditto-run refuses to start, when ``DITTO_KERNEL`` names no table of this
+    machine or one whose features the CPU lacks."""
     flags = cpu_flags() if flags is None else flags
     env = os.environ if env is None else env
     ts = tables(machine)
     forced = env.get("DITTO_KERNEL") or ""
-    for t in ts:
-        if t.name == forced and t.features <= flags:
-            return t
+    if forced:
+        t = next((t for t in ts if t.name == forced), None)
+        if t is None:
+            raise DittoError(f"DITTO_KERNEL: unknown kernel '{forced}' (this program has: "
+                             f"{', '.join(t.name for t in ts)})")
+        if not t.features <= flags:
+            raise DittoError(f"DITTO_KERNEL: kernel '{forced}' needs CPU features this CPU "
+                             f"lacks: {', '.join(sorted(t.features - flags))}")
+        return t
     return next(t for t in ts if t.features <= flags)
 
 

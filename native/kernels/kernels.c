@@ -136,6 +136,47 @@ const KernelTable *kernel_tables(int *n) {
     return TABLES;
 }
 
+/* Whether this CPU has feature f, spelled as in /proc/cpuinfo (a table's `features`). */
+static int cpu_has(const char *f) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!strcmp(f, "avx2")) return __builtin_cpu_supports("avx2");
+    if (!strcmp(f, "fma")) return __builtin_cpu_supports("fma");
+    if (!strcmp(f, "f16c")) return __builtin_cpu_supports("f16c");
+    if (!strcmp(f, "bmi2")) return __builtin_cpu_supports("bmi2");
+    if (!strcmp(f, "avx_vnni")) return __builtin_cpu_supports("avxvnni");
+    if (!strcmp(f, "avx512f")) return __builtin_cpu_supports("avx512f");
+    if (!strcmp(f, "avx512bw")) return __builtin_cpu_supports("avx512bw");
+    if (!strcmp(f, "avx512vl")) return __builtin_cpu_supports("avx512vl");
+    if (!strcmp(f, "avx512_vnni")) return __builtin_cpu_supports("avx512vnni");
+    if (!strcmp(f, "avx512vbmi")) return __builtin_cpu_supports("avx512vbmi");
+#elif defined(__aarch64__)
+    if (!strcmp(f, "asimddp")) return has_neon_dotprod();
+#else
+    (void)f;
+#endif
+    return 0;
+}
+
+/* The space-separated features of `features` this CPU lacks, comma-separated, into out. */
+static void missing_features(const char *features, char *out, size_t n) {
+    char f[32];
+    out[0] = '\0';
+    for (const char *p = features; *p;) {
+        size_t len = strcspn(p, " ");
+        if (len > 0 && len < sizeof f) {
+            memcpy(f, p, len);
+            f[len] = '\0';
+            if (!cpu_has(f)) {
+                strncat(out, out[0] ? ", " : "", n - strlen(out) - 1);
+                strncat(out, f, n - strlen(out) - 1);
+            }
+        }
+        p += len;
+        p += strspn(p, " ");
+    }
+}
+
 const char *kernel_name_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].name : NULL; }
 
 int kernel_supported_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].supported() : 0; }
@@ -162,8 +203,10 @@ int kernels_select(const char *force, char *err, size_t errlen) {
             return -1;
         }
         if (!t->supported()) {
-            snprintf(err, errlen, "kernel '%s' needs CPU features this CPU lacks (%s)", force,
-                     t->features);
+            char missing[256];
+            missing_features(t->features, missing, sizeof missing);
+            snprintf(err, errlen, "kernel '%s' needs CPU features this CPU lacks: %s", force,
+                     missing);
             return -1;
         }
         active = t;
