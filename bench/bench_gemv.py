@@ -225,8 +225,53 @@ def payload_for(fmt: str, rows: int, cols: int, rng, b: int = 4, G: int = 256) -
     return np.frombuffer(codebook_payload(ct), np.uint8).copy()
 
 
+def _ints(ap, flag: str, text: str, lo: int, hi: int) -> list[int]:
+    """The comma-separated integers of ``text``, each in [lo, hi]; else ``ap.error`` (exit 2)
+    naming ``flag``."""
+    out = []
+    for v in text.split(","):
+        try:
+            n = int(v)
+        except ValueError:
+            ap.error(f"{flag}: {v!r} is not an integer")
+        if not lo <= n <= hi:
+            ap.error(f"{flag}: {n} is outside {lo}..{hi}")
+        out.append(n)
+    return out
+
+
+def checked_args(ap, args) -> tuple[list, list, list, list]:
+    """(threads, shapes, formats, layouts) of the parsed ``args``, each value checked: a bad
+    one is a usage error (``ap.error``, exit 2) naming its flag, before anything is built."""
+    threads = _ints(ap, "--threads", args.threads, 1, 1024)
+    shapes = []
+    for sh in args.shapes.split(","):
+        parts = sh.split("x")
+        if len(parts) != 2:
+            ap.error(f"--shapes: {sh!r} is not ROWSxCOLS")
+        shapes.append(tuple(_ints(ap, "--shapes", ",".join(parts), 1, 1 << 24)))
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = [f for f in formats if f not in ENC]
+    if unknown or not formats:
+        ap.error(f"--formats: unknown {', '.join(unknown) or 'empty list'} "
+                 f"(known: {', '.join(ENC)})")
+    layouts = [(b, g) for b in _ints(ap, "--bits", args.bits, 1, 8)
+               for g in _ints(ap, "--group-size", args.group_size, F.MIN_GROUP_SIZE,
+                              F.MAX_GROUP_SIZE)]
+    ts, flags = KP.tables(), KP.cpu_flags()
+    for k in (k for k in args.kernels.split(",") if k and k != "best"):
+        t = next((t for t in ts if t.name == k), None)
+        if t is None:
+            ap.error(f"--kernels: unknown kernel table {k!r} (best, or one of this program's: "
+                     f"{', '.join(t.name for t in ts)})")
+        if not t.features <= flags:
+            ap.error(f"--kernels: kernel table {k!r} needs CPU features this CPU lacks: "
+                     f"{', '.join(sorted(t.features - flags))}")
+    return threads, shapes, formats, layouts
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--shapes", default=SHAPES, help="rows x cols list (default: %(default)s)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
@@ -241,10 +286,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-mib", type=int, default=256)
     ap.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
-    threads = [int(t) for t in args.threads.split(",")]
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    formats = [f for f in args.formats.split(",") if f]
-    layouts = [(int(b), int(g)) for b in args.bits.split(",") for g in args.group_size.split(",")]
+    threads, shapes, formats, layouts = checked_args(ap, args)
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-gemv-") as tmp:
