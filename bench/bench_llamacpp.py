@@ -87,7 +87,8 @@ DITTO = {
 RUN_AS = {"ditto-default-f16kv": ("ditto-default", ["-ctk", "f16", "-ctv", "f16"])}
 MODEL_TITLES = {"smollm2": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B",
                 "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}
-LABELS = {"ditto-default": "Ditto default build (`ditto build MODEL`)",
+LABELS = {"ditto-default": "Ditto default build (`ditto build MODEL --quantizer kmeans "
+                           "--blas openblas`)",
           "ditto-f16-codebook": "Ditto kmeans, f16 codebooks (`--codebook-type f16`)",
           "ditto-fp32-blas": "Ditto fp32 + BLAS (`--quantizer none`)",
           "ditto-fp32-naive": "Ditto fp32 naive (`--quantizer none --no-rewrite`)",
@@ -327,9 +328,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--depth", type=int, default=0, metavar="D",
                     help="decode only, with D tokens already in the KV cache (llama-bench -d)")
+    known = [f"llama-{t}" for t in LLAMA_TYPES] + ["llama-shipped"] + list(DITTO)
     ap.add_argument("--configs", default=",".join(
         [f"llama-{t}" for t in LLAMA_TYPES] + [c for c in DITTO if c != "ditto-fp32-mkl"]
-        + (["ditto-fp32-mkl"] if _mkl_available() else [])))
+        + (["ditto-fp32-mkl"] if _mkl_available() else [])),
+        help=f"comma-separated, from: {', '.join(known)} (default: all but llama-shipped, "
+             "and ditto-fp32-mkl only where MKL links)")
     ap.add_argument("--llama-bin", help="llama.cpp bin directory (default: build-llama-cpp.sh)")
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / ".cache" / "llamacpp",
                     help="where builds and GGUF files are kept between runs")
@@ -349,8 +353,9 @@ def main(argv=None) -> int:
                          "AVX-512 CPU without VBMI (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.render:
-        md = render(json.loads(args.render.read_text()), args.render, args.write_results)
-        print(md)
+        out = load_run(ap, args.render)
+        md = render(out, args.render, args.write_results)
+        print(run_note(out, args.render) + md)
         return 0
     if args.out is None:  # a depth run has its own file (and RESULTS.md markers)
         name = ("bench_llamacpp.json" if args.model == "smollm2" and not args.depth
@@ -362,7 +367,7 @@ def main(argv=None) -> int:
     unknown = [c for c in configs if c not in DITTO and c.removeprefix("llama-") not in
                LLAMA_TYPES + ["shipped"]]
     if unknown:
-        ap.error(f"unknown configs {unknown}")
+        ap.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     if args.depth < 0:
         ap.error("--depth must be >= 0")
     if args.isa != "native":
@@ -450,39 +455,66 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     tmp_stream.cleanup()
-    print(render(out, args.out, args.write_results, " ".join(sys.argv[1:]) if argv is None
-                 else " ".join(argv)))
+    command = " ".join(sys.argv[1:]) if argv is None else " ".join(argv)
+    md = render(out, args.out, args.write_results, command)
+    print(run_note(out, args.out, command) + md)
     return 0
 
 
+def load_run(ap, path: Path) -> dict:
+    """The run that ``path`` holds (bench_llamacpp's JSON); ``ap.error`` (exit 2) naming the
+    file when it cannot be read or is not such a run. Runs from before ``--model`` existed
+    are of SmolLM2, its default then and now."""
+    try:
+        out = json.loads(path.read_text())
+    except OSError as exc:
+        ap.error(f"--render {path}: cannot read: {exc.strerror}")
+    except ValueError as exc:
+        ap.error(f"--render {path}: not JSON: {exc}")
+    need = ("date", "cpu", "load_average", "rounds", "threads", "prompt_tokens", "gen_tokens",
+            "results")
+    missing = [k for k in need if not isinstance(out, dict) or k not in out]
+    if missing:
+        ap.error(f"--render {path}: not a bench_llamacpp.py run (no {', '.join(missing)})")
+    out.setdefault("model", "smollm2")
+    return out
+
+
+def run_note(out: dict, path: Path, command: str | None = None) -> str:
+    """The line above a run's tables: the command, date, CPU, load, rounds, JSON file and, for
+    an ``--isa`` run, how both engines were held to that ISA."""
+    model = out["model"]
+    isa_arg = "" if out.get("isa", "native") == "native" else f" --isa {out['isa']}"
+    cmd = command if command is not None else (
+        f"--model {model} --rounds {out['rounds']}{isa_arg}"
+        f"{' --depth ' + str(out['depth']) if out.get('depth') else ''} "
+        f"--configs {','.join(out['results'])}")
+    lib = out.get("llama_ggml_cpu", "peer build") != "peer build"
+    isa = out.get("isa", "native")
+    return (f"`python bench/bench_llamacpp.py {cmd}` ({out['date'][:16]} UTC, "
+            f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
+            f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
+            + (f"; {isa} only: Ditto with DITTO_KERNEL={isa}, llama.cpp with a "
+               "libggml-cpu.so built from the same source for "
+               f"{'/'.join(sorted(ISA_FLAGS[isa]))}" if isa != "native" else
+               "; llama.cpp with a libggml-cpu.so built from the same source without AMX "
+               "(the peer build's AMX kernels fault with SIGILL here)" if lib else "")
+            + ":\n\n")
+
+
 def render(out: dict, path: Path, write: bool, command: str | None = None) -> str:
-    """The markdown of a run (``out``: the JSON that ``path`` holds): the table, the ratio
-    table, and with ``write`` both under a line naming the command, date, CPU and JSON, in
-    docs/RESULTS.md between the markers of the run's model (the historical unnamed ones for
-    smollm2's default JSON; for another JSON name, markers named by it)."""
-    threads, model = out["threads"], out["model"]
+    """The markdown of a run (``out``: the JSON that ``path`` holds): the table and the ratio
+    table; with ``write`` also both under the ``run_note`` line in docs/RESULTS.md between the
+    markers of the run's model (the historical unnamed ones for smollm2's default JSON; for
+    another JSON name, markers named by it)."""
+    threads, model = out["threads"], out.get("model", "smollm2")
     depth = out.get("depth", 0)
     md = table(out["results"], threads, out["prompt_tokens"], out["gen_tokens"], model, depth)
     ratios = ratio_table(out["results"], threads, depth, out["prompt_tokens"])
     if ratios:
         md += "\n\n" + ratios
     if write:
-        isa_arg = "" if out.get("isa", "native") == "native" else f" --isa {out['isa']}"
-        cmd = command if command is not None else (
-            f"--model {model} --rounds {out['rounds']}{isa_arg}"
-            f"{' --depth ' + str(out['depth']) if out.get('depth') else ''} "
-            f"--configs {','.join(out['results'])}")
-        lib = out.get("llama_ggml_cpu", "peer build") != "peer build"
-        isa = out.get("isa", "native")
-        note = (f"`python bench/bench_llamacpp.py {cmd}` ({out['date'][:16]} UTC, "
-                f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
-                f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
-                + (f"; {isa} only: Ditto with DITTO_KERNEL={isa}, llama.cpp with a "
-                   "libggml-cpu.so built from the same source for "
-                   f"{'/'.join(sorted(ISA_FLAGS[isa]))}" if isa != "native" else
-                   "; llama.cpp with a libggml-cpu.so built from the same source without AMX "
-                   "(the peer build's AMX kernels fault with SIGILL here)" if lib else "")
-                + ":\n\n")
+        note = run_note({**out, "model": model}, path, command)
         default = "bench_llamacpp.json" if model == "smollm2" else f"bench_llamacpp_{model}.json"
         key = model if path.name == default else path.stem.removeprefix("bench_llamacpp_")
         if out.get("depth") and key == model:  # never over the short-context table

@@ -1,5 +1,6 @@
 """bench/bench_llamacpp.py: the --isa refusal and the line it writes above an --isa run's table."""
 
+import json
 import os
 from pathlib import Path
 
@@ -116,3 +117,54 @@ def test_f16kv_config_runs_the_default_build_with_the_cache_flags(bl, monkeypatc
     assert len(calls) == 2 and all(a[-4:] == extra for _, a in calls)
     bl.ditto_bench(tmp_path, tmp_path / "p.json", 1, 512, 128, tmp_path / "d.json", tuple(extra))
     assert calls[-1][1][:2] == ["--ids", str(tmp_path / "d.json")] and calls[-1][1][-4:] == extra
+
+
+def test_render_prints_the_run_line_and_reads_runs_from_before_model(bl, tmp_path, capsys):
+    """--render prints the line naming the command, date and CPU above the tables; a JSON
+    from before --model existed (no "model") is SmolLM2's."""
+    res = {"ditto-default": {"label": "Ditto default build", "bytes": 88_400_000, "bpw": 5.26,
+                             "samples": {"tg@1": [10.0]}, "median": {"tg@1": 10.0}}}
+    old = {"date": "2026-12-02T02:09:00+00:00", "load_average": [1.4, 1.0, 1.0],
+           "cpu": "AMD EPYC", "rounds": 1, "threads": [1], "prompt_tokens": 512,
+           "gen_tokens": 128, "results": res}
+    path = tmp_path / "bench_llamacpp_old.json"
+    path.write_text(json.dumps(old))
+    assert bl.main(["--render", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("`python bench/bench_llamacpp.py --model smollm2 --rounds 1 --configs "
+                        "ditto-default` (2026-12-02T02:09 UTC, AMD EPYC, load average 1.4 at the "
+                        "end; medians of 1 interleaved rounds, tok/s; JSON in bench/results/"
+                        "bench_llamacpp_old.json):")
+    assert lines[2].startswith("| SmolLM2-135M | file MB | bpw | decode tg128, 1 thread |")
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read: No such file or directory"),
+    ("{not json", "not JSON: "),
+    ('{"rows": 1}', "not a bench_llamacpp.py run (no date, cpu, load_average, rounds, threads, "
+                    "prompt_tokens, gen_tokens, results)"),
+    ("[1, 2]", "not a bench_llamacpp.py run (no date, cpu, load_average, rounds, threads, "
+               "prompt_tokens, gen_tokens, results)")])
+def test_render_of_a_bad_file_is_a_usage_error_naming_it(bl, tmp_path, capsys, content,
+                                                         message):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--render", str(path)])
+    assert exc.value.code == 2
+    assert f": error: --render {path}: {message}" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_unknown_config_names_the_known_ones(bl, tmp_path, capsys):
+    """--configs with a name no configuration has: exit 2 listing the names there are."""
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--configs", "ditto-default,nosuch", "--work", str(work)])
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith(": error: --configs: unknown nosuch (known: llama-F32, llama-Q8_0, "
+                         "llama-Q4_0, llama-IQ4_NL, llama-Q4_K_M, llama-shipped, ditto-default, "
+                         "ditto-f16-codebook, ditto-fp32-blas, ditto-fp32-naive, ditto-fp32-mkl, "
+                         "ditto-calibrated, ditto-default-f16kv)")
+    assert not work.exists()
