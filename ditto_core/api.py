@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -140,7 +141,9 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
     chosen under that file-size budget (``ditto_core.kit.allocate``), with ``speed_aware``
     (``"auto"``: this CPU's kernel table, none on ``generic``; ``"off"`` or None; or a table
     name) holding the plan's modelled GEMV time on that table within ``allocate.SPEED_SLACK``
-    of the default plan's (``allocate.resolve_speed_table``, ``allocate.speed_limited``). Raises DittoError (PluginError, OptionError) before any
+    of the default plan's (``allocate.resolve_speed_table``, ``allocate.speed_limited``); a
+    table named without a budget changes nothing and says so (a warning). Raises DittoError
+    (PluginError, OptionError) before any
     work for an unknown component or option, and for a model that does not load or a stage
     that fails; nothing is left at ``out`` then."""
     from ditto_core.kit.allocate import resolve_speed_table
@@ -157,6 +160,15 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
         what = ("is not a regular file" if Path(max_size_of).exists() else "does not exist")
         raise DittoError(f"{max_size_of}: max_size_of must name an existing file (its size is "
                          f"the budget); this one {what}")
+    if max_size_of is not None and Path(max_size_of).stat().st_size == 0:
+        raise DittoError(f"{max_size_of}: max_size_of names an empty file (its size, 0 bytes, "
+                         f"is the budget)")
+    budget = target_bpw is not None or max_size_of is not None
+    if not budget and speed_aware not in (None, "auto", "off"):
+        resolve_speed_table(speed_aware)  # an unknown name is refused all the same
+        warnings.warn(f"ditto: --speed-aware {speed_aware} has no effect without a size budget "
+                      f"(--target-bpw or --max-size-of): every tensor keeps its layout",
+                      stacklevel=2)
     if out is None:
         out = tempfile.mkdtemp(prefix="ditto-build-")
     opts = BuildOptions(
@@ -169,8 +181,7 @@ def build(model: str | os.PathLike, *, quantizer: str = "kmeans", blas: str = "o
                            importance=None if importance is None else str(importance),
                            target_bpw=target_bpw,
                            max_size_of=None if max_size_of is None else str(max_size_of),
-                           speed_table=resolve_speed_table(speed_aware)
-                           if target_bpw is not None or max_size_of is not None else None))
+                           speed_table=resolve_speed_table(speed_aware) if budget else None))
     record = run_pipeline(model, Path(out), opts, registry, show_progress=progress,
                           calibrate=cached_importance)
     return Build(Path(out), record)

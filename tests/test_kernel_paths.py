@@ -141,6 +141,32 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     assert r.exit_code == 0 and json.loads(r.output)["kernel_table"] == "avx2"
 
 
+def test_build_checks_the_budget_arguments_before_work(tmp_path, monkeypatch):
+    """An empty --max-size-of file is refused before any work (its 0-byte budget would only
+    fail after every tensor was measured); a speed table named without a budget warns that it
+    changes nothing, and the build goes on."""
+    from ditto_core import api
+    from ditto_core.stages import pipeline
+
+    class Started(Exception):
+        pass
+
+    def no_work(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(pipeline, "_prepare_out_dir", no_work)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(DittoError, match=re.escape(
+            f"{empty}: max_size_of names an empty file (its size, 0 bytes, is the budget)")):
+        api.build("tinycoder", max_size_of=empty, out=tmp_path / "b")
+    with pytest.warns(UserWarning, match=re.escape(
+            "ditto: --speed-aware avx2 has no effect without a size budget (--target-bpw or "
+            "--max-size-of): every tensor keeps its layout")):
+        with pytest.raises(Started):
+            api.build("tinycoder", speed_aware="avx2", out=tmp_path / "b")
+
+
 def test_build_refuses_unknown_speed_table_before_work(tmp_path, monkeypatch):
     """`ditto build --speed-aware TABLE` with a table no runtime has: a usage error (exit 2)
     naming the flag, the value and the tables there are, with or without a budget, and no
