@@ -99,7 +99,7 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
                       tied_embeddings=True)
     layout = {"blk.0.ffn_down.weight": (5, 96), "blk.0.ffn_up.weight": (4, 32),
               "blk.0.attn_q.weight": (3, 7), "blk.0.attn_v.weight": (7, 32),
-              "blk.0.attn_output.weight": (4, 64), "token_embd.weight": (6, 64)}
+              "blk.0.attn_output.weight": (4, 64), "token_embd.weight": (6, 128)}
     infos = [TensorInfo(n, "codebook", s, *layout[n], "int8") if n in layout
              else TensorInfo(n, "f32", s) for n, s in expected_shapes(cfg).items()]
     rng = np.random.default_rng(0)
@@ -122,6 +122,12 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     lay = {(e["bits"], e["group_size"]): (e["kernel"], e["tensors"]) for e in s["layouts"]}
     assert lay[(4, 32)] == ("avx2:i8_b4", 1) and lay[(3, 7)] == ("generic", 1)
     assert lay[(4, 64)] == ("avx2:i8_b4-tiled", 1)
+    eff = {(e["bits"], e["group_size"]): e["effective_group_size"] for e in s["layouts"]}
+    assert eff[(6, 128)] == 64 and eff[(4, 64)] == 64  # G past the row: whole rows of 64
+    r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx2", str(out)])
+    assert r.exit_code == 0
+    assert "b6,G128 (whole rows of 64) → avx2:decoded-int8 (1 tensors, 512 weights)" in \
+        " ".join(r.output.split())
     r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx9", str(out)])
     assert r.exit_code == 2  # a usage error, as README says of a bad flag value
     assert "Invalid value for '--kernel': no kernel table 'avx9' (the runtimes have: " \

@@ -124,8 +124,10 @@ def inspect_cmd(file, as_json, no_verify, kernel):
                       r["kernel"] or "-", *([r.get("rule") or "-"] if "rules" in s else []))
     con.print(table)
     con.print(f"layouts on kernel table {s['kernel_table']}: " + "; ".join(
-        f"b{e['bits']},G{e['group_size']}" + (f",{e['codebook_type']}"
-                                               if e["codebook_type"] != "int8" else "")
+        f"b{e['bits']},G{e['group_size']}"
+        + (f" (whole rows of {e['effective_group_size']})"
+           if e["effective_group_size"] != e["group_size"] else "")
+        + (f",{e['codebook_type']}" if e["codebook_type"] != "int8" else "")
         + f" → {e['kernel']} ({e['tensors']} tensors, {e['weights']:,} weights)"
         for e in s["layouts"]))
     con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
