@@ -122,12 +122,12 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     lay = {(e["bits"], e["group_size"]): (e["kernel"], e["tensors"]) for e in s["layouts"]}
     assert lay[(4, 32)] == ("avx2:i8_b4", 1) and lay[(3, 7)] == ("generic", 1)
     assert lay[(4, 64)] == ("avx2:i8_b4-tiled", 1)
-    eff = {(e["bits"], e["group_size"]): e["effective_group_size"] for e in s["layouts"]}
-    assert eff[(6, 128)] == 64 and eff[(4, 64)] == 64  # G past the row: whole rows of 64
+    eff = {(e["bits"], e["group_size"]): e["effective_group_sizes"] for e in s["layouts"]}
+    assert eff[(6, 128)] == [64] and eff[(4, 64)] == [64]  # G past the row: whole rows of 64
     r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx2", str(out)])
     assert r.exit_code == 0
-    assert "b6,G128 (whole rows of 64) → avx2:decoded-int8 (1 tensors, 512 weights)" in \
-        " ".join(r.output.split())
+    assert ("b6,G128 (whole rows of 64) → avx2:decoded-int8 (the classifier, decoded at load) "
+            "(1 tensor, 512 weights)") in " ".join(r.output.split())
     r = CliRunner().invoke(cli, ["inspect", "--kernel", "avx9", str(out)])
     assert r.exit_code == 2  # a usage error, as README says of a bad flag value
     assert "Invalid value for '--kernel': no kernel table 'avx9' (the runtimes have: " \
@@ -145,6 +145,33 @@ def test_inspect_json_reports_kernel_paths(tmp_path):
     r = CliRunner().invoke(cli, ["inspect", "--json", "--kernel", "avx2", str(out)],
                            env={"DITTO_KERNEL": "sse9"})
     assert r.exit_code == 0 and json.loads(r.output)["kernel_table"] == "avx2"
+
+
+def test_the_embedding_is_never_tiled_even_as_the_tied_classifier():
+    """matmul.c tile_weights leaves token_embd in file order (tensor_row reads it by row), also
+    where it is the tied classifier's matrix: inspect's path says so; output.weight of the
+    same layout is tiled."""
+    avx2 = KP.table("avx2")
+    emb = TensorInfo("token_embd.weight", "codebook", (8, 64), 4, 64, "int8")
+    out = TensorInfo("output.weight", "codebook", (8, 64), 4, 64, "int8")
+    assert KP.tensor_path(avx2, emb, "token_embd.weight") == "avx2:i8_b4"
+    assert KP.tensor_path(avx2, out, "output.weight") == "avx2:i8_b4-tiled"
+    assert KP.tensor_path(avx2, emb, "output.weight") == "lookup"
+
+
+def test_layout_entries_group_by_kernel_and_list_the_clamped_g():
+    """One layout entry per (b, G, codebook type, kernel): tensors whose rows are shorter
+    than G by different amounts but take the same kernel share it, with every G the kernels
+    see listed."""
+    from ditto_core.model.summary import layouts
+
+    def t(rows, cols, kernel):
+        return {"encoding": "codebook", "bits": 4, "group_size": 256, "codebook_type": "int8",
+                "shape": [rows, cols], "bytes": rows * cols // 2, "kernel": kernel}
+    got = layouts([t(16, 16, "generic"), t(16, 64, "generic"), t(8, 512, "generic"),
+                   t(4, 256, "avx2:i8_b4")])
+    assert [(e["kernel"], e["effective_group_sizes"], e["tensors"]) for e in got] == [
+        ("generic", [16, 64, 256], 3), ("avx2:i8_b4", [256], 1)]
 
 
 def test_build_checks_the_budget_arguments_before_work(tmp_path, monkeypatch):

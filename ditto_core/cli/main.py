@@ -125,10 +125,11 @@ def inspect_cmd(file, as_json, no_verify, kernel):
     con.print(table)
     con.print(f"layouts on kernel table {s['kernel_table']}: " + "; ".join(
         f"b{e['bits']},G{e['group_size']}"
-        + (f" (whole rows of {e['effective_group_size']})"
-           if e["effective_group_size"] != e["group_size"] else "")
         + (f",{e['codebook_type']}" if e["codebook_type"] != "int8" else "")
-        + f" → {e['kernel']} ({e['tensors']} tensors, {e['weights']:,} weights)"
+        + _whole_rows(e)
+        + f" → {e['kernel']}" + (" (the classifier, decoded at load)"
+                                 if e["kernel"].endswith(":decoded-int8") else "")
+        + f" ({e['tensors']} tensor{'s' if e['tensors'] != 1 else ''}, {e['weights']:,} weights)"
         for e in s["layouts"]))
     con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
               f"bpw {s['bpw_file']:.3f} (whole file), {s['bpw_payload']:.3f} (payloads)")
@@ -342,10 +343,18 @@ def build_cmd(model, quantizer, blas, out_dir, bits, group_size, keep_fp32, tens
     click.echo(str(out_dir))
 
 
+def _whole_rows(e: dict) -> str:
+    """The suffix ' (whole rows of N, M)' of a ``ditto inspect`` layout entry whose G is
+    longer than some of its tensors' rows (the kernels see G clamped to the row), else ''."""
+    short = [g for g in e["effective_group_sizes"] if g != e["group_size"]]
+    return f" (whole rows of {', '.join(map(str, short))})" if short else ""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Warnings (a plugin that failed to load, a deprecated environment variable) as one line
-    ``warning: <message>`` on stderr, like the CLI's errors."""
-    click.echo(f"warning: {message}", err=True)
+    ``warning: <message>`` on stderr, like the CLI's errors (a message's own "ditto: " prefix,
+    which it carries for Python callers, dropped)."""
+    click.echo(f"warning: {str(message).removeprefix('ditto: ')}", err=True)
 
 
 def main(argv=None):

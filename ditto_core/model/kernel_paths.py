@@ -165,9 +165,11 @@ def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
     rows, cols = (int(x) for x in info.shape)
     slot = kernel_path(t, int(info.bits), int(info.group_size), cols,
                        classifier=info.name == classifier_name)
-    if slot == "i8_b4" and t.tiles and fits_tiles(int(info.bits), int(info.group_size), rows,
-                                                   cols):
-        slot = "i8_b4-tiled"  # matmul.c tile_weights: every matrix but the embedding
+    if (slot == "i8_b4" and t.tiles and info.name != "token_embd.weight"
+            and fits_tiles(int(info.bits), int(info.group_size), rows, cols)):
+        # matmul.c tile_weights: every matrix but the embedding, which tensor_row reads by
+        # row, also where it is the tied classifier
+        slot = "i8_b4-tiled"
     return "generic" if slot == "generic" else f"{t.name}:{slot}"
 
 

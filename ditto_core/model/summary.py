@@ -81,19 +81,21 @@ def inspect_summary(mf, record: dict | None = None, kernel_table=None) -> dict:
 
 def layouts(tensors: list[dict]) -> list[dict]:
     """The codebook layouts of a summary's ``tensors`` and the kernel path of each: one entry
-    per (bits, group_size, effective_group_size, codebook_type, kernel) with its number of
-    ``tensors``, ``weights`` and ``bytes``, the most weights first. ``effective_group_size``
-    is G as the kernels see it, clamped to the row length (a G longer than the row is one
-    sub-block per row), which is what decides the kernel path."""
+    per (bits, group_size, codebook_type, kernel) with its number of ``tensors``, ``weights``
+    and ``bytes``, the most weights first. ``effective_group_sizes``: the Gs the kernels see
+    for those tensors, G clamped to each row length (a G longer than the row is one sub-block
+    per row), which with b decides the kernel path."""
     out: dict[tuple, dict] = {}
     for r in tensors:
         if r["encoding"] != "codebook":
             continue
+        key = (r["bits"], r["group_size"], r["codebook_type"], r["kernel"])
+        e = out.setdefault(key, {"bits": key[0], "group_size": key[1], "codebook_type": key[2],
+                                 "kernel": key[3], "effective_group_sizes": [], "tensors": 0,
+                                 "weights": 0, "bytes": 0})
         eff = min(r["group_size"], r["shape"][-1])
-        key = (r["bits"], r["group_size"], eff, r["codebook_type"], r["kernel"])
-        e = out.setdefault(key, {"bits": key[0], "group_size": key[1],
-                                 "effective_group_size": eff, "codebook_type": key[3],
-                                 "kernel": key[4], "tensors": 0, "weights": 0, "bytes": 0})
+        if eff not in e["effective_group_sizes"]:
+            e["effective_group_sizes"] = sorted(e["effective_group_sizes"] + [eff])
         e["tensors"] += 1
         e["weights"] += int(math.prod(r["shape"]))
         e["bytes"] += r["bytes"]
