@@ -231,7 +231,7 @@ def _ints(ap, flag: str, text: str, lo: int, hi: int) -> list[int]:
     out = []
     for v in text.split(","):
         try:
-            n = int(v)
+            n = int(v.strip())
         except ValueError:
             ap.error(f"{flag}: {v!r} is not an integer")
         if not lo <= n <= hi:
@@ -244,13 +244,22 @@ def checked_args(ap, args) -> tuple[list, list, list, list]:
     """(threads, shapes, formats, layouts) of the parsed ``args``, each value checked: a bad
     one is a usage error (``ap.error``, exit 2) naming its flag, before anything is built."""
     threads = _ints(ap, "--threads", args.threads, 1, 1024)
+    if args.rounds < 1:
+        ap.error(f"--rounds: {args.rounds} is below 1")
+    if not args.burst_s > 0:
+        ap.error(f"--burst-s: {args.burst_s} is not a positive number of seconds")
+    if args.stream_mib < 1:
+        ap.error(f"--stream-mib: {args.stream_mib} is below 1")
     shapes = []
     for sh in args.shapes.split(","):
         parts = sh.split("x")
         if len(parts) != 2:
             ap.error(f"--shapes: {sh!r} is not ROWSxCOLS")
-        shapes.append(tuple(_ints(ap, "--shapes", ",".join(parts), 1, 1 << 24)))
-    formats = [f for f in args.formats.split(",") if f]
+        rows, cols = _ints(ap, "--shapes", ",".join(parts), 1, 1 << 24)
+        if rows * cols > 1 << 32:  # the f32 format alone would be 16 GiB
+            ap.error(f"--shapes: {sh} has {rows * cols:,} weights, more than 2^32")
+        shapes.append((rows, cols))
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     unknown = [f for f in formats if f not in ENC]
     if unknown or not formats:
         ap.error(f"--formats: unknown {', '.join(unknown) or 'empty list'} "
@@ -259,7 +268,11 @@ def checked_args(ap, args) -> tuple[list, list, list, list]:
                for g in _ints(ap, "--group-size", args.group_size, F.MIN_GROUP_SIZE,
                               F.MAX_GROUP_SIZE)]
     ts, flags = KP.tables(), KP.cpu_flags()
-    for k in (k for k in args.kernels.split(",") if k and k != "best"):
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if not kernels:
+        ap.error("--kernels: empty list (best, or one of this program's: "
+                 f"{', '.join(t.name for t in ts)})")
+    for k in (k for k in kernels if k != "best"):
         t = next((t for t in ts if t.name == k), None)
         if t is None:
             ap.error(f"--kernels: unknown kernel table {k!r} (best, or one of this program's: "
@@ -267,6 +280,7 @@ def checked_args(ap, args) -> tuple[list, list, list, list]:
         if not t.features <= flags:
             ap.error(f"--kernels: kernel table {k!r} needs CPU features this CPU lacks: "
                      f"{', '.join(sorted(t.features - flags))}")
+    args.kernels = ",".join(kernels)
     return threads, shapes, formats, layouts
 
 
