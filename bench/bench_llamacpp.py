@@ -354,8 +354,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         out = load_run(ap, args.render)
-        md = render(out, args.render, args.write_results)
-        print(run_note(out, args.render) + md)
+        try:
+            md = render(out, args.render, args.write_results)
+            note = run_note(out, args.render)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            # a file that has a run's keys but damaged values: name it, no traceback
+            ap.error(f"--render {args.render}: not a well-formed bench_llamacpp.py run "
+                     f"({type(exc).__name__}: {exc})")
+        print(note + md)
         return 0
     if args.out is None:  # a depth run has its own file (and RESULTS.md markers)
         name = ("bench_llamacpp.json" if args.model == "smollm2" and not args.depth
@@ -363,11 +369,14 @@ def main(argv=None) -> int:
                      f"{f'_depth{args.depth}' if args.depth else ''}.json")
         args.out = ROOT / "bench" / "results" / name
     threads = [int(t) for t in args.threads.split(",")]
-    configs = args.configs.split(",")
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs:
+        ap.error(f"--configs: empty list (known: {', '.join(known)})")
     unknown = [c for c in configs if c not in DITTO and c.removeprefix("llama-") not in
                LLAMA_TYPES + ["shipped"]]
     if unknown:
-        ap.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+        ap.error(f"--configs: unknown {', '.join(map(repr, unknown))} "
+                 f"(known: {', '.join(known)})")
     if args.depth < 0:
         ap.error("--depth must be >= 0")
     if args.isa != "native":
@@ -480,6 +489,15 @@ def load_run(ap, path: Path) -> dict:
     return out
 
 
+def _shown(path: Path) -> str:
+    """How a run's line names its JSON: relative to the repository when it is inside it
+    (bench/results/NAME, where --out writes by default), else the path as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run_note(out: dict, path: Path, command: str | None = None) -> str:
     """The line above a run's tables: the command, date, CPU, load, rounds, JSON file and, for
     an ``--isa`` run, how both engines were held to that ISA."""
@@ -493,7 +511,7 @@ def run_note(out: dict, path: Path, command: str | None = None) -> str:
     isa = out.get("isa", "native")
     return (f"`python bench/bench_llamacpp.py {cmd}` ({out['date'][:16]} UTC, "
             f"{out['cpu']}, load average {out['load_average'][0]:.1f} at the end; medians of "
-            f"{out['rounds']} interleaved rounds, tok/s; JSON in bench/results/{path.name})"
+            f"{out['rounds']} interleaved rounds, tok/s; JSON in {_shown(path)})"
             + (f"; {isa} only: Ditto with DITTO_KERNEL={isa}, llama.cpp with a "
                "libggml-cpu.so built from the same source for "
                f"{'/'.join(sorted(ISA_FLAGS[isa]))}" if isa != "native" else

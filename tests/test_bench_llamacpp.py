@@ -56,9 +56,13 @@ def test_isa_run_rendered_with_its_flag_and_peer_build(bl, tmp_path, monkeypatch
     assert written["text"].splitlines()[0] == (
         "`python bench/bench_llamacpp.py --model smollm2 --rounds 2 --isa avx2 --configs "
         "ditto-default` (2026-12-06T01:49 UTC, Some CPU, load average 1.2 at the end; medians "
-        "of 2 interleaved rounds, tok/s; JSON in bench/results/bench_llamacpp_smollm2_x_avx2."
-        "json); avx2 only: Ditto with DITTO_KERNEL=avx2, llama.cpp with a libggml-cpu.so built "
-        "from the same source for avx2/f16c/fma:")
+        f"of 2 interleaved rounds, tok/s; JSON in {path}); avx2 only: Ditto with "
+        "DITTO_KERNEL=avx2, llama.cpp with a libggml-cpu.so built from the same source for "
+        "avx2/f16c/fma:")
+    # a JSON inside the repository is named from its root, as the docs keep them
+    assert bl.run_note(out, bl.ROOT / "bench" / "results" / path.name).endswith(
+        f"JSON in bench/results/{path.name}); avx2 only: Ditto with DITTO_KERNEL=avx2, "
+        "llama.cpp with a libggml-cpu.so built from the same source for avx2/f16c/fma:\n\n")
     assert "| Ditto default build (`ditto build smollm2`) | 88.4 | 5.26 | 11.0 | 105.0 |" in md
 
 
@@ -133,8 +137,7 @@ def test_render_prints_the_run_line_and_reads_runs_from_before_model(bl, tmp_pat
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == ("`python bench/bench_llamacpp.py --model smollm2 --rounds 1 --configs "
                         "ditto-default` (2026-12-02T02:09 UTC, AMD EPYC, load average 1.4 at the "
-                        "end; medians of 1 interleaved rounds, tok/s; JSON in bench/results/"
-                        "bench_llamacpp_old.json):")
+                        f"end; medians of 1 interleaved rounds, tok/s; JSON in {path}):")
     assert lines[2].startswith("| SmolLM2-135M | file MB | bpw | decode tg128, 1 thread |")
 
 
@@ -156,6 +159,25 @@ def test_render_of_a_bad_file_is_a_usage_error_naming_it(bl, tmp_path, capsys, c
     assert f": error: --render {path}: {message}" in capsys.readouterr().err.splitlines()[-1]
 
 
+@pytest.mark.parametrize("damage", [
+    {"isa": "sse2"}, {"load_average": []}, {"results": []}, {"date": 12345},
+    {"threads": "1,2"}, {"results": {"ditto-default": {"bytes": 1}}}])
+def test_render_of_a_damaged_run_is_a_usage_error(bl, tmp_path, capsys, damage):
+    """A file with a run's keys but damaged values: exit 2 naming the file, no traceback."""
+    res = {"ditto-default": {"label": "Ditto default build", "bytes": 88_400_000, "bpw": 5.26,
+                             "samples": {"tg@1": [10.0]}, "median": {"tg@1": 10.0}}}
+    run = {"date": "2026-12-02T02:09:00+00:00", "load_average": [1.4, 1.0, 1.0],
+           "cpu": "AMD EPYC", "rounds": 1, "threads": [1], "prompt_tokens": 512,
+           "gen_tokens": 128, "model": "smollm2", "results": res}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({**run, **damage}))
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--render", str(path)])
+    assert exc.value.code == 2
+    assert f": error: --render {path}: not a well-formed bench_llamacpp.py run (" in \
+        capsys.readouterr().err.splitlines()[-1]
+
+
 def test_unknown_config_names_the_known_ones(bl, tmp_path, capsys):
     """--configs with a name no configuration has: exit 2 listing the names there are."""
     work = tmp_path / "work"
@@ -163,7 +185,7 @@ def test_unknown_config_names_the_known_ones(bl, tmp_path, capsys):
         bl.main(["--configs", "ditto-default,nosuch", "--work", str(work)])
     assert exc.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last.endswith(": error: --configs: unknown nosuch (known: llama-F32, llama-Q8_0, "
+    assert last.endswith(": error: --configs: unknown 'nosuch' (known: llama-F32, llama-Q8_0, "
                          "llama-Q4_0, llama-IQ4_NL, llama-Q4_K_M, llama-shipped, ditto-default, "
                          "ditto-f16-codebook, ditto-fp32-blas, ditto-fp32-naive, ditto-fp32-mkl, "
                          "ditto-calibrated, ditto-default-f16kv)")
