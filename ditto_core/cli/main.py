@@ -128,7 +128,7 @@ def inspect_cmd(file, as_json, no_verify, kernel):
         + (f",{e['codebook_type']}" if e["codebook_type"] != "int8" else "")
         + _whole_rows(e)
         + f" → {e['kernel']}" + (" (the classifier, decoded at load)"
-                                 if e["kernel"].endswith(":decoded-int8") else "")
+                                 if (e["kernel"] or "").endswith(":decoded-int8") else "")
         + f" ({e['tensors']} tensor{'s' if e['tensors'] != 1 else ''}, {e['weights']:,} weights)"
         for e in s["layouts"]))
     con.print(f"{s['n_tensors']} tensors, {s['n_weights']:,} weights; "
