@@ -267,19 +267,18 @@ def checked_args(ap, args) -> tuple[list, list, list, list]:
     layouts = [(b, g) for b in _ints(ap, "--bits", args.bits, 1, 8)
                for g in _ints(ap, "--group-size", args.group_size, F.MIN_GROUP_SIZE,
                               F.MAX_GROUP_SIZE)]
-    ts, flags = KP.tables(), KP.cpu_flags()
+    names = ", ".join(t.name for t in KP.tables())
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     if not kernels:
-        ap.error("--kernels: empty list (best, or one of this program's: "
-                 f"{', '.join(t.name for t in ts)})")
+        ap.error(f"--kernels: empty list (best, or one of this program's: {names})")
     for k in (k for k in kernels if k != "best"):
-        t = next((t for t in ts if t.name == k), None)
+        t = KP.named_table(k)
         if t is None:
             ap.error(f"--kernels: unknown kernel table {k!r} (best, or one of this program's: "
-                     f"{', '.join(t.name for t in ts)})")
-        if not t.features <= flags:
+                     f"{names})")
+        if KP.missing_features(t):
             ap.error(f"--kernels: kernel table {k!r} needs CPU features this CPU lacks: "
-                     f"{', '.join(sorted(t.features - flags))}")
+                     f"{', '.join(KP.missing_features(t))}")
     args.kernels = ",".join(kernels)
     return threads, shapes, formats, layouts
 

@@ -107,15 +107,27 @@ def active_table(flags: frozenset | None = None, env: dict | None = None,
     ts = tables(machine)
     forced = env.get("DITTO_KERNEL") or ""
     if forced:
-        t = next((t for t in ts if t.name == forced), None)
+        t = named_table(forced, machine)
         if t is None:
             raise DittoError(f"DITTO_KERNEL: unknown kernel '{forced}' (this program has: "
                              f"{', '.join(t.name for t in ts)})")
-        if not t.features <= flags:
+        if missing_features(t, flags):
             raise DittoError(f"DITTO_KERNEL: kernel '{forced}' needs CPU features this CPU "
-                             f"lacks: {', '.join(sorted(t.features - flags))}")
+                             f"lacks: {', '.join(missing_features(t, flags))}")
         return t
-    return next(t for t in ts if t.features <= flags)
+    return next(t for t in ts if not missing_features(t, flags))
+
+
+def named_table(name: str, machine: str | None = None) -> Table | None:
+    """The table called ``name`` among those compiled for ``machine`` (``tables``), or None."""
+    return next((t for t in tables(machine) if t.name == name), None)
+
+
+def missing_features(t: Table, flags: frozenset | None = None) -> list[str]:
+    """The features table ``t`` needs that ``flags`` (this CPU's by default) lacks, sorted;
+    empty when the CPU runs it."""
+    flags = cpu_flags() if flags is None else flags
+    return sorted(t.features - flags)
 
 
 def kernel_path(t: Table, bits: int, group_size: int, cols: int,
