@@ -1,6 +1,7 @@
 """`ditto bench`: RAPL energy reading and a real (tiny) benchmark run."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -85,6 +86,21 @@ def test_bench_cli(eval_builds):
                            eval_builds["none"], "--threads", "0,x"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and ("Invalid value for '--threads': '0,x': expected thread "
                                      "counts like 1,2") in proc.stderr
+
+
+def test_bench_and_eval_refuse_a_bad_ditto_kernel_first(eval_builds):
+    """A DITTO_KERNEL ditto-run would refuse stops `ditto bench` and `ditto eval` before any
+    run, with ditto-run's own message (not as the failure of their first step)."""
+    from ditto_core.model import kernel_paths as KP
+
+    names = ", ".join(t.name for t in KP.tables())
+    env = {**os.environ, "DITTO_KERNEL": "sse9"}
+    for cmd in (["bench", "--repeat", "1"], ["eval", "--chunks", "1"]):
+        proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", cmd[0],
+                               eval_builds["none"], *cmd[1:], "-q"], capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert (proc.returncode, proc.stderr) == (
+            1, f"error: DITTO_KERNEL: unknown kernel 'sse9' (this program has: {names})\n")
 
 
 def test_parse_threads_takes_only_positive_integers():

@@ -174,6 +174,15 @@ def test_bad_ditto_tiles_is_refused_by_the_library(tiny_build, monkeypatch):
         open_build(tiny_build)
 
 
+def test_bad_ditto_kernel_is_refused_by_the_library(tiny_build, monkeypatch):
+    """An unknown DITTO_KERNEL is refused by ditto_model_open with ditto-run's message, named
+    by the environment variable (the `kernel` argument is named as such)."""
+    monkeypatch.setenv("DITTO_KERNEL", "sse9")
+    with pytest.raises(RuntimeAPIError, match=r"DITTO_KERNEL: unknown kernel 'sse9' \(this "
+                                              r"program has: "):
+        open_build(tiny_build)
+
+
 def test_too_many_threads_are_refused(tiny_build):
     """More OpenMP threads than DITTO_MAX_THREADS (1024) is an error of ditto_model_open, and
     a usage error of ditto serve (exit 2), not an OpenMP abort when the threads cannot start;

@@ -40,6 +40,16 @@ def reports_errors(func):
     return wrapper
 
 
+def check_kernel_env() -> None:
+    """Refuse a ``DITTO_KERNEL`` the build's ditto-run would refuse (an unknown table, or one
+    this CPU cannot run), with ditto-run's own message, before any work: commands that run a
+    build several times (eval, bench, compare) would otherwise report it as the failure of
+    their first step. Raises DittoError."""
+    from ditto_core.model import kernel_paths
+
+    kernel_paths.active_table()
+
+
 def compile_stage_options(func):
     """``--emitter``, ``--pass`` (repeatable, ordered), ``--linker`` and ``-O
     COMPONENT.KEY=VALUE``: shared by ``ditto build`` and ``ditto cc``."""

@@ -11,7 +11,7 @@ import click
 from ditto_core.base.errors import DittoError
 from ditto_core.base.progress import progress_callback
 from ditto_core.stages.bundled import MODEL_HELP
-from .common import _stdout, reports_errors
+from .common import _stdout, check_kernel_env, reports_errors
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -55,6 +55,7 @@ def eval_cmd(build, baseline, chunks, humaneval, limit, seeds, peer_gguf, peer_b
     from ditto_core.runtime.run import find_build
 
     find_build(build)
+    check_kernel_env()
     if limit is not None and not humaneval:
         raise click.UsageError("--limit applies to --humaneval only")
     for g in peer_gguf:  # before the long runs
@@ -163,6 +164,7 @@ def bench_cmd(build, threads, repeat, tokens, prompt_tokens, cache_type_k, cache
     from ditto_core.runtime.run import find_build
 
     find_build(build)
+    check_kernel_env()
     update, stop = progress_callback("bench", quiet)
     try:
         r = bench.bench_build(build, threads=threads, repeat=repeat, tokens=tokens,
@@ -246,6 +248,8 @@ def compare_cmd(model, configs, out_dir, chunks, threads, repeat, tokens, humane
 
     if address and executor != "ray":
         raise click.UsageError("--address needs --executor ray")
+    if not no_bench or not no_eval or humaneval:
+        check_kernel_env()
     settings = {"eval": not no_eval, "chunks": chunks, "bench": not no_bench,
                 "threads": threads, "repeat": repeat, "tokens": tokens,
                 "humaneval": humaneval, "limit": limit}

@@ -23,10 +23,11 @@ from ditto_core.base.errors import DittoError
 @attrs.frozen
 class Table:
     """One kernel table of native/kernels/kernels.c: its name, the CPU features it needs (as
-    /proc/cpuinfo names them), and which slots it fills."""
+    /proc/cpuinfo names them, in the C table's order, which is the order error messages list
+    them in), and which slots it fills."""
 
     name: str
-    features: frozenset
+    features: tuple
     b4_chunk: int | None  #: i8_b4 for b = 4 when G % b4_chunk == 0 (None: no such kernel)
     b4_vnni: bool  #: i8_b4 reads the VNNI activations (vnni_acts)
     b6: bool  #: i8_b6 for b = 6, G % 32 == 0
@@ -39,21 +40,21 @@ class Table:
 #: native/kernels/kernels.h DEC8_MIN_BITS
 DEC8_MIN_BITS = 5
 
-_AVX2 = frozenset("avx2 fma f16c bmi2".split())
+_AVX2 = ("avx2", "fma", "f16c", "bmi2")
 #: the x86 tables, best first (native/kernels/kernels.c TABLES)
 X86_TABLES = (
-    Table("avx512vbmi", _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"},
+    Table("avx512vbmi", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", *_AVX2),
           32, True, True, True, False),
-    Table("avx512vnni", _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    Table("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", *_AVX2),
           32, True, True, True, True, True),
-    Table("avxvnni", _AVX2 | {"avx_vnni"}, 32, True, True, True, True, True),
+    Table("avxvnni", ("avx_vnni", *_AVX2), 32, True, True, True, True, True),
     Table("avx2", _AVX2, 32, False, True, True, True, True, True),
-    Table("generic", frozenset(), None, False, False, False, False),
+    Table("generic", (), None, False, False, False, False),
 )
 #: the aarch64 tables, best first
 ARM_TABLES = (
-    Table("neon", frozenset({"asimddp"}), 32, False, True, True, False),
-    Table("generic", frozenset(), None, False, False, False, False),
+    Table("neon", ("asimddp",), 32, False, True, True, False),
+    Table("generic", (), None, False, False, False, False),
 )
 
 
@@ -124,10 +125,10 @@ def named_table(name: str, machine: str | None = None) -> Table | None:
 
 
 def missing_features(t: Table, flags: frozenset | None = None) -> list[str]:
-    """The features table ``t`` needs that ``flags`` (this CPU's by default) lacks, sorted;
-    empty when the CPU runs it."""
+    """The features table ``t`` needs that ``flags`` (this CPU's by default) lacks, in the
+    table's order (as ditto-run lists them); empty when the CPU runs it."""
     flags = cpu_flags() if flags is None else flags
-    return sorted(t.features - flags)
+    return [f for f in t.features if f not in flags]
 
 
 def kernel_path(t: Table, bits: int, group_size: int, cols: int,

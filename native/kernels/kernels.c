@@ -179,6 +179,10 @@ static void missing_features(const char *features, char *out, size_t n) {
 
 const char *kernel_name_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].name : NULL; }
 
+const char *kernel_features_at(int i) {
+    return i >= 0 && i < N_TABLES ? TABLES[i].features : NULL;
+}
+
 int kernel_supported_at(int i) { return i >= 0 && i < N_TABLES ? TABLES[i].supported() : 0; }
 
 const char *kernel_active_name(void) { return kernels_active()->name; }

@@ -92,9 +92,11 @@ const char *kernel_path(const KernelTable *K, int bits, int G, int has_vnni, int
  * inputs are: matmul.c). */
 const char *kernel_path_with(const char *kernel, int bits, int G, int cols, int classifier);
 
-/* Table i's name (NULL past the last), whether this CPU can run it, and the active table's name
- * (plain C types, for tests and benchmarks through ctypes). */
+/* Table i's name (NULL past the last), the CPU features it needs (space-separated, as
+ * /proc/cpuinfo spells them; NULL past the last), whether this CPU can run it, and the active
+ * table's name (plain C types, for tests and benchmarks through ctypes). */
 const char *kernel_name_at(int i);
+const char *kernel_features_at(int i);
 int kernel_supported_at(int i);
 const char *kernel_active_name(void);
 

@@ -82,7 +82,9 @@ DittoStatus ditto_model_open(const char *path, const char *kernel, int threads, 
     }
     char msg[1024] = "";
     if (kernels_select(kernel && *kernel ? kernel : NULL, msg, sizeof msg)) {
-        set_err(err, errlen, "kernel: %s", msg);
+        /* named by where the table's name came from, as ditto-run names --kernel or the
+         * environment variable */
+        set_err(err, errlen, "%s%s", kernel && *kernel ? "kernel: " : "DITTO_KERNEL: ", msg);
         return DITTO_ERR_ARG;
     }
     DittoModel *m = calloc(1, sizeof *m);
