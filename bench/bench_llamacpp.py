@@ -18,10 +18,13 @@ Smoke check (seconds): ``python bench/bench_llamacpp.py --rounds 1 --threads 1 -
 from the shipped calibration text and per-tensor b and G under the size of llama.cpp's Q4_0
 file of the same weights (``--calibration stdlib --max-size-of Q4_0.gguf``). ``llama-shipped``
 is the GGUF file the bundled package ships, unchanged. Every round also measures a STREAM read
-(bench/bench_gemv.py's harness, the same threads): ``ceiling`` = decode tok/s x file bytes /
-STREAM bytes/s, the fraction of the memory-read ceiling when every weight byte is read once
-per token (the embedding table is counted although decode reads one row of it, unless it is
-the tied classifier). The STREAM array is NumPy memory, which NumPy marks MADV_HUGEPAGE: 2 MiB
+(bench/bench_gemv.py's harness, the same threads): ``ceiling`` = decode tok/s x
+``read_bytes`` / STREAM bytes/s, the fraction of the memory-read ceiling, where
+``read_bytes`` (``decode_read_bytes``) is what one decoded token reads of the model file: every
+tensor's payload, except that an embedding table which is not also the classifier counts one
+row (decode looks up one row of it). Runs from before 2026-12-08 have no ``read_bytes`` and
+counted the whole file, embedding table, tokenizer and metadata included, which put an untied
+model such as Qwen2.5-Coder-0.5B over 100 %. The STREAM array is NumPy memory, which NumPy marks MADV_HUGEPAGE: 2 MiB
 pages, as ditto-run reads the model into (docs/RUNTIME.md "Loading"); llama.cpp maps its file.
 
 Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
@@ -57,6 +60,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import random
 import statistics
@@ -206,6 +210,33 @@ def llama_models(bin_dir: Path, cache: Path, types: list[str], model: str = "smo
     return out
 
 
+def decode_read_bytes(path: Path) -> int:
+    """Bytes of model file ``path`` (a GGUF, or a Ditto model file) that decoding one token
+    reads: every tensor's payload, except that an embedding table which is not also the
+    classifier (a model with its own ``output.weight``) counts one row, which is all decode
+    reads of it. Tokenizer and metadata are not counted. Raises ValueError for a file of
+    neither kind."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        import gguf
+
+        sizes = {t.name: (int(t.n_bytes), math.prod(int(x) for x in t.shape[1:])) for t in
+                 gguf.GGUFReader(str(path)).tensors}  # (bytes, rows): ggml shapes are cols first
+        untied = "output.weight" in sizes
+    else:
+        from ditto_core.model.modelfile import ModelFile
+
+        with ModelFile.open(path, verify=False) as mf:
+            sizes = {n: (t.nbytes, t.shape[0]) for n, t in mf.tensors.items()}
+            untied = not mf.config.tied_embeddings
+    total = sum(n for n, _ in sizes.values())
+    if untied and "token_embd.weight" in sizes:
+        emb, rows = sizes["token_embd.weight"]
+        total -= emb - emb // rows
+    return total
+
+
 def llama_bench(bin_dir: Path, model: Path, threads: int, p: int, n: int,
                 env: dict | None = None, depth: int = 0) -> dict:
     """{"pp": tok/s, "tg": tok/s, "n_params": int} of one llama-bench run (-r 1) in ``env``
@@ -241,7 +272,9 @@ def ditto_bench(build: Path, ids_file: Path, threads: int, p: int, n: int,
 
 def table(results: dict, threads: list[int], p: int, n: int, model: str = "smollm2",
           depth: int = 0) -> str:
-    head = [MODEL_TITLES.get(model, model), "file MB", "bpw"]
+    per_token = all("read_bytes" in r for r in results.values())
+    head = [MODEL_TITLES.get(model, model), "file MB"] + (["MB read per token"] if per_token
+                                                          else []) + ["bpw"]
     whats = ("tg",) if depth else ("tg", "pp")
     at = f" at depth {depth}" if depth else ""
     for what in whats:
@@ -250,7 +283,8 @@ def table(results: dict, threads: list[int], p: int, n: int, model: str = "smoll
                         f", {t} thread{'s' if t > 1 else ''}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results.items():
-        row = [r["label"], f"{r['bytes'] / 1e6:.1f}", f"{r['bpw']:.2f}"]
+        row = [r["label"], f"{r['bytes'] / 1e6:.1f}"] + (
+            [f"{r['read_bytes'] / 1e6:.1f}"] if per_token else []) + [f"{r['bpw']:.2f}"]
         for what in whats:
             for t in threads:
                 v = r["median"].get(f"{what}@{t}")
@@ -398,7 +432,8 @@ def main(argv=None) -> int:
             name = f"llama-{t}"
             runners[name] = (lambda th, path=path: llama_bench(bin_dir, path, th, P, N, env, D))
             results[name] = {"label": "llama.cpp " + ("shipped file" if t == "shipped" else t),
-                             "bytes": path.stat().st_size}
+                             "bytes": path.stat().st_size,
+                             "read_bytes": decode_read_bytes(path)}
     ids = random.Random(0).choices(range(100, 49000), k=P)
     ids_file = args.work / f"prompt{P}.json"
     ids_file.write_text(json.dumps(ids))
@@ -422,7 +457,9 @@ def main(argv=None) -> int:
         rec = built_records[d]
         runners[name] = (lambda th, d=d, x=tuple(extra): ditto_bench(d, ids_file, th, P, N,
                                                                      depth_file, x))
-        results[name] = {"label": LABELS[name].replace("MODEL", args.model), "bytes": (d / "model.ditto").stat().st_size,
+        results[name] = {"label": LABELS[name].replace("MODEL", args.model),
+                         "bytes": (d / "model.ditto").stat().st_size,
+                         "read_bytes": decode_read_bytes(d / "model.ditto"),
                          "bpw": rec["bpw"], "pass_summary": rec["pass_summary"]}
     order = [c for c in configs if c in runners]
     samples = {c: {} for c in order}
@@ -448,7 +485,7 @@ def main(argv=None) -> int:
         r = results[c]
         r["samples"] = samples[c]
         r["median"] = {k: statistics.median(v) for k, v in samples[c].items()}
-        r["ceiling"] = {f"tg@{th}": r["median"][f"tg@{th}"] * r["bytes"] /
+        r["ceiling"] = {f"tg@{th}": r["median"][f"tg@{th}"] * r["read_bytes"] /
                         statistics.median(stream[th]) for th in threads}
         if "bpw" not in r:
             r["bpw"] = 8 * r["bytes"] / r["n_params"]

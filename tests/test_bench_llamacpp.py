@@ -190,3 +190,50 @@ def test_unknown_config_names_the_known_ones(bl, tmp_path, capsys):
                          "ditto-f16-codebook, ditto-fp32-blas, ditto-fp32-naive, ditto-fp32-mkl, "
                          "ditto-calibrated, ditto-default-f16kv)")
     assert not work.exists()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_read_bytes_counts_one_row_of_an_untied_embedding(bl, tmp_path, tied):
+    """The bytes one decoded token reads: every tensor's payload, but one row of an embedding
+    table that is not also the classifier; the same rule for a Ditto model file and a GGUF."""
+    import gguf
+    import numpy as np
+
+    from ditto_core.base.types import ModelConfig
+    from ditto_core.model.modelfile import TensorInfo, expected_shapes, write_model
+    from tests.test_modelfile import tiny_tokenizer
+
+    cfg = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
+                      vocab_size=8, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5,
+                      tied_embeddings=tied)
+    shapes = expected_shapes(cfg)
+    assert ("output.weight" in shapes) == (not tied)
+    infos = [TensorInfo(n, "f32", s) for n, s in shapes.items()]
+    rng = np.random.default_rng(0)
+    arrays = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in infos}
+    out = tmp_path / "m.ditto"
+    write_model(out, cfg, tiny_tokenizer(), infos, arrays.items())
+    every = sum(a.nbytes for a in arrays.values())
+    row = 64 * 4  # one f32 row of the 8 x 64 embedding table
+    want = every if tied else every - 8 * 64 * 4 + row
+    assert bl.decode_read_bytes(out) == want
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    for name, a in arrays.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    assert bl.decode_read_bytes(tmp_path / "m.gguf") == want
+
+
+def test_table_shows_the_bytes_read_per_token_when_the_run_has_them(bl):
+    """A run with ``read_bytes`` shows them beside the file size, and its decode cells' share
+    of the read ceiling is the stored ``ceiling``; a run without them keeps the old columns."""
+    r = {"label": "Ditto default build", "bytes": 435_754_880, "read_bytes": 319_572_962,
+         "bpw": 5.53, "median": {"tg@1": 68.7}, "ceiling": {"tg@1": 0.81}}
+    md = bl.table({"ditto-default": r}, [1], 512, 128, "qwen2.5-coder-0.5b", depth=1000)
+    assert md.splitlines()[0] == ("| Qwen2.5-Coder-0.5B | file MB | MB read per token | bpw | "
+                                  "decode tg128 at depth 1000, 1 thread |")
+    assert md.splitlines()[2] == "| Ditto default build | 435.8 | 319.6 | 5.53 | 68.7 (81 %) |"
+    old = {k: v for k, v in r.items() if k != "read_bytes"}
+    assert bl.table({"ditto-default": old}, [1], 512, 128, "qwen2.5-coder-0.5b",
+                    depth=1000).splitlines()[2] == "| Ditto default build | 435.8 | 5.53 | 68.7 (81 %) |"
