@@ -903,7 +903,7 @@ def _check_decoded_gemv(lib, decodes, rows=70, cols=576, huge=False):
 
 
 #: the tables that put b = 4 indices in row tiles at load (kernels.c i8_b4_tiled)
-TILING_TABLES = {"avx2"}
+TILING_TABLES = {"avx2", "avx512vbmi"}
 
 
 def row_tiles(idx_bytes: np.ndarray) -> np.ndarray:
@@ -915,13 +915,15 @@ def row_tiles(idx_bytes: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("rows,cols,G,tiled", [
     (72, 576, 64, 1), (72, 640, 128, 1), (40, 1536, 256, 1), (8, 1024, 512, 1),
+    (72, 576, 256, 1),  # a last sub-block of 64 columns (avx512vbmi: the ymm step)
+    (8, 960, 192, 1),   # G % 128 == 64 (avx512vbmi: the any-b kernel on the tiles)
     (72, 576, 576, 0),  # a sub-block past 512 columns: int32 sums no longer hold
     (70, 576, 64, 0),   # rows not whole tiles
     (72, 608, 32, 0),   # chunks and sub-blocks not whole 64-column runs
 ])
 def test_row_tiles_give_the_reference_bits(lib, monkeypatch, rows, cols, G, tiled):
     """kernels_tile_tensor puts a b = 4 tensor's index bytes in row tiles in place (exactly the
-    bytes of row_tiles) only on a table that reads them (avx2) and only where every tile,
+    bytes of row_tiles) only on a table that reads them (avx2, avx512vbmi) and only where every tile,
     chunk and sub-block is whole; then gemv (the tiled four-row kernel), gemm_i8_float_input
     (the GEMM, T = 1, 5, 20) and, with another table selected afterwards, the scalar reference
     reading the tiles all give the definition's bits. DITTO_TILES=0 turns tiling off."""

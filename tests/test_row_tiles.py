@@ -1,5 +1,5 @@
 """Row tiles (native/kernels/qgemv.h i8_b4_at, kernels.c kernels_tile_tensor): on the avx2
-table, ditto-run puts every b = 4 int8 weight matrix that fits whole tiles into row tiles at
+and avx512vbmi tables, ditto-run puts every b = 4 int8 weight matrix that fits whole tiles into row tiles at
 load, and its logits (batched prefill through the GEMM, one token at a time through the GEMV)
 and generated tokens are byte for byte those of the same run in file order (DITTO_TILES=0),
 also under ASan/UBSan; a mapped model file (read-only) is left in file order; a DITTO_TILES
@@ -18,7 +18,7 @@ from ditto_core.model.modelfile import TensorInfo, write_model
 from ditto_pack_bits import codebook_payload
 
 from .fixtures_native import byte_vocab, dump_logits, random_codebook_tensor, run_native
-from .test_kernels_int import X86_TABLES, cpu_flags
+from .test_kernels_int import TILING_TABLES, X86_TABLES, cpu_flags
 
 IDS = [1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 35, 32, 100, 101, 102]
 #: the block matrices: (name, rows, cols, G); each fits tiles (rows % 4, cols % 64, G % 64)
@@ -73,12 +73,13 @@ def _generate(exe, model, env, *extra):
     return p.stdout, _stats(p.stderr)
 
 
+@pytest.mark.parametrize("table", sorted(TILING_TABLES))
 @pytest.mark.parametrize("which", ["run", "asan"])
-def test_tiled_run_equals_file_order(native_build, tiles_model, tmp_path, which):
-    if not X86_TABLES["avx2"] <= cpu_flags():
-        pytest.skip("this CPU lacks the avx2 table, the one that reads row tiles")
+def test_tiled_run_equals_file_order(native_build, tiles_model, tmp_path, which, table):
+    if not X86_TABLES[table] <= cpu_flags():
+        pytest.skip(f"this CPU lacks the {table} table")
     exe = getattr(native_build, which)
-    on, off = {"DITTO_KERNEL": "avx2"}, {"DITTO_KERNEL": "avx2", "DITTO_TILES": "0"}
+    on, off = {"DITTO_KERNEL": table}, {"DITTO_KERNEL": table, "DITTO_TILES": "0"}
     for extra in ([], ["-b", "1"]):  # the prefill GEMM, then the GEMV token by token
         tiled = dump_logits(exe, tiles_model, IDS, tmp_path, *extra, env=on)
         plain = dump_logits(exe, tiles_model, IDS, tmp_path, *extra, env=off)

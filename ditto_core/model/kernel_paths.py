@@ -44,7 +44,7 @@ _AVX2 = ("avx2", "fma", "f16c", "bmi2")
 #: the x86 tables, best first (native/kernels/kernels.c TABLES)
 X86_TABLES = (
     Table("avx512vbmi", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", *_AVX2),
-          32, True, True, True, False),
+          32, True, True, True, False, tiles=True),
     Table("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", *_AVX2),
           32, True, True, True, True, True),
     Table("avxvnni", ("avx_vnni", *_AVX2), 32, True, True, True, True, True),

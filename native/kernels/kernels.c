@@ -41,6 +41,8 @@ void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, const I8Layout *L, 
                               int cols);
 void i8cb_b5_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                        int cols);
+void i8cb_b4_tiled_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0,
+                                   int r1, int cols);
 void i8cb_b4_tiled_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                              int cols);
 void i8_dec8_rows_avx2(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
@@ -77,7 +79,7 @@ static const KernelTable TABLES[] = {
     {"avx512vbmi", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma f16c bmi2",
      has_avx512vbmi, i8cb_b4_rows_avx512vbmi, 32, i8cb_b6_rows_avx512vbmi,
      i8cb_rows_avx512vbmi_any, i8cb_gemm_avx512vbmi, 1, codebook_gemv_avx512, act_quantize_avx512,
-     NULL, NULL, NULL, NULL, 1, NULL},
+     NULL, NULL, NULL, i8cb_b4_tiled_rows_avx512vbmi, 1, NULL},
     {"avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx2 fma f16c bmi2", has_avx512vnni,
      i8cb_b4_rows_avx512vnni, 32, i8cb_b6_rows_avx2, i8cb_rows_avx2_any, i8cb_gemm_avx512vnni, 1,
      codebook_gemv_avx512, act_quantize_avx512, i8_dec8_rows_avx2, i8_decode_rows_avx2,

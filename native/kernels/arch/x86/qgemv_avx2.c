@@ -235,15 +235,6 @@ AVX2_FN static void rows4_avx2(float *y, const QuantActs *qa, const I8Layout *L,
     store4_combined(y + r, acc, qa->D);
 }
 
-/* How far ahead of a stream read front to back (the row tiles, the decoded classifier's tiles)
- * its lines are prefetched into L2: 8 KiB on AMD CPUs, 2 KiB on others. On the Zen 4 measured
- * (table avx2), 8 KiB decoded ~1.2x faster than 2 KiB at 1 thread and ~1.08x at 2; on the
- * Xeon measured, the decoded classifier read 7-13 % slower at 4-8 KiB than at 2 KiB
- * (docs/KERNELS.md "Decoded classifier", "Row tiles"). */
-static inline size_t stream_prefetch_ahead(void) {
-    return __builtin_cpu_is("amd") ? 8192u : 2048u;
-}
-
 /* Four rows at once from tiled indices (qgemv.h i8_b4_at; i8_tiles_fit: G % 64 == 0, G <= 512,
  * cols % 64 == 0): rows4_avx2's arithmetic, with each 64-column step's index bytes of the four
  * rows one 128-byte run of the tile, so the tensor is read as one sequential stream. The lines

@@ -141,12 +141,34 @@ sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2
  * is a long dependent chain (the reduction tree, the conversion to double, the multiply-add)
  * that, issued right after its last vpdpbusd, held up the steps behind it (about 10 % of the
  * kernel on the 576- to 4864-column rows of SmolLM2 and Qwen2.5-Coder, docs/KERNELS.md). */
-#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP, LOOKUP64, REST)                                    \
+/* The 64 index bytes of step c (128 columns) of row i: at the row's own bytes, or, with row
+ * tiles (TILED; row[0] is the tile), in its chunks c / 64 and c / 64 + 1 (qgemv.h i8_b4_at),
+ * 128 bytes apart. */
+#define ROW128(TILED, i, c)                                                                    \
+    ((TILED) ? _mm512_inserti64x4(                                                             \
+                   _mm512_castsi256_si512(_mm256_loadu_si256(                                  \
+                       (const __m256i *)(const void *)(row[0] + (size_t)(c) * 2u + 32u * (i)))), \
+                   _mm256_loadu_si256((const __m256i *)(const void *)(row[0] + (size_t)(c) * 2u + \
+                                                                      128u + 32u * (i))),      \
+                   1)                                                                          \
+             : _mm512_loadu_si512((const void *)(row[i] + (c) / 2)))
+/* The lines `ahead` on of step c: the four rows' own, or the tile's 256 bytes of the step. */
+#define PREFETCH_STEP(TILED, c)                                                                \
+    do {                                                                                       \
+        if (TILED)                                                                             \
+            for (int i_ = 0; i_ < 4; i_++)                                                     \
+                _mm_prefetch((const char *)row[0] + ahead + (size_t)(c) * 2u + 64u * i_,       \
+                             _MM_HINT_T1);                                                     \
+        else                                                                                   \
+            PREFETCH4(row, ahead + (size_t)(c) / 2);                                           \
+    } while (0)
+
+#define I8CB_B4_ROWS4_128(NAME, FN, LOOKUP, LOOKUP64, REST, TILED)                             \
     FN static void NAME##_rows4(float *y, const QuantActs *qa, const I8Layout *L, int r,       \
                                 int cols, const uint32_t *corr) {                              \
         const uint8_t *row[4];                                                                 \
         i8_b4_rows4_begin(L, r, row, 0);                                                       \
-        const size_t ahead = i8_prefetch_ahead(L, row[3]);                                     \
+        const size_t ahead = (TILED) ? stream_prefetch_ahead() : i8_prefetch_ahead(L, row[3]); \
         const int full = cols & ~127;                                                          \
         const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(-128);            \
         (void)low4;                                                                            \
@@ -172,14 +194,24 @@ sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;                                        \
             int c = c0;                                                                        \
             for (; c < stop; c += 128) { /* no calls: everything stays in registers */        \
-                PREFETCH4(row, ahead + (size_t)c / 2);                                         \
+                PREFETCH_STEP(TILED, c);                                                       \
                 ACTS128(c);                                                                    \
-                STEP128(LOOKUP, row[0] + c / 2, t0, l0, h0);                                   \
-                STEP128(LOOKUP, row[1] + c / 2, t1, l1, h1);                                   \
-                STEP128(LOOKUP, row[2] + c / 2, t2, l2, h2);                                   \
-                STEP128(LOOKUP, row[3] + c / 2, t3, l3, h3);                                   \
+                STEP128_V(LOOKUP, ROW128(TILED, 0, c), t0, l0, h0);                            \
+                STEP128_V(LOOKUP, ROW128(TILED, 1, c), t1, l1, h1);                            \
+                STEP128_V(LOOKUP, ROW128(TILED, 2, c), t2, l2, h2);                            \
+                STEP128_V(LOOKUP, ROW128(TILED, 3, c), t3, l3, h3);                            \
             }                                                                                  \
-            if (c < c1 && cols - c <= 64) { /* the rows' last 64 columns or fewer, in ymm */   \
+            if ((TILED) && c < c1) { /* a tiled row's last 64 columns: one whole chunk */      \
+                ACTS64(c);                                                                     \
+                STEP64(LOOKUP64, _mm256_loadu_si256((const __m256i *)(const void *)(           \
+                                     row[0] + (size_t)c * 2u)), t0, l0, h0);                  \
+                STEP64(LOOKUP64, _mm256_loadu_si256((const __m256i *)(const void *)(           \
+                                     row[0] + (size_t)c * 2u + 32u)), t1, l1, h1);            \
+                STEP64(LOOKUP64, _mm256_loadu_si256((const __m256i *)(const void *)(           \
+                                     row[0] + (size_t)c * 2u + 64u)), t2, l2, h2);            \
+                STEP64(LOOKUP64, _mm256_loadu_si256((const __m256i *)(const void *)(           \
+                                     row[0] + (size_t)c * 2u + 96u)), t3, l3, h3);            \
+            } else if (c < c1 && cols - c <= 64) { /* the rows' last 64 columns or fewer */    \
                 const __mmask32 m_ = (__mmask32)tail_mask64(cols - c); /* n <= 64 */           \
                 PREFETCH4(row, ahead + (size_t)c / 2);                                         \
                 ACTS64(c);                                                                     \
@@ -203,9 +235,9 @@ sum4_lohi(__m512i l0, __m512i h0, __m512i l1, __m512i h1, __m512i l2, __m512i h2
 /* VBMI: G % 128 != 0 or G > 512 (e.g. a whole row of 576 or 896 columns) through the 64-column
  * any-b kernel below (G % 64 == 0), which hands the rest to the AVX2 b = 4 kernel */
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB, LOOKUP64_PERMB,
-                  i8cb_rows_avx512vbmi_any)
+                  i8cb_rows_avx512vbmi_any, 0)
 I8CB_B4_ROWS4_128(i8cb_b4_rows_avx512vnni, VNNI512_F16C_FN, LOOKUP128_PSHUFB, LOOKUP64_PSHUFB,
-                  i8cb_b4_rows_avx2)
+                  i8cb_b4_rows_avx2, 0)
 
 /* ---- any b in 1..8, AVX-512 VBMI: 64 columns per step (natural column order) ----
  * 64 indices are 8b bytes (eight groups of b bytes, FORMAT.md); one vpermb puts group k into
@@ -315,11 +347,27 @@ VBMI512_F16C_FN static inline __m512i anyb_offsets(const int b) {
     return _mm512_set1_epi64((long long)off);
 }
 
+/* The index bytes of step c (64 columns) of row i of the four rows at row[]: the row's own at
+ * b bits, or, for b = 4 indices in row tiles (`tiled`; row[0] is the tile, qgemv.h i8_b4_at),
+ * its chunk c / 64 of the tile. */
+#define ANYB_AT(i, c)                                                                          \
+    ((tiled) ? row[0] + (size_t)(c) * 2u + 32u * (i) : row[i] + (size_t)(c) / 8 * (size_t)b)
+/* The lines `ahead` on of step c: each row's, or the tile's 128 bytes of the step. */
+#define ANYB_PREFETCH(c)                                                                       \
+    do {                                                                                       \
+        if (tiled) {                                                                           \
+            _mm_prefetch((const char *)row[0] + ahead + (size_t)(c) * 2u, _MM_HINT_T1);        \
+            _mm_prefetch((const char *)row[0] + ahead + (size_t)(c) * 2u + 64u, _MM_HINT_T1);  \
+        } else {                                                                               \
+            PREFETCH4(row, ahead + (size_t)(c) / 8 * (size_t)b);                               \
+        }                                                                                      \
+    } while (0)
+
 /* The four rows r .. r + 3 a kernel reads for rows r .. r + n - 1 (a last group of fewer
  * repeats its last row): their numbers rr and index rows; the centroids of the rows 8 on are
  * prefetched into L2. Returns the in-loop prefetch distance (i8_prefetch_ahead). */
 static inline size_t anyb_rows4_start(const I8Layout *L, int r, int n, int b, int rr[4],
-                                      const uint8_t *row[4]) {
+                                      const uint8_t *row[4], int tiled) {
     for (int i = 0; i < 4; i++) {
         rr[i] = r + (i < n ? i : n - 1);
         row[i] = L->indices + (size_t)rr[i] * L->row_bytes;
@@ -327,7 +375,7 @@ static inline size_t anyb_rows4_start(const I8Layout *L, int r, int n, int b, in
     const size_t cs = (size_t)L->n_sub << b;
     prefetch_bytes(L->cent, (size_t)(r + 8) * cs, 4 * cs,
                    (size_t)((const int8_t *)(const void *)L->scale - L->cent));
-    return i8_prefetch_ahead(L, row[3]);
+    return tiled ? stream_prefetch_ahead() : i8_prefetch_ahead(L, row[3]);
 }
 
 /* Rows r .. r + n - 1 (1 <= n <= 4) of a b-bit tensor for ni (1 or 2) inputs: y[i][r ..] from
@@ -338,14 +386,14 @@ static inline size_t anyb_rows4_start(const I8Layout *L, int r, int n, int b, in
  * of vectors on the stack (qgemm_avx2.c), which costs a tenth of the decode speed here. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const I8Layout *L,
-                int r, int n, int cols, const int b) {
+                int r, int n, int cols, const int b, const int tiled) {
     const __m512i place = anyb_place(b), offsets = anyb_offsets(b);
     const __mmask64 full_mask = (__mmask64)(b == 8 ? ~0ull : (1ull << (8 * b)) - 1u);
     const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
     const QuantActs *q0 = qa[0], *q1 = qa[ni - 1];
     int rr[4];
     const uint8_t *row[4];
-    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row);
+    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row, tiled);
     const int full = cols & ~63;
     __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0;
     for (int s = 0; s < L->n_sub; s++) {
@@ -383,15 +431,15 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
     const __m512i an1 = ni == 2 ? _mm512_loadu_si512((const void *)(q1->nl + (c))) : an0;          \
     const __m512i ah1 = ni == 2 ? _mm512_loadu_si512((const void *)(q1->nh + (c))) : ah0
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
-                const size_t o = (size_t)c / 8 * (size_t)b;
                 ANYB_ACTS(c);
-                PREFETCH4(row, ahead + o);
-                ANYB_STEP(full_mask, row[0] + o, t0, 0);
-                ANYB_STEP(full_mask, row[1] + o, t1, 1);
-                ANYB_STEP(full_mask, row[2] + o, t2, 2);
-                ANYB_STEP(full_mask, row[3] + o, t3, 3);
+                ANYB_PREFETCH(c);
+                ANYB_STEP(full_mask, ANYB_AT(0, c), t0, 0);
+                ANYB_STEP(full_mask, ANYB_AT(1, c), t1, 1);
+                ANYB_STEP(full_mask, ANYB_AT(2, c), t2, 2);
+                ANYB_STEP(full_mask, ANYB_AT(3, c), t3, 3);
             }
-            if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
+            if (c < run) { /* the rows' partial last step: masked loads, zero past the row
+                              (never tiled rows: theirs are whole 64-column chunks) */
                 const size_t o = (size_t)c / 8 * (size_t)b;
                 ANYB_ACTS(c);
                 const __mmask64 m = tail_mask_bits(cols - c, b);
@@ -426,13 +474,13 @@ anyb_rows4_vbmi(float *const *y, const QuantActs *const *qa, const int ni, const
  * behind it. The same operations in the same order per row: the same bits. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, int n, int cols,
-                     const int b) {
+                     const int b, const int tiled) {
     const __m512i place = anyb_place(b), offsets = anyb_offsets(b);
     const __mmask64 full_mask = (__mmask64)((1ull << (8 * b)) - 1u);
     const size_t K = (size_t)1 << b, cs = (size_t)L->n_sub * K;
     int rr[4];
     const uint8_t *row[4];
-    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row);
+    const size_t ahead = anyb_rows4_start(L, r, n, b, rr, row, tiled);
     const int full = cols & ~63;
     __m256d acc = _mm256_setzero_pd(), T = acc;
     __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0; /* the pending run */
@@ -470,14 +518,13 @@ anyb_rows4_late_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r, in
             __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (; c < stop; c += 64) { /* no calls: everything stays in registers */
-                const size_t o = (size_t)c / 8 * (size_t)b;
                 const __m512i an = _mm512_loadu_si512((const void *)(qa->nl + c));
                 const __m512i ah = _mm512_loadu_si512((const void *)(qa->nh + c));
-                PREFETCH4(row, ahead + o);
-                ANYB_LATE_STEP(full_mask, row[0] + o, t0, l0, h0);
-                ANYB_LATE_STEP(full_mask, row[1] + o, t1, l1, h1);
-                ANYB_LATE_STEP(full_mask, row[2] + o, t2, l2, h2);
-                ANYB_LATE_STEP(full_mask, row[3] + o, t3, l3, h3);
+                ANYB_PREFETCH(c);
+                ANYB_LATE_STEP(full_mask, ANYB_AT(0, c), t0, l0, h0);
+                ANYB_LATE_STEP(full_mask, ANYB_AT(1, c), t1, l1, h1);
+                ANYB_LATE_STEP(full_mask, ANYB_AT(2, c), t2, l2, h2);
+                ANYB_LATE_STEP(full_mask, ANYB_AT(3, c), t3, l3, h3);
             }
             if (c < run) { /* the rows' partial last step: masked loads, zero past the row */
                 const size_t o = (size_t)c / 8 * (size_t)b;
@@ -507,11 +554,11 @@ anyb_rows_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
                const int b) {
     if (b <= 6) {
         for (int r = r0; r < r1; r += 4)
-            anyb_rows4_late_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+            anyb_rows4_late_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, b, 0);
         return;
     }
     for (int r = r0; r < r1; r += 4)
-        anyb_rows4_vbmi(&y, &qa, 1, L, r, r1 - r < 4 ? r1 - r : 4, cols, b);
+        anyb_rows4_vbmi(&y, &qa, 1, L, r, r1 - r < 4 ? r1 - r : 4, cols, b, 0);
 }
 
 /* Rows [r0, r1) of Y[t] (row stride `rows`) for the T inputs qa[0..T), two inputs per decode
@@ -519,19 +566,19 @@ anyb_rows_vbmi(float *y, const QuantActs *qa, const I8Layout *L, int r0, int r1,
  * input passes over it. */
 VBMI512_F16C_FN __attribute__((always_inline)) static inline void
 anyb_gemm_few_vbmi(float *Y, const QuantActs *qa, int T, const I8Layout *L, int r0, int r1,
-                   int rows, int cols, const int b) {
+                   int rows, int cols, const int b, const int tiled) {
     for (int r = r0; r < r1; r += 4) {
         const int n = r1 - r < 4 ? r1 - r : 4;
         int t = 0;
         for (; t + 2 <= T; t += 2) {
             float *y[2] = {Y + (size_t)t * (size_t)rows, Y + (size_t)(t + 1) * (size_t)rows};
             const QuantActs *q[2] = {&qa[t], &qa[t + 1]};
-            anyb_rows4_vbmi(y, q, 2, L, r, n, cols, b);
+            anyb_rows4_vbmi(y, q, 2, L, r, n, cols, b, tiled);
         }
         if (t < T) {
             float *y1 = Y + (size_t)t * (size_t)rows;
             const QuantActs *q1 = &qa[t];
-            anyb_rows4_vbmi(&y1, &q1, 1, L, r, n, cols, b);
+            anyb_rows4_vbmi(&y1, &q1, 1, L, r, n, cols, b, tiled);
         }
     }
 }
@@ -571,6 +618,32 @@ VBMI512_F16C_FN void i8cb_rows_avx512vbmi_any(float *y, const QuantActs *qa, con
     }
 }
 
+/* b = 4 indices in row tiles (kernels_tile_tensor; qgemv.h i8_tiles_fit: G % 64 == 0,
+ * G <= 512, cols % 64 == 0, rows % 4 == 0), G % 128 != 0: the any-b kernel at b = 4 on the
+ * tile's 64-column chunks (a partial step never happens: cols % 64 == 0). */
+VBMI512_F16C_FN static void b4_tiled_any_avx512vbmi(float *y, const QuantActs *qa,
+                                                     const I8Layout *L, int r0, int r1,
+                                                     int cols) {
+    for (int r = r0; r < r1; r += 4)
+        anyb_rows4_late_vbmi(y, qa, L, r, r1 - r < 4 ? r1 - r : 4, cols, 4, 1);
+}
+
+/* b = 4 indices in row tiles, G % 128 == 0: the 128-column kernel above, each step's four rows
+ * one 256-byte run of the tile, so the tensor is read as one stream (docs/KERNELS.md "Row
+ * tiles"). */
+I8CB_B4_ROWS4_128(b4_tiled128_avx512vbmi, VBMI512_F16C_FN, LOOKUP128_PERMB, LOOKUP64_PERMB,
+                  b4_tiled_any_avx512vbmi, 1)
+
+/* The avx512vbmi table's kernel for b = 4 tensors in row tiles (kernels.h i8_b4_tiled): the
+ * inputs of that table's GEMV have the VNNI arrays; without them, the scalar reference, which
+ * reads tiles too. */
+VBMI512_F16C_FN void i8cb_b4_tiled_rows_avx512vbmi(float *y, const QuantActs *qa,
+                                                   const I8Layout *L, int r0, int r1,
+                                                   int cols) {
+    if (!qa->has_vnni) i8cb_rows_generic(y, qa, L, r0, r1, cols);
+    else b4_tiled128_avx512vbmi(y, qa, L, r0, r1, cols);
+}
+
 VBMI512_F16C_FN void i8cb_b6_rows_avx512vbmi(float *y, const QuantActs *qa, const I8Layout *L,
                                              int r0, int r1, int cols) {
     if (L->group_size % 64 == 0 && qa->has_vnni) anyb_rows_vbmi(y, qa, L, r0, r1, cols, 6);
@@ -597,9 +670,12 @@ VBMI512_F16C_FN void i8cb_gemm_avx512vbmi(float *Y, const QuantActs *qa, int T,
         return;
     }
     switch (L->bits) {
-    case 4: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 4); break;
-    case 5: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 5); break;
-    default: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 6); break;
+    case 4:
+        if (L->tiled) anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 4, 1);
+        else anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 4, 0);
+        break;
+    case 5: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 5, 0); break;
+    default: anyb_gemm_few_vbmi(Y, qa, T, L, r0, r1, rows, cols, 6, 0); break;
     }
 }
 
