@@ -89,8 +89,9 @@ def test_bench_cli(eval_builds):
 
 
 def test_bench_and_eval_refuse_a_bad_ditto_kernel_first(eval_builds):
-    """A DITTO_KERNEL ditto-run would refuse stops `ditto bench` and `ditto eval` before any
-    run, with ditto-run's own message (not as the failure of their first step)."""
+    """A DITTO_KERNEL (or DITTO_TILES) ditto-run would refuse stops `ditto bench` and `ditto
+    eval` before any run, with ditto-run's own message (not as the failure of their first
+    step)."""
     from ditto_core.model import kernel_paths as KP
 
     names = ", ".join(t.name for t in KP.tables())
@@ -101,6 +102,12 @@ def test_bench_and_eval_refuse_a_bad_ditto_kernel_first(eval_builds):
                               text=True, timeout=600, env=env)
         assert (proc.returncode, proc.stderr) == (
             1, f"error: DITTO_KERNEL: unknown kernel 'sse9' (this program has: {names})\n")
+    proc = subprocess.run([sys.executable, "-m", "ditto_core.cli.main", "bench",
+                           eval_builds["none"], "--repeat", "1", "-q"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "DITTO_TILES": "2"})
+    assert (proc.returncode, proc.stderr) == (
+        1, "error: DITTO_TILES must be 1 (b = 4 weight matrices in row tiles where the kernel "
+           "table reads them) or 0 (file order), got '2'\n")
 
 
 def test_parse_threads_takes_only_positive_integers():

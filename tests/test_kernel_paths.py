@@ -164,6 +164,40 @@ def test_the_embedding_is_never_tiled_even_as_the_tied_classifier():
     assert KP.tensor_path(avx2, emb, "output.weight") == "lookup"
 
 
+def test_ditto_tiles_decides_the_tiled_paths_and_is_checked_as_ditto_run_does(tmp_path):
+    """DITTO_TILES=0 keeps file order, so inspect shows no tiled path; a value but 0 or 1 is
+    refused with ditto-run's message (kernels.c kernels_tiles_env_check)."""
+    vbmi = KP.table("avx512vbmi")
+    out = TensorInfo("output.weight", "codebook", (8, 128), 4, 128, "int8")
+    assert KP.tensor_path(vbmi, out, "output.weight") == "avx512vbmi:i8_b4-tiled"
+    assert KP.tensor_path(vbmi, out, "output.weight", tiles=False) == "avx512vbmi:i8_b4"
+    assert [KP.tiles_enabled({"DITTO_TILES": v}) for v in ("", "1", "0")] == [True, True, False]
+    assert KP.tiles_enabled({}) is True
+    with pytest.raises(DittoError, match=re.escape(
+            "DITTO_TILES must be 1 (b = 4 weight matrices in row tiles where the kernel table "
+            "reads them) or 0 (file order), got '2'")):
+        KP.tiles_enabled({"DITTO_TILES": "2"})
+    cfg = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
+                      vocab_size=8, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5,
+                      tied_embeddings=True)
+    infos = [TensorInfo(n, "codebook", s, 4, 64, "int8") if len(s) == 2 else
+             TensorInfo(n, "f32", s) for n, s in expected_shapes(cfg).items()]
+    payloads = ((t.name, np.ones(t.shape, np.float32) if t.encoding == "f32"
+                 else bytes(t.expected_nbytes())) for t in infos)
+    path = tmp_path / "m.ditto"
+    write_model(path, cfg, tiny_tokenizer(), infos, payloads)
+    got = {}
+    for v in ("1", "0"):
+        r = CliRunner().invoke(cli, ["inspect", "--json", "--kernel", "avx2", str(path)],
+                               env={"DITTO_TILES": v})
+        assert r.exit_code == 0, r.output
+        got[v] = {t["name"]: t["kernel"] for t in json.loads(r.output)["tensors"]}
+    assert got["1"]["blk.0.attn_output.weight"] == "avx2:i8_b4-tiled"
+    assert got["0"]["blk.0.attn_output.weight"] == "avx2:i8_b4"
+    r = CliRunner().invoke(cli, ["inspect", str(path)], env={"DITTO_TILES": "yes"})
+    assert r.exit_code == 1 and "DITTO_TILES must be 1" in r.output and "got 'yes'" in r.output
+
+
 def test_layout_entries_group_by_kernel_and_list_the_clamped_g():
     """One layout entry per (b, G, codebook type, kernel): tensors whose rows are shorter
     than G by different amounts but take the same kernel share it, with every G the kernels

@@ -41,13 +41,14 @@ def reports_errors(func):
 
 
 def check_kernel_env() -> None:
-    """Refuse a ``DITTO_KERNEL`` the build's ditto-run would refuse (an unknown table, or one
-    this CPU cannot run), with ditto-run's own message, before any work: commands that run a
-    build several times (eval, bench, compare) would otherwise report it as the failure of
-    their first step. Raises DittoError."""
+    """Refuse a ``DITTO_KERNEL`` or ``DITTO_TILES`` the build's ditto-run would refuse (an
+    unknown table, one this CPU cannot run, a tiles value but 0 or 1), with ditto-run's own
+    message, before any work: commands that run a build several times (eval, bench, compare)
+    would otherwise report it as the failure of their first step. Raises DittoError."""
     from ditto_core.model import kernel_paths
 
     kernel_paths.active_table()
+    kernel_paths.tiles_enabled()
 
 
 def compile_stage_options(func):

@@ -160,10 +160,22 @@ def fits_tiles(bits: int, group_size: int, rows: int, cols: int) -> bool:
     return bits == 4 and rows % 4 == 0 and cols % 64 == 0 and G % 64 == 0 and G <= 512
 
 
-def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
+def tiles_enabled(env: dict | None = None) -> bool:
+    """Whether the runtime puts b = 4 matrices in row tiles at load: ``DITTO_TILES`` unset,
+    empty or ``1`` (the default), not ``0`` (native/kernels/kernels.c ``kernels_tile_tensor``).
+    Raises DittoError, as ditto-run refuses to start, for any other value."""
+    env = os.environ if env is None else env
+    v = env.get("DITTO_TILES") or ""
+    if v not in ("", "0", "1"):
+        raise DittoError(f"DITTO_TILES must be 1 (b = 4 weight matrices in row tiles where the "
+                         f"kernel table reads them) or 0 (file order), got '{v}'")
+    return v != "0"
+
+
+def tensor_path(t: Table, info, classifier_name: str | None, tiles: bool = True) -> str | None:
     """``"TABLE:SLOT"`` for a tensor of the model file (``modelfile.TensorInfo``; SLOT
     ``i8_b4-tiled`` for a b = 4 matrix the runtime puts in row tiles, when the model is read
-    into memory rather than mapped), ``"lookup"``
+    into memory rather than mapped and ``tiles`` (``tiles_enabled``) holds), ``"lookup"``
     for an embedding table read row by row, or None for a tensor no GEMV reads as a matrix
     (vectors) or one outside the integer kernels (``f32`` tensors: BLAS / matmul; f16/f32
     codebooks: the float lookup kernel, ``TABLE:float-cb``)."""
@@ -178,7 +190,7 @@ def tensor_path(t: Table, info, classifier_name: str | None) -> str | None:
     rows, cols = (int(x) for x in info.shape)
     slot = kernel_path(t, int(info.bits), int(info.group_size), cols,
                        classifier=info.name == classifier_name)
-    if (slot == "i8_b4" and t.tiles and info.name != "token_embd.weight"
+    if (slot == "i8_b4" and t.tiles and tiles and info.name != "token_embd.weight"
             and fits_tiles(int(info.bits), int(info.group_size), rows, cols)):
         # matmul.c tile_weights: every matrix but the embedding, which tensor_row reads by
         # row, also where it is the tied classifier

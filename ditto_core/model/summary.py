@@ -39,8 +39,10 @@ def inspect_summary(mf, record: dict | None = None, kernel_table=None) -> dict:
     weight. Each tensor's ``kernel`` is the GEMV path the runtime takes for it on
     ``kernel_table`` (a ``kernel_paths.Table``; default: the one this CPU runs, as the runtime
     chooses it), e.g. ``"avx512vbmi:i8_b4"``, ``"generic"``, ``"lookup"`` or None
-    (kernel_paths.tensor_path); ``kernel_table`` in the result names the table."""
+    (kernel_paths.tensor_path; row tiles as ``DITTO_TILES`` sets them, a bad value raising
+    DittoError); ``kernel_table`` in the result names the table."""
     kt = kernel_table or KP.active_table()
+    tiles = KP.tiles_enabled()
     cls = KP.classifier_name(mf.config)
     tensors = []
     for t in mf.tensors.values():
@@ -49,7 +51,7 @@ def inspect_summary(mf, record: dict | None = None, kernel_table=None) -> dict:
                         "codebook_type": t.codebook_type, "offset": t.offset,
                         "bytes": t.nbytes, "bpw": 8.0 * t.nbytes / t.n_weights,
                         "theoretical_bytes": t.theoretical_bytes,
-                        "kernel": KP.tensor_path(kt, t, cls)})
+                        "kernel": KP.tensor_path(kt, t, cls, tiles)})
     n_weights = sum(t.n_weights for t in mf.tensors.values())
     payload = mf.payload_bytes
     theo = sum(r["theoretical_bytes"] for r in tensors)
