@@ -22,10 +22,11 @@ is the GGUF file the bundled package ships, unchanged. Every round also measures
 ``read_bytes`` / STREAM bytes/s, the fraction of the memory-read ceiling, where
 ``read_bytes`` (``decode_read_bytes``) is what one decoded token reads of the model file: every
 tensor's payload, except that an embedding table which is not also the classifier counts one
-row (decode looks up one row of it). Runs from before 2026-12-08 have no ``read_bytes`` and
-counted the whole file, embedding table, tokenizer and metadata included, which put an untied
-model such as Qwen2.5-Coder-0.5B over 100 %. The STREAM array is NumPy memory, which NumPy marks MADV_HUGEPAGE: 2 MiB
-pages, as ditto-run reads the model into (docs/RUNTIME.md "Loading"); llama.cpp maps its file.
+row (decode looks up one row of it). A run's JSON without ``read_bytes`` counted the whole
+file, embedding table, tokenizer and metadata included, which put an untied model such as
+Qwen2.5-Coder-0.5B over 100 %. The STREAM array is NumPy memory, which NumPy marks
+MADV_HUGEPAGE: 2 MiB pages, as ditto-run reads the model into (docs/RUNTIME.md "Loading");
+llama.cpp maps its file.
 
 Peers: llama.cpp's tools built from the source vendored by the PyPI sdist of llama-cpp-python
 (``bash ../shared/tools/build-llama-cpp.sh`` prints the bin directory; or ``--llama-bin DIR``).
@@ -214,8 +215,8 @@ def decode_read_bytes(path: Path) -> int:
     """Bytes of model file ``path`` (a GGUF, or a Ditto model file) that decoding one token
     reads: every tensor's payload, except that an embedding table which is not also the
     classifier (a model with its own ``output.weight``) counts one row, which is all decode
-    reads of it. Tokenizer and metadata are not counted. Raises ValueError for a file of
-    neither kind."""
+    reads of it. Tokenizer and metadata are not counted. Raises DittoError naming the file
+    when it is neither (modelfile.ModelFile's refusal) and OSError when it cannot be read."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":

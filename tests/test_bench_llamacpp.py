@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -236,4 +237,15 @@ def test_table_shows_the_bytes_read_per_token_when_the_run_has_them(bl):
     assert md.splitlines()[2] == "| Ditto default build | 435.8 | 319.6 | 5.53 | 68.7 (81 %) |"
     old = {k: v for k, v in r.items() if k != "read_bytes"}
     assert bl.table({"ditto-default": old}, [1], 512, 128, "qwen2.5-coder-0.5b",
-                    depth=1000).splitlines()[2] == "| Ditto default build | 435.8 | 5.53 | 68.7 (81 %) |"
+                    depth=1000).splitlines()[2] == (
+        "| Ditto default build | 435.8 | 5.53 | 68.7 (81 %) |")
+
+
+def test_decode_read_bytes_refuses_a_file_of_neither_kind(bl, tmp_path):
+    """Neither a GGUF nor a Ditto model file: the model file reader's refusal, naming it."""
+    from ditto_core.base.errors import DittoError
+
+    bad = tmp_path / "notes.txt"
+    bad.write_bytes(b"not a model at all, just some text" * 4)
+    with pytest.raises(DittoError, match=re.escape(f"{bad}: not a Ditto model file (magic")):
+        bl.decode_read_bytes(bad)

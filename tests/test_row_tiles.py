@@ -1,10 +1,10 @@
-"""Row tiles (native/kernels/qgemv.h i8_b4_at, kernels.c kernels_tile_tensor): on the avx2
-and avx512vbmi tables, ditto-run puts every b = 4 int8 weight matrix that fits whole tiles into row tiles at
-load, and its logits (batched prefill through the GEMM, one token at a time through the GEMV)
-and generated tokens are byte for byte those of the same run in file order (DITTO_TILES=0),
-also under ASan/UBSan; a mapped model file (read-only) is left in file order; a DITTO_TILES
-other than 0 or 1 is refused. The kernels
-themselves are checked against the definition in tests/test_kernels_int.py."""
+"""Row tiles (native/kernels/qgemv.h i8_b4_at, kernels.c kernels_tile_tensor): on the
+avx2 and avx512vbmi tables, ditto-run puts every b = 4 int8 weight matrix that fits whole
+tiles into row tiles at load, and its logits (batched prefill through the GEMM, one token at
+a time through the GEMV) and generated tokens are byte for byte those of the same run in file
+order (DITTO_TILES=0), also under ASan/UBSan; a mapped model file (read-only) is left in file
+order; a DITTO_TILES other than 0 or 1 is refused. The kernels themselves are checked against
+the definition in tests/test_kernels_int.py."""
 
 from __future__ import annotations
 
